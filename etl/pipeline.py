@@ -1,0 +1,308 @@
+"""The ETL's Spark steps, from parsed lines to a prepared directory (see ``etl.schema``).
+
+Each step ends in an action, so the progress log's time per step is the time of that step.
+One shuffle by user id carries the whole per-user part (dedup, split, user rows): a hash
+partitioning on ``user_id`` satisfies every later grouping that includes ``user_id``, so Spark adds
+no further exchange of the big table; items are few and go by broadcast.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from etl import protocol, schema as S
+from etl.config import ETLConfig, PositiveRule
+from etl.errors import InputDataError
+from etl.sources import parse
+from etl.synthetic import synthetic_rows
+
+log = logging.getLogger("etl")
+
+SKIPPED_KINDS = ("blank", "comment", "header", "movie")
+MAX_EXAMPLES = 5
+
+
+@dataclass
+class Progress:
+    """A log line per step with its counts and time; the timings also go into the manifest."""
+
+    steps: list = field(default_factory=list)
+    _t: float = field(default_factory=time.perf_counter)
+
+    def done(self, name: str, **counts) -> None:
+        now = time.perf_counter()
+        took = now - self._t
+        self._t = now
+        self.steps.append({"step": name, "seconds": round(took, 3), **counts})
+        shown = ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}" for k, v in counts.items())
+        log.info("%-12s %7.1fs  %s", name, took, shown)
+
+
+def positive_condition(rule: PositiveRule, rating: Column) -> Column:
+    if rule.all_rows:
+        return F.lit(True)
+    cond = rating.isNotNull()
+    if rule.low is not None:
+        cond &= (rating >= rule.low) if rule.low_inclusive else (rating > rule.low)
+    if rule.high is not None:
+        cond &= (rating <= rule.high) if rule.high_inclusive else (rating < rule.high)
+    return cond
+
+
+def _yahoo_checks(parsed: DataFrame) -> DataFrame:
+    """Yahoo R1 ratings are integers 0-100, or 255 ("never play again"); anything else is bad."""
+    r = F.col("rating")
+    invalid = (F.col("kind") == "row") & ~(((r >= 0) & (r <= 100) & (r == F.floor(r))) | (r == 255))
+    return parsed.withColumn("error", F.when(invalid, F.format_string(
+        "rating %s in column 3 is not an integer in 0-100 or 255", F.col("rating").cast("string")))
+        .otherwise(F.col("error"))).withColumn("kind", F.when(invalid, "bad").otherwise(F.col("kind")))
+
+
+def _all_integers(df: DataFrame, column: str) -> bool:
+    """Whether every id in ``column`` is a plain integer (then ids order as numbers)."""
+    return bool(df.agg(F.coalesce(F.bool_and(F.col(column).rlike(r"^-?[0-9]{1,30}$")), F.lit(True)))
+                .first()[0])
+
+
+def _order_key(column: str, numeric: bool) -> Column:
+    return F.col(column).cast("decimal(38,0)") if numeric else F.col(column)
+
+
+def read_validated(spark: SparkSession, cfg: ETLConfig, files: list[str], progress: Progress,
+                   counts: dict) -> DataFrame:
+    """Parsed rating rows ``user_id, item_id, rating, timestamp, file, line``; bad rows counted."""
+    if cfg.spec.layout == "synthetic":
+        rows = synthetic_rows(spark, cfg.users, cfg.items, cfg.positives, cfg.seed)
+        return rows.select("*", F.lit(None).cast("string").alias("file"),
+                           F.lit(None).cast("long").alias("line"))
+    parsed = parse(spark, cfg, files)
+    if cfg.spec.layout == "yahoo":
+        parsed = _yahoo_checks(parsed)
+    by_kind = {r["kind"]: r["n"] for r in parsed.groupBy("kind").agg(F.count(F.lit(1)).alias("n"))
+               .collect()}
+    n_rows, n_bad = by_kind.get("row", 0), by_kind.get("bad", 0)
+    counts["lines"] = {k: int(by_kind.get(k, 0)) for k in ("row", "bad", *SKIPPED_KINDS)}
+    examples = []
+    if n_bad:
+        examples = [f"{r['file']}:{r['line']}: {r['error']}: {(r['text'] or '').strip()[:100]!r}"
+                    for r in parsed.where(F.col("kind") == "bad").orderBy("file", "line")
+                    .select("file", "line", "error", "text").limit(MAX_EXAMPLES).collect()]
+        by_error = parsed.where(F.col("kind") == "bad").groupBy(
+            F.regexp_replace("error", "'[^']*'|[0-9]+", "_").alias("e")).count().collect()
+        counts["bad_rows_by_reason"] = {r["e"]: int(r["count"]) for r in by_error}
+    counts["bad_row_examples"] = examples
+    if n_rows + n_bad == 0:
+        raise InputDataError(f"{', '.join(files)[:300]}: no data lines found (only blank, comment "
+                             f"or header lines); check --input and --dataset")
+    share = n_bad / (n_rows + n_bad)
+    if n_bad and share > cfg.max_bad_rows:
+        raise InputDataError(
+            f"{n_bad:,} of {n_rows + n_bad:,} data lines ({share:.2%}) are malformed, more than "
+            f"--max-bad-rows {cfg.max_bad_rows:g} allows. First ones:\n  " + "\n  ".join(examples)
+            + f"\nFix the input (is --dataset {cfg.dataset} its format?) or raise --max-bad-rows "
+              "to skip such lines.")
+    for e in examples:
+        log.warning("skipped malformed line %s", e)
+    progress.done("read", rows=n_rows, bad=n_bad, skipped=sum(by_kind.get(k, 0) for k in SKIPPED_KINDS))
+    return parsed.where(F.col("kind") == "row").select(
+        "user_id", "item_id", "rating", "timestamp", "file", "line")
+
+
+def positives_of(rows: DataFrame, cfg: ETLConfig, partitions: int, progress: Progress,
+                 counts: dict) -> tuple[DataFrame, DataFrame]:
+    """Dedup (the most recent row of a pair decides), binarise.
+
+    Returns the positives ``user_id, item_id, timestamp`` and the persisted pairs (to unpersist).
+    Ties in time are broken by position in the input (later line wins).
+    """
+    rule = PositiveRule.parse(cfg.positive_rule)
+    latest = F.max(F.struct("timestamp", "file", "line", "rating")).alias("latest")
+    pairs = (rows.repartition(partitions, "user_id")
+             .groupBy("user_id", "item_id").agg(latest, F.count(F.lit(1)).alias("copies"))
+             .select("user_id", "item_id", F.col("latest.rating").alias("rating"),
+                     F.col("latest.timestamp").alias("timestamp"), "copies"))
+    pairs = pairs.withColumn("positive", positive_condition(rule, F.col("rating")))
+    pairs = pairs.persist(StorageLevel.MEMORY_AND_DISK)
+    agg = pairs.agg(
+        F.count(F.lit(1)).alias("pairs"), F.sum("copies").alias("rows"),
+        F.sum(F.col("positive").cast("long")).alias("positives"),
+        F.sum((F.col("rating") == 255).cast("long")).alias("r255"),
+        F.count_distinct("user_id").alias("users"), F.count_distinct("item_id").alias("items"),
+    ).first()
+    n_pairs, n_pos = int(agg["pairs"]), int(agg["positives"] or 0)
+    counts.update(rows=int(agg["rows"]), duplicate_rows=int(agg["rows"]) - n_pairs, pairs=n_pairs,
+                  non_positive_pairs=n_pairs - n_pos, users_raw=int(agg["users"]),
+                  items_raw=int(agg["items"]))
+    if cfg.spec.layout == "yahoo":
+        counts["rating_255_pairs"] = int(agg["r255"] or 0)
+    if n_pos == 0:
+        raise InputDataError(
+            f"no positives left after binarising {n_pairs:,} (user, item) pairs with --positive "
+            f"'{rule}'; check the rule against the rating scale of --dataset {cfg.dataset}")
+    progress.done("dedup", rows=counts["rows"], duplicates=counts["duplicate_rows"], pairs=n_pairs,
+                  positives=n_pos)
+    pos = pairs.where("positive").select("user_id", "item_id", "timestamp")
+    return pos.persist(StorageLevel.MEMORY_AND_DISK), pairs
+
+
+def index_users(pos: DataFrame, cfg: ETLConfig, progress: Progress, counts: dict) -> DataFrame:
+    """``user_id, user_index, cold, n``: contiguous indices in id order; a seeded cold-user draw."""
+    numeric = _all_integers(pos.select("user_id").distinct(), "user_id")
+    users = pos.groupBy("user_id").agg(F.count(F.lit(1)).alias("n"))
+    users = users.withColumn("user_index", (F.row_number().over(
+        Window.orderBy(_order_key("user_id", numeric))) - 1).cast("int"))
+    m = users.count()
+    n_cold = int(round(cfg.cold_users * m))
+    if cfg.cold_users > 0 and m - n_cold < 1:
+        raise InputDataError(f"--cold-users {cfg.cold_users} leaves no training user out of {m}")
+    # seeded sample without replacement: the n_cold users with the smallest seeded hash
+    draw = F.row_number().over(Window.orderBy(F.xxhash64(F.lit(cfg.seed), "user_id"), "user_index"))
+    users = users.withColumn("cold", draw <= n_cold).persist(StorageLevel.MEMORY_AND_DISK)
+    single = users.where(F.col("n") == 1).count()
+    counts.update(users=m, cold_users=n_cold, users_single_positive=int(single),
+                  users_numeric_ids=numeric)
+    progress.done("users", users=m, cold=n_cold, single_positive=int(single))
+    return users
+
+
+def index_items(pos: DataFrame, progress: Progress, counts: dict) -> tuple[DataFrame, bool]:
+    items = pos.select("item_id").distinct()
+    numeric = _all_integers(items, "item_id")
+    items = items.withColumn("item_index", (F.row_number().over(
+        Window.orderBy(_order_key("item_id", numeric))) - 1).cast("int"))
+    items = items.persist(StorageLevel.MEMORY_AND_DISK)
+    n = items.count()
+    counts.update(items=n, items_numeric_ids=numeric)
+    progress.done("items", items=n)
+    return items, numeric
+
+
+def split_positives(pos: DataFrame, users: DataFrame, items: DataFrame, item_numeric: bool,
+                    cfg: ETLConfig, progress: Progress, counts: dict) -> DataFrame:
+    """Per-user split by time (ties: item id) or by a seeded permutation, the authors' arithmetic."""
+    if cfg.split_mode == "time":
+        order = [F.col("timestamp").asc_nulls_first(), _order_key("item_id", item_numeric)]
+    else:
+        order = [F.xxhash64(F.lit(cfg.seed), "user_id", "item_id"), _order_key("item_id", item_numeric)]
+    w = Window.partitionBy("user_id").orderBy(*order)
+    t = protocol.as_fraction(cfg.test_fraction)
+    h = protocol.as_fraction(cfg.holdout_fraction)
+    n = F.count(F.lit(1)).over(Window.partitionBy("user_id"))
+    k = F.row_number().over(w) - 1  # 0-based, oldest first
+    n_test = F.floor(n * t.numerator / t.denominator)  # exact: integer / integer of longs
+    n_holdout = F.floor(n * h.numerator / h.denominator)
+    label = F.when(k < n - n_holdout, "train").when(k < n - n_test, "valid").otherwise("test")
+    df = (pos.join(users.select("user_id", "user_index", "cold"), "user_id")
+          .join(F.broadcast(items), "item_id")
+          .withColumn("split", label))
+    df = df.persist(StorageLevel.MEMORY_AND_DISK)
+    per_split = {r["split"]: int(r["n"]) for r in df.groupBy("split", "cold").agg(
+        F.count(F.lit(1)).alias("n")).groupBy("split").agg(F.sum("n").alias("n")).collect()}
+    cold_pos = df.where("cold").count()
+    counts["positives"] = {s: per_split.get(s, 0) for s in S.SPLITS}
+    counts["positives_cold_users"] = int(cold_pos)
+    progress.done("split", **{s: per_split.get(s, 0) for s in S.SPLITS}, cold=int(cold_pos))
+    return df
+
+
+def popularity(split: DataFrame, items: DataFrame, progress: Progress) -> "pd.DataFrame":
+    """Item table on the driver: index, raw id, train and train+valid counts of warm users."""
+    warm = split.where(~F.col("cold"))
+    pop = warm.groupBy("item_index").agg(
+        F.sum((F.col("split") == "train").cast("long")).alias(S.POP_TRAIN),
+        F.sum(F.col("split").isin("train", "valid").cast("long")).alias(S.POP_TRAIN_VALID))
+    table = (items.join(pop, "item_index", "left").fillna(0, [S.POP_TRAIN, S.POP_TRAIN_VALID])
+             .orderBy("item_index").toPandas())
+    table = table[[S.ITEM_INDEX, S.ITEM_ID, S.POP_TRAIN, S.POP_TRAIN_VALID]]
+    table[S.ITEM_INDEX] = table[S.ITEM_INDEX].astype("int32")
+    table[S.POP_TRAIN] = table[S.POP_TRAIN].astype("int64")
+    table[S.POP_TRAIN_VALID] = table[S.POP_TRAIN_VALID].astype("int64")
+    progress.done("popularity", items_without_train=int((table[S.POP_TRAIN] == 0).sum()))
+    return table
+
+
+ROWS_SCHEMA = pa.schema([
+    (S.USER_INDEX, pa.int32()), (S.USER_ID, pa.string()), (S.COLD, pa.bool_()),
+    (S.TRAIN_ITEMS, pa.list_(pa.int32())), (S.TRAIN_RSTAR, pa.list_(pa.float32())),
+    (S.VALID_ITEMS, pa.list_(pa.int32())), (S.TEST_ITEMS, pa.list_(pa.int32())),
+    (S.NEG_ITEMS, pa.list_(pa.int32())), (S.NEG_COUNTS, pa.list_(pa.int32())),
+])
+ROWS_DDL = ("user_index int, user_id string, cold boolean, train_items array<int>, "
+            "train_rstar array<float>, valid_items array<int>, test_items array<int>, "
+            "neg_items array<int>, neg_counts array<int>")
+
+
+def _finish_rows(rstar_item: np.ndarray, pop: np.ndarray, negatives: int, seed: int):
+    """``mapInArrow`` function: add R* (gathered per train item) and the negative-sample counts."""
+
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            if b.num_rows == 0:
+                continue
+            train = b.column(S.TRAIN_ITEMS)
+            flat = train.flatten().to_numpy(zero_copy_only=False)  # flatten() honours slices
+            lengths = train.value_lengths().to_numpy(zero_copy_only=False)
+            rstar = pa.ListArray.from_arrays(
+                _offsets(lengths), pa.array(rstar_item[flat].astype(np.float32)))
+            cold = b.column(S.COLD).to_numpy(zero_copy_only=False)
+            users = b.column(S.USER_INDEX).to_numpy(zero_copy_only=False)
+            warm = np.flatnonzero(~cold)
+            off, items, counts = protocol.negative_counts(users[warm], pop, negatives, seed)
+            per_user = np.zeros(len(users), np.int64)
+            per_user[warm] = np.diff(off)
+            offsets = _offsets(per_user)
+            yield pa.RecordBatch.from_arrays(
+                [b.column(S.USER_INDEX), b.column(S.USER_ID), b.column(S.COLD), train, rstar,
+                 b.column(S.VALID_ITEMS), b.column(S.TEST_ITEMS),
+                 pa.ListArray.from_arrays(offsets, pa.array(items, pa.int32())),
+                 pa.ListArray.from_arrays(offsets, pa.array(counts, pa.int32()))],
+                schema=ROWS_SCHEMA)
+
+    return fn
+
+
+def _offsets(lengths: np.ndarray) -> pa.Array:
+    out = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(lengths, out=out[1:])
+    return pa.array(out, pa.int32())
+
+
+def rstar_per_item(pop_train: np.ndarray, z: float, beta: float) -> np.ndarray:
+    """R* of an observed training entry of each item (0 where the item has no training positive)."""
+    out = np.zeros(len(pop_train), np.float64)
+    seen = pop_train > 0
+    out[seen] = protocol.r_star(pop_train[seen], z, beta)
+    return out
+
+
+def user_rows(split: DataFrame, rstar_item: np.ndarray, pop: np.ndarray, cfg: ETLConfig
+              ) -> DataFrame:
+    """One row per user with sorted item lists, R* and negatives (see ``etl.schema``)."""
+    def items_of(name: str) -> Column:
+        return F.array_sort(F.collect_list(F.when(F.col("split") == name, F.col("item_index"))))
+
+    grouped = split.groupBy("user_id").agg(
+        F.first("user_index").alias(S.USER_INDEX), F.first("cold").alias(S.COLD),
+        items_of("train").alias(S.TRAIN_ITEMS), items_of("valid").alias(S.VALID_ITEMS),
+        items_of("test").alias(S.TEST_ITEMS))
+    grouped = grouped.select(S.USER_INDEX, S.USER_ID, S.COLD, S.TRAIN_ITEMS, S.VALID_ITEMS,
+                             S.TEST_ITEMS).sortWithinPartitions(S.USER_INDEX)
+    return grouped.mapInArrow(_finish_rows(rstar_item, pop, cfg.negatives, cfg.seed), ROWS_DDL)
+
+
+def auto_partitions(cfg: ETLConfig, input_bytes: int) -> int:
+    """Shuffle partitions = output shards: about 500k positives each, 4 to 400."""
+    if cfg.shards:
+        return cfg.shards
+    est = cfg.positives if cfg.spec.layout == "synthetic" else input_bytes // 20
+    return int(min(400, max(4, math.ceil(est / 500_000))))

@@ -1,0 +1,233 @@
+"""Prepare a raw recommender dataset for the AutoRec family: binarise, split, R*, negatives, shard.
+
+    spark-submit etl/prepare.py --dataset ml-100k --input ../shared/datasets/ml-100k/u.data --output DIR
+    python etl/prepare.py --dataset synthetic --users 100000 --items 5000 --positives 3000000 --output DIR
+
+Writes the prepared directory described in ``etl/schema.py`` (and the README), atomically.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (spark-submit etl/prepare.py): make `etl` importable
+    _root = str(Path(__file__).resolve().parents[1])
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
+    sys.path.insert(0, _root)
+
+import argparse
+import datetime as dt
+import hashlib
+import logging
+import os
+import subprocess
+import time
+
+from etl import __version__, schema as S
+from etl.config import DATASETS, ETLConfig, dataset_name
+from etl.errors import InputDataError, UsageError
+
+log = logging.getLogger("etl")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="etl/prepare.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n\n")[0],
+        epilog="Datasets and their protocol defaults (positive rule, split):\n" + "\n".join(
+            f"  {name:16s} {spec.positive:8s} {spec.split:7s} input: "
+            f"{', '.join(spec.default_files) or ('generated' if name == 'synthetic' else 'a CSV file')}"
+            for name, spec in DATASETS.items()) +
+        "\n\nThe output directory is complete when it holds manifest.json (written last).")
+    d = ETLConfig.__dataclass_fields__
+    g = p.add_argument_group("input and output")
+    g.add_argument("--dataset", required=True, help="one of: " + ", ".join(DATASETS) +
+                   " (aliases: yahoo, citeulike-a)")
+    g.add_argument("--input", nargs="+", default=[], metavar="PATH",
+                   help="raw file(s), a directory holding the dataset's usual file, or a glob")
+    g.add_argument("--output", required=True, help="prepared directory to write (local path or URI)")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing prepared --output")
+    g.add_argument("--shards", type=int, default=0,
+                   help="number of user-row Parquet shards (default: about 500k positives each)")
+    g.add_argument("--max-bad-rows", type=float, default=d["max_bad_rows"].default,
+                   help="fail when more than this share of data lines is malformed (default 0.001); "
+                        "below it, malformed lines are skipped, counted and shown")
+    g = p.add_argument_group("protocol (defaults as in protocol.md)")
+    g.add_argument("--seed", type=int, default=0, help="seeds the random split, cold users, negatives")
+    g.add_argument("--positive", default=None,
+                   help="which ratings are positive: '>3', '>=3', '80..100' or 'all' "
+                        "(default: the dataset's, see below)")
+    g.add_argument("--split", choices=["time", "random"], default=None,
+                   help="per-user split order (default: the dataset's)")
+    g.add_argument("--test-fraction", type=float, default=0.3,
+                   help="test share per user: n_test = floor(f n) (default 0.3)")
+    g.add_argument("--holdout-fraction", type=float, default=0.5,
+                   help="valid+test share per user: n_train = n - floor(f n) (default 0.5)")
+    g.add_argument("--cold-users", type=float, default=0.05,
+                   help="share of users held out of training entirely (default 0.05; 0 allowed)")
+    g.add_argument("--beta", type=float, default=1.0,
+                   help="R* = max(log Z - beta log pop_j, 0) (default 1.0)")
+    g.add_argument("--rstar-z", choices=["users", "positives"], default="users",
+                   help="Z in R*: number of training users (authors' code, default) or of "
+                        "training positives (the paper's formula)")
+    g.add_argument("--negatives", type=int, default=500,
+                   help="negative draws per user, with replacement, by popularity (default 500)")
+    g = p.add_argument_group("generic csv (--dataset csv)")
+    g.add_argument("--delimiter", default=",", help="field separator (default ','; use '\\t' for tabs)")
+    g.add_argument("--user-col", default="user", help="header name of the user column")
+    g.add_argument("--item-col", default="item", help="header name of the item column")
+    g.add_argument("--rating-col", default="rating", help="rating column ('' for one-class data)")
+    g.add_argument("--time-col", default="timestamp", help="unix-time column ('' for none)")
+    g = p.add_argument_group("synthetic (--dataset synthetic)")
+    g.add_argument("--users", type=int, default=d["users"].default, help="number of users")
+    g.add_argument("--items", type=int, default=d["items"].default, help="number of items")
+    g.add_argument("--positives", type=int, default=d["positives"].default,
+                   help="target number of positives (the generated count is close to it)")
+    g.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> ETLConfig:
+    delim = {"\\t": "\t", "tab": "\t"}.get(args.delimiter, args.delimiter)
+    return ETLConfig(
+        dataset=dataset_name(args.dataset), output=args.output, input=tuple(args.input),
+        seed=args.seed, overwrite=args.overwrite, positive=args.positive, split=args.split,
+        test_fraction=args.test_fraction, holdout_fraction=args.holdout_fraction,
+        cold_users=args.cold_users, beta=args.beta, rstar_z=args.rstar_z, negatives=args.negatives,
+        max_bad_rows=args.max_bad_rows, shards=args.shards, delimiter=delim,
+        user_col=args.user_col, item_col=args.item_col, rating_col=args.rating_col or None,
+        time_col=args.time_col or None, users=args.users, items=args.items,
+        positives=args.positives)
+
+
+def describe_inputs(spark, files: list[str]) -> list[dict]:
+    """Size and sha256 of each input file (sha256 for local files only: remote ones stay remote)."""
+    from etl.sources import _is_local, _local
+    out = []
+    for f in files:
+        if _is_local(f):
+            h = hashlib.sha256()
+            with open(_local(f), "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 22), b""):
+                    h.update(chunk)
+            out.append({"path": f, "bytes": os.path.getsize(_local(f)), "sha256": h.hexdigest()})
+        else:
+            jvm = spark.sparkContext._jvm
+            path = jvm.org.apache.hadoop.fs.Path(f)
+            fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+            out.append({"path": f, "bytes": int(fs.getFileStatus(path).getLen()), "sha256": None})
+    return out
+
+
+def code_version() -> str:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha, dirty = "", ""
+    return f"{__version__}+g{sha}{'.dirty' if dirty else ''}" if sha else __version__
+
+
+def run(cfg: ETLConfig, spark=None) -> dict:
+    """Run the whole ETL for ``cfg`` and publish ``cfg.output``; returns the manifest."""
+    import numpy as np
+
+    from etl import pipeline as P
+    from etl.publish import Publisher
+    from etl.sources import resolve_inputs
+    from etl.spark import get_spark
+
+    started = dt.datetime.now(dt.timezone.utc)
+    t0 = time.perf_counter()
+    files = [] if cfg.spec.layout == "synthetic" else resolve_inputs(cfg)
+    spark = spark or get_spark(f"prepare-{cfg.dataset}")
+    publisher = Publisher(spark, cfg.output)
+    publisher.check_target(cfg.overwrite)
+    inputs = describe_inputs(spark, files)
+    partitions = P.auto_partitions(cfg, sum(i["bytes"] for i in inputs))
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    progress, counts = P.Progress(), {}
+    log.info("preparing %s -> %s (%d input files, %d shards)", cfg.dataset, publisher.target,
+             len(files), partitions)
+
+    cached = []
+    try:
+        with publisher.staging() as tmp:
+            rows = P.read_validated(spark, cfg, files, progress, counts)
+            pos, pairs = P.positives_of(rows, cfg, partitions, progress, counts)
+            users = P.index_users(pos, cfg, progress, counts)
+            items, item_numeric = P.index_items(pos, progress, counts)
+            split = P.split_positives(pos, users, items, item_numeric, cfg, progress, counts)
+            cached = [pairs, pos, users, items, split]
+            pairs.unpersist()
+            item_table = P.popularity(split, items, progress)
+            pop = item_table[S.POP_TRAIN].to_numpy()
+            warm_users = counts["users"] - counts["cold_users"]
+            train_pos = int(pop.sum())
+            z = warm_users if cfg.rstar_z == "users" else train_pos
+            rstar_item = P.rstar_per_item(pop, z, cfg.beta)
+            counts.update(warm_users=warm_users, train_positives_warm=train_pos, rstar_z=z)
+
+            (spark.createDataFrame(item_table).coalesce(1)
+             .write.parquet(f"{tmp}/{S.ITEMS_DIR}"))
+            (users.select(S.USER_INDEX, S.USER_ID, S.COLD).orderBy(S.USER_INDEX).coalesce(1)
+             .write.parquet(f"{tmp}/{S.USERS_DIR}"))
+            progress.done("tables", items=len(item_table), users=counts["users"])
+
+            (split.select(S.USER_ID, S.ITEM_ID, S.SPLIT, S.TIMESTAMP)
+             .write.parquet(f"{tmp}/{S.SPLIT_DIR}"))
+            progress.done("write-split", rows=sum(counts["positives"].values()))
+
+            if cfg.negatives and train_pos == 0:
+                raise InputDataError("no training positives among warm users; lower --cold-users")
+            rows_df = P.user_rows(split, rstar_item, pop, cfg)
+            rows_df.write.parquet(f"{tmp}/{S.ROWS_DIR}")
+            shards = [f for f in os.listdir(f"{tmp}/{S.ROWS_DIR}") if f.endswith(".parquet")] \
+                if "://" not in tmp else []
+            progress.done("write-rows", users=counts["users"], shards=len(shards) or partitions)
+
+            manifest = {
+                "schema_version": S.SCHEMA_VERSION,
+                "dataset": cfg.dataset,
+                "created": started.isoformat(timespec="seconds"),
+                "code_version": code_version(),
+                "inputs": inputs,
+                "parameters": cfg.to_dict(),
+                "counts": counts,
+                "layout": {"items": S.ITEMS_DIR, "users": S.USERS_DIR, "rows": S.ROWS_DIR,
+                           "split": S.SPLIT_DIR, "shards": len(shards) or partitions},
+                "steps": progress.steps,
+                "seconds": round(time.perf_counter() - t0, 1),
+                "spark": {"version": spark.version, "master": spark.sparkContext.master,
+                          "shuffle_partitions": partitions},
+            }
+            publisher.write_json(f"{tmp}/{S.MANIFEST}", manifest)  # last: marks completeness
+    finally:
+        for df in cached:
+            df.unpersist()
+    log.info("wrote %s in %.1fs: %s users (%s cold), %s items, positives %s",
+             publisher.target, time.perf_counter() - t0, f"{counts['users']:,}",
+             f"{counts['cold_users']:,}", f"{counts['items']:,}", counts["positives"])
+    del np
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="%(asctime)s [%(name)s] %(message)s", datefmt="%H:%M:%S")
+    try:
+        cfg = config_from_args(args)
+        run(cfg)
+    except (UsageError, InputDataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

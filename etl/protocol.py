@@ -1,0 +1,100 @@
+"""The paper's data arithmetic as plain numpy functions: split sizes, R*, negative draws.
+
+These are the reference definitions (see ``shared/notes/protocol.md``). The Spark job computes the
+same quantities with SQL expressions built from the same constants; the tests tie the two together.
+Nothing here imports pyspark.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+# splitmix64 constants (Steele, Lea, Flood 2014): a counter-based generator, so a user's draws depend
+# only on (seed, user index, draw number) and never on how Spark partitioned the users.
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def as_fraction(value: float | str) -> Fraction:
+    """The exact rational a flag like ``0.3`` means (not the nearest binary float)."""
+    return Fraction(str(value))
+
+
+def split_sizes(n: np.ndarray | int, test_fraction: float = 0.3,
+                holdout_fraction: float = 0.5) -> tuple:
+    """(n_train, n_valid, n_test) for users with ``n`` positives, the authors' arithmetic.
+
+    n_test = floor(0.3 n), n_valid = floor(0.5 n) - floor(0.3 n), n_train = n - floor(0.5 n).
+    Floors are taken in exact rational arithmetic; for every n < 2,000,000 this equals the
+    authors' ``int(0.3 * n)`` in binary floating point (checked once, exhaustively).
+    """
+    t, h = as_fraction(test_fraction), as_fraction(holdout_fraction)
+    n = np.asarray(n, dtype=np.int64)
+    n_test = n * t.numerator // t.denominator
+    n_holdout = n * h.numerator // h.denominator
+    return n - n_holdout, n_holdout - n_test, n_test
+
+
+def split_labels(n: int, test_fraction: float = 0.3, holdout_fraction: float = 0.5) -> list[str]:
+    """Split label of each of a user's ``n`` positives, ordered oldest first."""
+    n_train, n_valid, n_test = (int(x) for x in split_sizes(n, test_fraction, holdout_fraction))
+    return ["train"] * n_train + ["valid"] * n_valid + ["test"] * n_test
+
+
+def r_star(popularity: np.ndarray, z: float, beta: float) -> np.ndarray:
+    """Closed-form NCE target of an observed entry: max(log Z - beta * log pop_j, 0).
+
+    ``popularity`` (n,) int counts >= 1; natural log, as in the paper's eq. 11.
+    """
+    pop = np.asarray(popularity, dtype=np.float64)
+    if np.any(pop < 1):
+        raise ValueError("R* is defined for observed training entries only, whose popularity is >= 1")
+    return np.maximum(np.log(z) - beta * np.log(pop), 0.0)
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser, elementwise on uint64 (wrapping arithmetic)."""
+    z = np.asarray(x, dtype=np.uint64) + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+def uniform01(seed: int, users: np.ndarray, draws: int) -> np.ndarray:
+    """(len(users), draws) float64 uniforms in [0, 1), a pure function of (seed, user, draw)."""
+    users = np.asarray(users, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        key = splitmix64(splitmix64(np.uint64(seed) ^ _GOLDEN) ^ users)
+        bits = splitmix64(key[:, None] + np.arange(draws, dtype=np.uint64)[None, :])
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def negative_counts(users: np.ndarray, popularity: np.ndarray, draws: int, seed: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per user, ``draws`` items drawn with replacement from p(j) = pop_j / sum(pop), aggregated.
+
+    Positives are not excluded (NS approximates NCE's expectation over all items).
+
+    Returns CSR-style arrays: ``offsets`` (len(users) + 1,) int64, ``items`` int32 ascending within
+    each user, ``counts`` int32 (summing to ``draws`` per user).
+    """
+    users = np.asarray(users, dtype=np.int64)
+    cum = np.cumsum(np.asarray(popularity, dtype=np.int64))
+    if len(cum) == 0 or cum[-1] <= 0:
+        raise ValueError("negative sampling needs at least one item with positive popularity")
+    if draws == 0 or len(users) == 0:
+        return np.zeros(len(users) + 1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)
+    u = uniform01(seed, users, draws)
+    # item j covers [cum[j-1], cum[j]) of [0, total): probability exactly pop_j / total up to 2^-53.
+    items = np.searchsorted(cum, u * float(cum[-1]), side="right").astype(np.int64)
+    np.minimum(items, len(cum) - 1, out=items)
+    n_items = np.int64(len(cum))
+    keys = np.arange(len(users), dtype=np.int64)[:, None] * n_items + items
+    uniq, counts = np.unique(keys.ravel(), return_counts=True)
+    row = uniq // n_items
+    offsets = np.zeros(len(users) + 1, np.int64)
+    np.cumsum(np.bincount(row, minlength=len(users)), out=offsets[1:])
+    return offsets, (uniq % n_items).astype(np.int32), counts.astype(np.int32)

@@ -1,0 +1,293 @@
+"""Raw dataset readers: every supported layout becomes one DataFrame of parsed lines.
+
+Each reader returns columns ``file, line, kind, error, text, user_id, item_id, rating, timestamp``
+where ``kind`` is one of ``row`` (a rating), ``bad`` (malformed: ``error`` says why), or a line that is
+skipped by design (``blank``, ``comment``, ``header``, ``movie`` for Netflix's ``MovieID:`` lines).
+Ids stay strings. ``rating`` is null for one-class data, ``timestamp`` (unix seconds) where the
+source has no time. Line numbers are 1-based per file, so every error can point at its line.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from urllib.parse import urlparse
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from etl.config import ETLConfig
+from etl.errors import InputDataError
+
+LINE_COLUMNS = ["file", "line", "kind", "error", "text", "user_id", "item_id", "rating", "timestamp"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Input files
+# ---------------------------------------------------------------------------------------------
+
+def _is_local(path: str) -> bool:
+    scheme = urlparse(path).scheme
+    return scheme in ("", "file") or len(scheme) == 1  # len 1: a Windows drive letter
+
+
+def _local(path: str) -> str:
+    return urlparse(path).path if path.startswith("file:") else path
+
+
+def resolve_inputs(cfg: ETLConfig) -> list[str]:
+    """Concrete input files for ``cfg``: ``--input`` may name files, directories or globs.
+
+    Local paths are checked here, so that a typo fails in a second with the fix, not inside Spark.
+    Remote URIs (s3a://, hdfs://) are passed to Spark as they are.
+    """
+    files: list[str] = []
+    for item in cfg.input:
+        if not _is_local(item):
+            files.append(item)
+            continue
+        path = os.path.abspath(os.path.expanduser(_local(item)))
+        if os.path.isdir(path):
+            found: list[str] = []
+            for pattern in cfg.spec.default_files:
+                found = sorted(glob.glob(os.path.join(path, pattern)))
+                if found:
+                    break
+            if not found:
+                wanted = " or ".join(cfg.spec.default_files) or "a file name"
+                raise InputDataError(
+                    f"{path}: directory holds no {wanted} for --dataset {cfg.dataset}; "
+                    f"pass the ratings file itself with --input, or check --dataset")
+            files.extend(found)
+        elif any(ch in path for ch in "*?["):
+            found = sorted(glob.glob(path))
+            if not found:
+                raise InputDataError(f"{path}: the pattern matches no file; check --input")
+            files.extend(found)
+        elif not os.path.exists(path):
+            raise InputDataError(f"{path}: no such file; check --input (got {item!r})")
+        else:
+            files.append(path)
+    for f in files:
+        if _is_local(f) and not os.access(_local(f), os.R_OK):
+            raise InputDataError(f"{f}: file is not readable by this user; fix its permissions "
+                                 f"(chmod a+r) or copy it somewhere readable")
+    if cfg.spec.layout == "citeulike" and len(files) != 1:
+        raise InputDataError(f"citeulike takes one users.dat (its line number is the user id), "
+                             f"got {len(files)} files: {files[:3]}")
+    return files
+
+
+# ---------------------------------------------------------------------------------------------
+# Lines with numbers
+# ---------------------------------------------------------------------------------------------
+
+def read_lines(spark: SparkSession, files: list[str]) -> DataFrame:
+    """``file, line, text`` for every physical line of ``files``; ``line`` is 1-based per file.
+
+    Spark's text source gives no line numbers. Every row knows its file and the byte offset of its
+    split (``_metadata.file_block_start``), and ``monotonically_increasing_id`` numbers the rows of a
+    partition consecutively, so a line's number is (lines in the earlier splits of its file) +
+    (its position in its split). Counting lines per split is one cheap aggregation; the offsets
+    are summed on the driver (a few rows per file) and broadcast back. CRLF, CR and a missing
+    final newline are handled by Hadoop's line reader.
+    """
+    raw = (spark.read.format("text").load(files)
+           .select(F.col("_metadata.file_path").alias("file"),
+                   F.col("_metadata.file_block_start").alias("block"),
+                   F.monotonically_increasing_id().alias("rid"),
+                   F.col("value").alias("text")))
+    blocks = raw.groupBy("file", "block").agg(F.min("rid").alias("first_rid"),
+                                               F.count(F.lit(1)).alias("n")).collect()
+    offsets, seen = [], {}
+    for b in sorted(blocks, key=lambda r: (r["file"], r["block"])):
+        done = seen.get(b["file"], 0)
+        offsets.append((b["file"], b["block"], b["first_rid"], done))
+        seen[b["file"]] = done + b["n"]
+    if not offsets:
+        return spark.createDataFrame([], "file string, line long, text string")
+    table = spark.createDataFrame(offsets, "file string, block long, first_rid long, done long")
+    return (raw.join(F.broadcast(table), ["file", "block"])
+            .select("file", (F.col("done") + F.col("rid") - F.col("first_rid") + 1).alias("line"),
+                    "text"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsers
+# ---------------------------------------------------------------------------------------------
+
+def _clean(text: Column) -> Column:
+    # trailing spaces, CR left over from mixed endings, and a UTF-8 byte-order mark
+    return F.trim(F.regexp_replace(text, "^\ufeff|\r", ""))
+
+
+def _field(fields: Column, i: int) -> Column:
+    return F.trim(F.regexp_replace(fields.getItem(i), '^"|"$', ""))
+
+
+def _first_error(*checks: tuple[Column, Column]) -> Column:
+    out = F.lit(None).cast("string")
+    for cond, msg in reversed(checks):
+        out = F.when(cond, msg).otherwise(out)
+    return out
+
+
+def _number_error(value: Column, parsed: Column, what: str, col: int) -> tuple[Column, Column]:
+    return (value.isNotNull() & (value != "") & parsed.isNull(),
+            F.format_string(f"{what} '%s' in column {col} is not a number", value))
+
+
+def _delimited(lines: DataFrame, delim: str, n_fields: int, roles: dict[str, int],
+               header: bool, time_is_date: bool = False) -> DataFrame:
+    """Parse delimiter-separated lines; ``roles`` maps user/item/rating/timestamp to 0-based columns."""
+    text = _clean(F.col("text"))
+    fields = F.split(text, "\t" if delim == "\t" else _regex_escape(delim), -1)
+    get = {role: _field(fields, i) for role, i in roles.items()}
+    rating_raw = get.get("rating", F.lit(None).cast("string"))
+    time_raw = get.get("timestamp", F.lit(None).cast("string"))
+    rating = rating_raw.try_cast("double")
+    timestamp = time_raw.try_cast("long")
+    delim_name = {"\t": "tabs", ",": "commas", ";": "semicolons"}.get(delim, repr(delim))
+    col = {role: i + 1 for role, i in roles.items()}
+    error = _first_error(
+        (F.size(fields) != n_fields,
+         F.format_string(f"expected {n_fields} fields separated by {delim_name}, found %d",
+                         F.size(fields))),
+        (get["user"] == "", F.lit(f"empty user id in column {col['user']}")),
+        (get["item"] == "", F.lit(f"empty item id in column {col['item']}")),
+        *([_number_error(rating_raw, rating, "rating", col["rating"])] if "rating" in roles else []),
+        *([_number_error(time_raw, timestamp, "timestamp", col["timestamp"])]
+          if "timestamp" in roles else []),
+    )
+    kind = (F.when(text == "", "blank").when(text.startswith("#"), "comment")
+            .when(F.lit(header) & (F.col("line") == 1), "header")
+            .when(error.isNotNull(), "bad").otherwise("row"))
+    return lines.select(
+        "file", "line", kind.alias("kind"),
+        F.when(kind == "bad", error).alias("error"), F.col("text"),
+        get["user"].alias("user_id"), get["item"].alias("item_id"),
+        rating.alias("rating"), timestamp.alias("timestamp"))
+
+
+def _regex_escape(s: str) -> str:
+    return "".join("\\" + c if c in r".^$*+?{}[]\|()" else c for c in s)
+
+
+def _netflix(lines: DataFrame) -> DataFrame:
+    """``MovieID:`` lines, each followed by ``CustomerID,Rating,YYYY-MM-DD`` lines (both layouts)."""
+    text = _clean(F.col("text"))
+    movie = F.regexp_extract(text, r"^(\d+):$", 1)
+    fields = F.split(text, ",", -1)
+    date_raw = _field(fields, 2)
+    day = F.try_to_timestamp(date_raw, F.lit("yyyy-MM-dd"))
+    rating_raw = _field(fields, 1)
+    rating = rating_raw.try_cast("double")
+    # The movie of a rating line is the latest MovieID line above it in the same file.
+    w = Window.partitionBy("file").orderBy("line").rowsBetween(Window.unboundedPreceding, 0)
+    with_movie = lines.withColumn("movie", F.when(movie != "", movie)).withColumn(
+        "current_movie", F.last("movie", ignorenulls=True).over(w))
+    error = _first_error(
+        (F.col("current_movie").isNull(), F.lit("rating line before any 'MovieID:' line")),
+        (F.size(fields) != 3,
+         F.format_string("expected 'CustomerID,Rating,YYYY-MM-DD' (3 fields), found %d fields",
+                         F.size(fields))),
+        (_field(fields, 0) == "", F.lit("empty customer id in column 1")),
+        _number_error(rating_raw, rating, "rating", 2),
+        (day.isNull(), F.format_string("date '%s' in column 3 is not YYYY-MM-DD", date_raw)),
+    )
+    kind = (F.when(text == "", "blank").when(text.startswith("#"), "comment")
+            .when(F.col("movie").isNotNull(), "movie")
+            .when(error.isNotNull(), "bad").otherwise("row"))
+    return with_movie.select(
+        "file", "line", kind.alias("kind"), F.when(kind == "bad", error).alias("error"), "text",
+        _field(fields, 0).alias("user_id"), F.col("current_movie").alias("item_id"),
+        rating.alias("rating"), day.cast("long").alias("timestamp"))
+
+
+def _citeulike(lines: DataFrame) -> DataFrame:
+    """``users.dat``: line k (1-based) is user k-1: ``n item_1 ... item_n``; every pair is positive."""
+    text = _clean(F.col("text"))
+    tokens = F.split(text, r"\s+", -1)
+    declared = tokens.getItem(0).try_cast("int")
+    listed = F.size(tokens) - 1
+    error = _first_error(
+        (declared.isNull(), F.format_string("item count '%s' in column 1 is not a number",
+                                            tokens.getItem(0))),
+        (declared != listed, F.format_string("line declares %d items but lists %d",
+                                             declared, listed)),
+    )
+    kind = (F.when(text == "", "blank").when(error.isNotNull(), "bad")
+            .when(declared == 0, "blank").otherwise("row"))
+    parsed = lines.select(
+        "file", "line", kind.alias("kind"), F.when(kind == "bad", error).alias("error"), "text",
+        (F.col("line") - 1).cast("string").alias("user_id"),
+        F.when(kind == "row", F.slice(tokens, 2, F.greatest(listed, F.lit(1)))).alias("items"))
+    return parsed.select(
+        *[c for c in ("file", "line", "kind", "error", "text", "user_id")],
+        F.explode_outer("items").alias("item_id"),
+        F.lit(None).cast("double").alias("rating"), F.lit(None).cast("long").alias("timestamp"))
+
+
+def check_headers(lines: DataFrame, expected: str, dataset: str) -> None:
+    """Fail unless line 1 of every file is ``expected`` (case and spaces ignored)."""
+    firsts = lines.where(F.col("line") == 1).select("file", "text").collect()
+    norm = lambda s: s.replace("\ufeff", "").replace(" ", "").replace('"', "").strip().lower()
+    for row in firsts:
+        if norm(row["text"] or "") != norm(expected):
+            raise InputDataError(
+                f"{row['file']} line 1: expected the header '{expected}' of --dataset {dataset}, "
+                f"found '{(row['text'] or '').strip()[:120]}'. Check --dataset; for a CSV with other "
+                f"columns use --dataset csv --user-col ... --item-col ... --rating-col ... --time-col ...")
+
+
+def csv_roles(lines: DataFrame, cfg: ETLConfig) -> tuple[dict[str, int], int]:
+    """Column positions of the generic CSV's named columns, read from its header line."""
+    firsts = lines.where(F.col("line") == 1).select("file", "text").collect()
+    if not firsts:
+        raise InputDataError(f"{cfg.input}: the input is empty; a CSV needs a header line")
+    headers = {}
+    for row in firsts:
+        names = [c.strip().strip('"').replace("\ufeff", "") for c in row["text"].split(cfg.delimiter)]
+        headers[row["file"]] = names
+    names = next(iter(headers.values()))
+    for f, other in headers.items():
+        if other != names:
+            raise InputDataError(f"{f} line 1: header {other} differs from {names} of the other files")
+    wanted = {"user": cfg.user_col, "item": cfg.item_col, "rating": cfg.rating_col,
+              "timestamp": cfg.time_col}
+    roles = {}
+    for role, name in wanted.items():
+        if name is None or name == "":
+            continue
+        if name not in names:
+            flag = {"user": "--user-col", "item": "--item-col", "rating": "--rating-col",
+                    "timestamp": "--time-col"}[role]
+            hint = " (pass an empty value for none)" if role in ("rating", "timestamp") else ""
+            raise InputDataError(f"{firsts[0]['file']} line 1: no column named {name!r} in the header "
+                                 f"{names}; set {flag} to one of these{hint}")
+        roles[role] = names.index(name)
+    return roles, len(names)
+
+
+def parse(spark: SparkSession, cfg: ETLConfig, files: list[str]) -> DataFrame:
+    """Parsed lines of ``files`` for ``cfg.dataset``'s layout (see the module docstring)."""
+    lines = read_lines(spark, files)
+    layout = cfg.spec.layout
+    if cfg.spec.header:
+        check_headers(lines, cfg.spec.header, cfg.dataset)
+    if layout == "tsv4":
+        return _delimited(lines, "\t", 4, {"user": 0, "item": 1, "rating": 2, "timestamp": 3}, False)
+    if layout == "movielens-csv":
+        return _delimited(lines, ",", 4, {"user": 0, "item": 1, "rating": 2, "timestamp": 3}, True)
+    if layout == "goodbooks":
+        return _delimited(lines, ",", 3, {"user": 0, "item": 1, "rating": 2}, True)
+    if layout == "yahoo":
+        return _delimited(lines, "\t", 3, {"user": 0, "item": 1, "rating": 2}, False)
+    if layout == "csv":
+        roles, n = csv_roles(lines, cfg)
+        return _delimited(lines, cfg.delimiter, n, roles, True)
+    if layout == "netflix":
+        return _netflix(lines)
+    if layout == "citeulike":
+        return _citeulike(lines)
+    raise ValueError(f"no reader for layout {layout!r}")

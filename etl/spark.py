@@ -1,0 +1,77 @@
+"""One way to get a SparkSession, under ``spark-submit`` or plain ``python``.
+
+Under spark-submit the master, memory and cluster settings come from its flags and are left alone.
+Under plain python a local session is started (``SPARK_MASTER`` or ``local[*]``; driver memory from
+``SPARK_DRIVER_MEMORY``, default 4g). Either way the project's packages are shipped to the
+executors as a zip, so the same code runs on a laptop and on a cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+log = logging.getLogger("etl")
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("etl", "training", "evaluation")
+
+
+def java_check() -> None:
+    """Fail with the install command when no Java runtime is found (PySpark 4 needs Java 17+)."""
+    if os.environ.get("JAVA_HOME") and Path(os.environ["JAVA_HOME"], "bin", "java").exists():
+        return
+    if shutil.which("java"):
+        return
+    raise SystemExit("Java 17 or newer is required by Spark and none was found. Install it, e.g. "
+                     "'sudo apt-get install -y openjdk-17-jre-headless' (Debian/Ubuntu) or "
+                     "'brew install openjdk@17' (macOS), or set JAVA_HOME to a JDK 17+.")
+
+
+def under_spark_submit() -> bool:
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def _code_zip() -> str:
+    """The project's packages as one zip for ``addPyFile`` (rebuilt per session: it is small)."""
+    path = Path(tempfile.mkdtemp(prefix="nce-autorec-code-")) / "project.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for pkg in PACKAGES:
+            for f in (ROOT / pkg).rglob("*.py"):
+                zf.write(f, f.relative_to(ROOT))
+    return str(path)
+
+
+def get_spark(app_name: str, conf: dict[str, str] | None = None):
+    """A SparkSession for ``app_name`` with ``conf`` applied (session-level settings only)."""
+    java_check()
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if not under_spark_submit():
+        builder = (builder.master(os.environ.get("SPARK_MASTER", "local[*]"))
+                   .config("spark.driver.memory", os.environ.get("SPARK_DRIVER_MEMORY", "4g"))
+                   .config("spark.ui.showConsoleProgress", "false"))
+    defaults = {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # Output shards are shuffle partitions; coalescing them would undo the sharding.
+        "spark.sql.adaptive.coalescePartitions.enabled": "false",
+    }
+    if not os.environ.get("PYSPARK_PYTHON"):
+        # Python workers must run this interpreter (the venv), not whatever `python3` is on PATH;
+        # PySpark reads the variable (not the conf) when it creates the context.
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+    for k, v in {**defaults, **(conf or {})}.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "WARN"))
+    if not getattr(spark, "_nce_code_shipped", False):
+        spark.sparkContext.addPyFile(_code_zip())
+        spark._nce_code_shipped = True
+    return spark

@@ -1,0 +1,124 @@
+"""Synthetic one-class data with power-law popularity and learnable latent structure.
+
+The generative model (all draws seeded; a user's data depend only on (seed, user id)):
+
+- items belong to one of ``K`` topics (item j: topic j mod K) and have a Zipf weight
+  ``w_j = (rank_j + 1) ** -alpha`` over a seeded random rank, so popularity is power-law and
+  popular items are spread over all topics;
+- a user has one topic and a number of positives drawn from a log-normal with the requested mean
+  (at least 1, at most half the catalog);
+- each positive comes, with probability ``affinity``, from the user's topic (by w within the topic),
+  else from the whole catalog (by w): a model that learns the topics beats popularity;
+- timestamps: a user's interactions follow a random start time with exponential gaps.
+
+Users are generated in fixed blocks of ``BLOCK`` ids inside Spark (``mapInArrow`` over
+``spark.range``), never on the driver, so the Yahoo scale (1.88M users, 49M positives) fits.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+BLOCK = 4096
+ALPHA = 1.0
+AFFINITY = 0.8
+T0 = 1_262_304_000  # 2010-01-01
+SPAN = 5 * 365 * 86_400
+MEAN_GAP = 86_400.0
+
+SCHEMA = "user_id string, item_id string, rating double, timestamp long"
+
+
+def n_topics(n_items: int) -> int:
+    return int(min(50, max(2, n_items // 40)))
+
+
+class Catalog:
+    """Item weights, by topic, as cumulative sums ready for inverse-CDF draws."""
+
+    def __init__(self, n_items: int, seed: int):
+        rng = np.random.default_rng([seed, 0xC0FFEE])
+        rank = rng.permutation(n_items)
+        self.weight = (rank + 1.0) ** -ALPHA
+        self.k = n_topics(n_items)
+        self.topic = np.arange(n_items) % self.k
+        self.global_cdf = np.cumsum(self.weight)
+        self.topic_items = [np.flatnonzero(self.topic == t) for t in range(self.k)]
+        self.topic_cdf = [np.cumsum(self.weight[ix]) for ix in self.topic_items]
+
+    def draw(self, rng: np.random.Generator, topics: np.ndarray) -> np.ndarray:
+        """One item per entry of ``topics`` (a user's topic per draw)."""
+        out = np.searchsorted(self.global_cdf, rng.random(len(topics)) * self.global_cdf[-1],
+                              side="right")
+        local = rng.random(len(topics)) < AFFINITY
+        for t in np.unique(topics[local]):
+            sel = np.flatnonzero(local & (topics == t))
+            cdf = self.topic_cdf[t]
+            pick = np.searchsorted(cdf, rng.random(len(sel)) * cdf[-1], side="right")
+            out[sel] = self.topic_items[t][np.minimum(pick, len(cdf) - 1)]
+        return np.minimum(out, len(self.weight) - 1)
+
+
+def generate_block(block: int, n_users: int, n_items: int, mean_positives: float, seed: int,
+                   catalog: Catalog) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(users, items, timestamps) int64 arrays for the user ids of block ``block``."""
+    rng = np.random.default_rng([seed, block])
+    users = np.arange(block * BLOCK, min((block + 1) * BLOCK, n_users), dtype=np.int64)
+    sigma = 1.0
+    mu = np.log(max(mean_positives, 1.0)) - sigma ** 2 / 2
+    want = np.clip(np.rint(rng.lognormal(mu, sigma, len(users))), 1, max(1, n_items // 2))
+    want = want.astype(np.int64)
+    topic = rng.integers(0, catalog.k, len(users))
+    # Oversample, then keep each user's first `want` distinct items in draw order.
+    draws = np.ceil(want * 1.5).astype(np.int64) + 2
+    owner = np.repeat(np.arange(len(users)), draws)
+    items = catalog.draw(rng, topic[owner])
+    keys = owner * np.int64(n_items) + items
+    _, first = np.unique(keys, return_index=True)
+    first.sort()  # draw order; draws are laid out user by user, so users stay grouped
+    owner_u = owner[first]
+    start = np.concatenate([[0], np.flatnonzero(np.diff(owner_u)) + 1])
+    run = np.arange(len(first)) - np.repeat(start, np.diff(np.append(start, len(first))))
+    keep = first[run < want[owner_u]]
+    owner_k, items_k = owner[keep], items[keep]
+    gaps = rng.exponential(MEAN_GAP, len(keep))
+    begin = T0 + rng.integers(0, SPAN, len(users))
+    # cumulative gaps restart at each user
+    csum = np.cumsum(gaps)
+    firsts = np.concatenate([[0], np.flatnonzero(np.diff(owner_k)) + 1])
+    base = np.repeat(csum[firsts] - gaps[firsts], np.diff(np.append(firsts, len(keep))))
+    ts = begin[owner_k] + (csum - base).astype(np.int64)
+    return users[owner_k], items_k.astype(np.int64), ts
+
+
+def generator(n_users: int, n_items: int, n_positives: int, seed: int):
+    """The ``mapInArrow`` function: batches of user ids in, batches of rows out."""
+    mean = n_positives / n_users
+
+    def gen(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        catalog = Catalog(n_items, seed)
+        for batch in batches:
+            ids = batch.column(0).to_numpy()
+            if len(ids) == 0:
+                continue
+            for block in np.unique(ids // BLOCK):
+                users, items, ts = generate_block(int(block), n_users, n_items, mean, seed, catalog)
+                mine = np.isin(users, ids)  # a block split across batches is generated by both
+                users, items, ts = users[mine], items[mine], ts[mine]
+                yield pa.RecordBatch.from_arrays(
+                    [pc.cast(pa.array(users), pa.string()), pc.cast(pa.array(items), pa.string()),
+                     pa.nulls(len(users), pa.float64()), pa.array(ts, pa.int64())],
+                    names=["user_id", "item_id", "rating", "timestamp"])
+
+    return gen
+
+
+def synthetic_rows(spark, n_users: int, n_items: int, n_positives: int, seed: int):
+    """A DataFrame ``user_id, item_id, rating (null), timestamp`` generated on the executors."""
+    parts = max(spark.sparkContext.defaultParallelism, -(-n_users // 50_000))
+    ids = spark.range(0, n_users, numPartitions=parts)
+    return ids.mapInArrow(generator(n_users, n_items, n_positives, seed), SCHEMA)

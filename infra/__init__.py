@@ -1,0 +1,1 @@
+"""Local stack and the main job (see the README)."""

@@ -1,0 +1,1 @@
+"""training (see the README)."""
