@@ -108,6 +108,7 @@ class ETLConfig:
     positives: int = 200_000
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dataset", dataset_name(self.dataset))  # aliases -> canonical
         for name in ("test_fraction", "holdout_fraction", "cold_users", "max_bad_rows"):
             v = getattr(self, name)
             if not (0.0 <= v < 1.0) or math.isnan(v):

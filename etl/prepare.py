@@ -216,10 +216,18 @@ def run(cfg: ETLConfig, spark=None) -> dict:
     return manifest
 
 
+def setup_logging(quiet: bool = False) -> None:
+    """Progress lines on stderr (PySpark may already have put a handler on the root logger)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s [%(name)s] %(message)s", "%H:%M:%S"))
+    log.handlers[:] = [handler]
+    log.propagate = False
+    log.setLevel(logging.WARNING if quiet else logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(asctime)s [%(name)s] %(message)s", datefmt="%H:%M:%S")
+    setup_logging(args.quiet)
     try:
         cfg = config_from_args(args)
         run(cfg)

@@ -93,7 +93,8 @@ def read_lines(spark: SparkSession, files: list[str]) -> DataFrame:
     final newline are handled by Hadoop's line reader.
     """
     raw = (spark.read.format("text").load(files)
-           .select(F.col("_metadata.file_path").alias("file"),
+           # local files as plain paths in messages, not file: URIs
+           .select(F.regexp_replace("_metadata.file_path", "^file:(?=/)", "").alias("file"),
                    F.col("_metadata.file_block_start").alias("block"),
                    F.monotonically_increasing_id().alias("rid"),
                    F.col("value").alias("text")))

@@ -47,6 +47,16 @@ def _code_zip() -> str:
     return str(path)
 
 
+def _quiet(spark, logger: str) -> None:
+    """Raise one JVM logger to ERROR (a warning that is expected and would bury real ones)."""
+    jvm = spark.sparkContext._jvm
+    try:
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            logger, jvm.org.apache.logging.log4j.Level.ERROR)
+    except Exception:  # a cluster with another logging backend: keep the warning
+        pass
+
+
 def get_spark(app_name: str, conf: dict[str, str] | None = None):
     """A SparkSession for ``app_name`` with ``conf`` applied (session-level settings only)."""
     java_check()
@@ -71,6 +81,7 @@ def get_spark(app_name: str, conf: dict[str, str] | None = None):
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "WARN"))
+    _quiet(spark, "org.apache.spark.sql.execution.window.WindowExec")  # global index windows: by design
     if not getattr(spark, "_nce_code_shipped", False):
         spark.sparkContext.addPyFile(_code_zip())
         spark._nce_code_shipped = True

@@ -73,13 +73,24 @@ def generate_block(block: int, n_users: int, n_items: int, mean_positives: float
     want = np.clip(np.rint(rng.lognormal(mu, sigma, len(users))), 1, max(1, n_items // 2))
     want = want.astype(np.int64)
     topic = rng.integers(0, catalog.k, len(users))
-    # Oversample, then keep each user's first `want` distinct items in draw order.
-    draws = np.ceil(want * 1.5).astype(np.int64) + 2
-    owner = np.repeat(np.arange(len(users)), draws)
-    items = catalog.draw(rng, topic[owner])
-    keys = owner * np.int64(n_items) + items
-    _, first = np.unique(keys, return_index=True)
-    first.sort()  # draw order; draws are laid out user by user, so users stay grouped
+    # Draw with replacement, topping up users still short of distinct items (small topics repeat
+    # their head items often), then keep each user's first `want` distinct items in draw order.
+    owner = np.zeros(0, np.int64)
+    items = np.zeros(0, np.int64)
+    short = np.arange(len(users))
+    deficit = want
+    for _ in range(12):
+        draws = np.ceil(deficit * 1.5).astype(np.int64) + 2
+        new_owner = np.repeat(short, draws)
+        owner = np.concatenate([owner, new_owner])
+        items = np.concatenate([items, catalog.draw(rng, topic[new_owner])])
+        _, first = np.unique(owner * np.int64(n_items) + items, return_index=True)
+        have = np.bincount(owner[first], minlength=len(users))
+        short = np.flatnonzero(have < want)
+        if len(short) == 0:
+            break
+        deficit = want[short] - have[short]
+    first = first[np.lexsort((first, owner[first]))]  # grouped by user, draw order within
     owner_u = owner[first]
     start = np.concatenate([[0], np.flatnonzero(np.diff(owner_u)) + 1])
     run = np.arange(len(first)) - np.repeat(start, np.diff(np.append(start, len(first))))

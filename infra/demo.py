@@ -36,9 +36,11 @@ def prepared_is_current(out: Path, seed: int) -> bool:
 def spark_submit(script: str, *args: str) -> None:
     """Run one of the project's Spark entry points as a user would, with this interpreter."""
     bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    env = {"SPARK_LOCAL_IP": "127.0.0.1", **os.environ,
+           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    log4j = f"-Dlog4j2.configurationFile=file:{ROOT / 'infra' / 'log4j2.properties'}"
     cmd = [str(bin_dir / "spark-submit"), "--master", "local[*]", "--driver-memory", "4g",
-           str(ROOT / script), *args]
+           "--driver-java-options", log4j, str(ROOT / script), *args]
     print("$ " + " ".join(cmd[:1] + [Path(c).name if c == str(ROOT / script) else c for c in cmd[1:]]),
           flush=True)
     subprocess.run(cmd, check=True, env=env, cwd=ROOT)

@@ -1,0 +1,51 @@
+import pytest
+
+from etl.config import ETLConfig, PositiveRule, dataset_name
+from etl.errors import UsageError
+
+
+@pytest.mark.parametrize("text, rating, positive", [
+    (">3", 3.0, False), (">3", 3.5, True), (">=3", 3.0, True), ("80..100", 79, False),
+    ("80..100", 80, True), ("80..100", 100, True), ("80..100", 255, False), ("all", None, True),
+    ("<2", 1.0, True), ("<=2", 2.0, True), ("<2", 2.0, False),
+])
+def test_positive_rules(text, rating, positive):
+    r = PositiveRule.parse(text)
+    if r.all_rows:
+        assert positive
+        return
+    ok = True
+    if r.low is not None:
+        ok &= rating >= r.low if r.low_inclusive else rating > r.low
+    if r.high is not None:
+        ok &= rating <= r.high if r.high_inclusive else rating < r.high
+    assert ok == positive
+    assert PositiveRule.parse(str(r)) == r  # the printed rule reads back the same
+
+
+def test_bad_rule_says_what_to_write():
+    with pytest.raises(UsageError, match="'>3'"):
+        PositiveRule.parse("more than 3")
+
+
+def test_dataset_aliases_and_unknown_names():
+    assert dataset_name("yahoo") == "yahoo-r1"
+    with pytest.raises(UsageError, match="ml-100k"):
+        dataset_name("movielens")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(cold_users=1.0), "cold-users"), (dict(test_fraction=0.6), "must not exceed"),
+    (dict(beta=-1), "beta"), (dict(negatives=-5), "negatives"), (dict(input=()), "--input"),
+])
+def test_config_rejects_out_of_range(kwargs, match):
+    base = dict(dataset="ml-100k", output="/tmp/x", input=("u.data",))
+    with pytest.raises(UsageError, match=match):
+        ETLConfig(**{**base, **kwargs})
+
+
+def test_protocol_defaults_per_dataset():
+    cfg = ETLConfig(dataset="goodbooks", output="/tmp/x", input=("r.csv",))
+    assert (cfg.positive_rule, cfg.split_mode) == (">=3", "random")
+    cfg = ETLConfig(dataset="yahoo-r1", output="/tmp/x", input=("y.txt",), split="time")
+    assert (cfg.positive_rule, cfg.split_mode) == ("80..100", "time")

@@ -1,0 +1,187 @@
+"""Bad input gets a clear error naming file, line and fix, or is handled and counted; nothing is
+half-written."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from etl.config import ETLConfig
+from etl.errors import InputDataError, UsageError
+from etl.prepare import run
+from tests.etl_helpers import load, prepare
+
+pytestmark = pytest.mark.spark
+
+CLEAN = [(1, 10, 5, 100), (1, 11, 4, 101), (1, 12, 4, 102), (1, 13, 5, 103), (2, 10, 4, 100),
+         (2, 12, 5, 104), (2, 14, 4, 105), (3, 11, 5, 99), (3, 13, 4, 98), (3, 14, 5, 97),
+         (4, 10, 5, 90), (4, 11, 2, 91)]
+
+
+def u_data(rows, sep="\t", end="\n"):
+    return end.join(sep.join(str(v) for v in r) for r in rows) + end
+
+
+def siblings(path: Path):
+    return sorted(p.name for p in path.parent.iterdir())
+
+
+def test_missing_input_names_the_path(tmp_path):
+    with pytest.raises(InputDataError, match=r"nope\.data: no such file; check --input"):
+        run(ETLConfig(dataset="ml-100k", input=(str(tmp_path / "nope.data"),),
+                      output=str(tmp_path / "out")))
+    with pytest.raises(InputDataError, match="holds no u.data"):
+        run(ETLConfig(dataset="ml-100k", input=(str(tmp_path),), output=str(tmp_path / "out")))
+    assert not (tmp_path / "out").exists()
+
+
+def test_unreadable_input_says_how_to_fix(tmp_path, monkeypatch):
+    f = tmp_path / "u.data"
+    f.write_text(u_data(CLEAN))
+    f.chmod(0)
+    if os.access(f, os.R_OK):  # root reads anything: emulate what a normal user sees
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, m: False if str(p) == str(f) else real(p, m))
+    with pytest.raises(InputDataError, match="not readable.*chmod"):
+        run(ETLConfig(dataset="ml-100k", input=(str(f),), output=str(tmp_path / "out")))
+
+
+def test_messy_text_equals_clean_text(spark, tmp_path):
+    """Blank and comment lines, trailing spaces, CRLF, no final newline: same result as clean."""
+    clean = tmp_path / "clean" / "u.data"
+    clean.parent.mkdir()
+    clean.write_text(u_data(CLEAN))
+    messy_lines = ["# exported 2024-01-01", ""] + [
+        "\t".join(map(str, r)) + ("   " if i % 3 == 0 else "") for i, r in enumerate(CLEAN)]
+    messy_lines.insert(7, "")
+    messy = tmp_path / "messy" / "u.data"
+    messy.parent.mkdir()
+    messy.write_bytes("\r\n".join(messy_lines).encode())  # CRLF and no newline at the end
+    kw = dict(dataset="ml-100k", negatives=5, cold_users=0.0)
+    a = prepare(spark, tmp_path / "a", input=(str(clean),), **kw)
+    b = prepare(spark, tmp_path / "b", input=(str(messy),), **kw)
+    assert b.manifest["counts"]["lines"] == {**a.manifest["counts"]["lines"], "blank": 2, "comment": 1}
+    assert a.split.sort_values(["user_id", "item_id"]).values.tolist() == \
+        b.split.sort_values(["user_id", "item_id"]).values.tolist()
+    assert a.rows.drop(columns=[]).to_json() == b.rows.to_json()
+
+
+def test_malformed_rows_over_the_limit_fail_with_file_line_and_fix(spark, tmp_path):
+    f = tmp_path / "u.data"
+    lines = u_data(CLEAN).splitlines()
+    lines[2] = "1\t12\t4"            # 3 fields
+    lines[5] = "2\t12\tfive\t104"    # non-numeric rating
+    lines[8] = "3\t13\t4\tyesterday"  # non-numeric timestamp
+    f.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    with pytest.raises(InputDataError) as e:
+        run(ETLConfig(dataset="ml-100k", input=(str(f),), output=str(out)), spark)
+    msg = str(e.value)
+    assert f"{f}:3: expected 4 fields separated by tabs, found 3" in msg
+    assert f"{f}:6: rating 'five' in column 3 is not a number" in msg
+    assert f"{f}:9: timestamp 'yesterday' in column 4 is not a number" in msg
+    assert "--max-bad-rows" in msg and "3 of 12 data lines" in msg
+    assert siblings(out) == ["u.data"]  # nothing written, not even a temporary directory
+
+
+def test_malformed_rows_under_the_limit_are_skipped_and_counted(spark, tmp_path):
+    f = tmp_path / "u.data"
+    lines = u_data(CLEAN).splitlines()
+    lines[2] = "1\t12\t4"
+    f.write_text("\n".join(lines) + "\n")
+    out = prepare(spark, tmp_path / "out", dataset="ml-100k", input=(str(f),), max_bad_rows=0.1,
+                  negatives=3, cold_users=0.0)
+    c = out.manifest["counts"]
+    assert c["lines"]["bad"] == 1 and c["rows"] == len(CLEAN) - 1
+    assert c["bad_row_examples"][0].startswith(f"{f}:3: expected 4 fields")
+    assert ("1", "12") not in set(zip(out.split.user_id, out.split.item_id))
+
+
+def test_wrong_header_names_file_line_and_fix(spark, tmp_path):
+    f = tmp_path / "ratings.csv"
+    f.write_text("user,item,rating,ts\n1,2,4.0,100\n")
+    with pytest.raises(InputDataError, match=r"ratings.csv line 1: expected the header "
+                                             r"'userId,movieId,rating,timestamp'.*--dataset csv"):
+        run(ETLConfig(dataset="ml-latest-small", input=(str(f),), output=str(tmp_path / "o")), spark)
+
+
+def test_duplicates_latest_row_decides_and_string_ids(spark, tmp_path):
+    f = tmp_path / "ratings.csv"
+    f.write_text("who,what,stars,when\n"
+                 "alice,b1,5,10\nalice,b1,1,20\n"      # later rating 1 wins: not positive
+                 "alice,b2,1,10\nalice,b2,5,30\n"      # later rating 5 wins: positive
+                 "alice,b3,4,40\nbob,b1,4,10\nbob,b2,5,11\nbob,b2,5,11\n"  # exact duplicate
+                 "carol,b3,5,12\n")
+    out = prepare(spark, tmp_path / "out", dataset="csv", input=(str(f),), user_col="who",
+                  item_col="what", rating_col="stars", time_col="when", cold_users=0.0, negatives=2)
+    c = out.manifest["counts"]
+    assert c["duplicate_rows"] == 3 and c["pairs"] == 6
+    assert set(zip(out.split.user_id, out.split.item_id)) == {
+        ("alice", "b2"), ("alice", "b3"), ("bob", "b1"), ("bob", "b2"), ("carol", "b3")}
+    assert out.users.user_id.tolist() == ["alice", "bob", "carol"]  # string order
+    assert c["users_numeric_ids"] is False
+
+
+def test_csv_missing_column_lists_the_header(spark, tmp_path):
+    f = tmp_path / "r.csv"
+    f.write_text("u,i,r\n1,2,5\n")
+    with pytest.raises(InputDataError, match=r"no column named 'user'.*\['u', 'i', 'r'\].*--user-col"):
+        run(ETLConfig(dataset="csv", input=(str(f),), output=str(tmp_path / "o")), spark)
+
+
+def test_empty_after_thresholding_names_the_rule(spark, tmp_path):
+    f = tmp_path / "u.data"
+    f.write_text(u_data([(1, 1, 1, 5), (2, 2, 3, 6)]))
+    out = tmp_path / "out"
+    with pytest.raises(InputDataError, match=r"no positives left .* --positive '>3'"):
+        run(ETLConfig(dataset="ml-100k", input=(str(f),), output=str(out)), spark)
+    assert siblings(out) == ["u.data"]
+
+
+def test_only_comments_is_an_empty_input(spark, tmp_path):
+    f = tmp_path / "u.data"
+    f.write_text("# nothing here\n\n")
+    with pytest.raises(InputDataError, match="no data lines found"):
+        run(ETLConfig(dataset="ml-100k", input=(str(f),), output=str(tmp_path / "o")), spark)
+
+
+def test_existing_output_needs_overwrite_and_is_replaced_whole(spark, tmp_path):
+    f = tmp_path / "u.data"
+    f.write_text(u_data(CLEAN))
+    out = tmp_path / "out"
+    first = prepare(spark, out, dataset="ml-100k", input=(str(f),), cold_users=0.0, negatives=2)
+    (out / "stale-file").write_text("from an older run")
+    with pytest.raises(UsageError, match="already exists; pass --overwrite"):
+        run(ETLConfig(dataset="ml-100k", input=(str(f),), output=str(out)), spark)
+    second = prepare(spark, out, dataset="ml-100k", input=(str(f),), cold_users=0.0, negatives=7,
+                     overwrite=True)
+    assert not (out / "stale-file").exists()
+    assert second.manifest["parameters"]["negatives"] == 7 != first.manifest["parameters"]["negatives"]
+    assert siblings(out) == ["out", "u.data"]  # no .tmp- or .old- left beside it
+
+
+def test_overwrite_refuses_a_directory_that_is_not_an_output(spark, tmp_path):
+    f = tmp_path / "u.data"
+    f.write_text(u_data(CLEAN))
+    precious = tmp_path / "home"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    with pytest.raises(UsageError, match="not a previous output"):
+        run(ETLConfig(dataset="ml-100k", input=(str(f),), output=str(precious), overwrite=True), spark)
+    assert (precious / "thesis.tex").exists()
+
+
+def test_failure_after_writing_started_leaves_nothing(spark, tmp_path, monkeypatch):
+    """A crash in the last step (after items, users and split were written) publishes nothing."""
+    from etl import pipeline
+
+    f = tmp_path / "u.data"
+    f.write_text(u_data(CLEAN))
+
+    def boom(*a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(pipeline, "user_rows", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        run(ETLConfig(dataset="ml-100k", input=(str(f),), output=str(tmp_path / "out")), spark)
+    assert siblings(tmp_path / "out") == ["u.data"]

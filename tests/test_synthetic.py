@@ -1,0 +1,51 @@
+"""Synthetic data: generated in Spark, deterministic, power-law popularity, learnable topics."""
+
+import numpy as np
+import pytest
+
+from etl import synthetic
+from tests.etl_helpers import prepare
+
+
+def test_blocks_are_deterministic_and_sized():
+    cat = synthetic.Catalog(500, seed=1)
+    a = synthetic.generate_block(0, 3000, 500, 20.0, 1, cat)
+    b = synthetic.generate_block(0, 3000, 500, 20.0, 1, synthetic.Catalog(500, seed=1))
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    users, items, ts = a
+    assert len(np.unique(users)) == min(3000, synthetic.BLOCK)
+    assert len(set(zip(users.tolist(), items.tolist()))) == len(users)  # no duplicate pairs
+    assert abs(len(users) / 3000 - 20.0) < 2.0
+    # timestamps increase along each user's history
+    for u in np.unique(users)[:50]:
+        assert np.all(np.diff(ts[users == u]) >= 0)
+
+
+def test_popularity_is_power_law_and_topics_are_learnable():
+    cat = synthetic.Catalog(2000, seed=4)
+    users, items, _ = synthetic.generate_block(0, 4000, 2000, 30.0, 4, cat)
+    pop = np.sort(np.bincount(items, minlength=2000))[::-1]
+    assert pop[:200].sum() / pop.sum() > 0.35    # top 10% of items: > 3.5x their uniform share
+    assert pop[0] > 20 * max(np.median(pop), 1)  # a heavy head
+    # each user's items concentrate in one topic (chance would be 1/K)
+    topics = cat.topic[items]
+    shares = [np.bincount(topics[users == u]).max() / (users == u).sum()
+              for u in np.unique(users) if (users == u).sum() >= 10]
+    assert np.mean(shares) > 0.5 > 10.0 / cat.k  # over 10x what topic-blind users would show
+
+
+@pytest.mark.spark
+def test_synthetic_etl_in_spark_does_not_depend_on_partitioning(spark, tmp_path):
+    kw = dict(dataset="synthetic", users=3000, items=400, positives=60_000, negatives=10, seed=2)
+    a = prepare(spark, tmp_path / "a", **kw)
+    c = a.manifest["counts"]
+    assert abs(sum(c["positives"].values()) / 60_000 - 1) < 0.1
+    assert c["users"] == 3000 and c["items"] <= 400
+    # the same data whatever the partitioning (users generated in fixed id blocks)
+    spark.conf.set("spark.sql.shuffle.partitions", "3")
+    b = prepare(spark, tmp_path / "b", shards=3, **kw)
+    key = lambda p: sorted(zip(p.split.user_id, p.split.item_id, p.split.split, p.split.timestamp))
+    assert key(a) == key(b)
+    assert a.rows.neg_items.map(list).tolist() == b.rows.neg_items.map(list).tolist()
+    assert len(list((tmp_path / "b" / "rows").glob("*.parquet"))) == 3
