@@ -68,28 +68,46 @@ def _yahoo_checks(parsed: DataFrame) -> DataFrame:
         .otherwise(F.col("error"))).withColumn("kind", F.when(invalid, "bad").otherwise(F.col("kind")))
 
 
+# Dedup key: the latest row of a pair wins, ties broken by input position. When timestamps fit
+# 33 bits and positions 30 bits, (timestamp + 1) << 30 | position is one sortable long and the
+# dedup is a hash aggregate (max_by); otherwise a max over a struct, which Spark sorts for.
+POS_BITS = 30
+TS_LIMIT = (1 << 33) - 2
+
+
 def _all_integers(df: DataFrame, column: str) -> bool:
-    """Whether every id in ``column`` is a plain integer (then ids order as numbers)."""
-    return bool(df.agg(F.coalesce(F.bool_and(F.col(column).rlike(r"^-?[0-9]{1,30}$")), F.lit(True)))
+    """Whether every id in ``column`` is a plain integer of at most 18 digits (then ids order as
+    numbers, as a long)."""
+    return bool(df.agg(F.coalesce(F.bool_and(F.col(column).rlike(r"^-?[0-9]{1,18}$")), F.lit(True)))
                 .first()[0])
 
 
 def _order_key(column: str, numeric: bool) -> Column:
-    return F.col(column).cast("decimal(38,0)") if numeric else F.col(column)
+    return F.col(column).cast("long") if numeric else F.col(column)
 
 
 def read_validated(spark: SparkSession, cfg: ETLConfig, files: list[str], progress: Progress,
-                   counts: dict) -> DataFrame:
-    """Parsed rating rows ``user_id, item_id, rating, timestamp, file, line``; bad rows counted."""
+                   counts: dict) -> tuple[DataFrame, bool]:
+    """Parsed rating rows ``user_id, item_id, rating, timestamp, gpos``; bad rows counted.
+
+    Also says whether the fast dedup key fits (see ``POS_BITS``).
+    """
     if cfg.spec.layout == "synthetic":
         rows = synthetic_rows(spark, cfg.users, cfg.items, cfg.positives, cfg.seed)
-        return rows.select("*", F.lit(None).cast("string").alias("file"),
-                           F.lit(None).cast("long").alias("line"))
+        # generated pairs are distinct and their times are 2010-2015: the fast key fits
+        return rows.select("*", F.lit(0).cast("long").alias("gpos")), True
     parsed = parse(spark, cfg, files)
     if cfg.spec.layout == "yahoo":
         parsed = _yahoo_checks(parsed)
-    by_kind = {r["kind"]: r["n"] for r in parsed.groupBy("kind").agg(F.count(F.lit(1)).alias("n"))
-               .collect()}
+    is_row = F.col("kind") == "row"
+    stats = parsed.groupBy("kind").agg(
+        F.count(F.lit(1)).alias("n"), F.min(F.when(is_row, F.col("timestamp"))).alias("ts_min"),
+        F.max(F.when(is_row, F.col("timestamp"))).alias("ts_max"), F.max("gpos").alias("gpos_max"),
+    ).collect()
+    by_kind = {r["kind"]: r["n"] for r in stats}
+    row_stats = next((r for r in stats if r["kind"] == "row"), None)
+    fast = row_stats is not None and row_stats["gpos_max"] < (1 << POS_BITS) and (
+        row_stats["ts_min"] is None or (row_stats["ts_min"] >= 0 and row_stats["ts_max"] <= TS_LIMIT))
     n_rows, n_bad = by_kind.get("row", 0), by_kind.get("bad", 0)
     counts["lines"] = {k: int(by_kind.get(k, 0)) for k in ("row", "bad", *SKIPPED_KINDS)}
     examples = []
@@ -114,35 +132,42 @@ def read_validated(spark: SparkSession, cfg: ETLConfig, files: list[str], progre
     for e in examples:
         log.warning("skipped malformed line %s", e)
     progress.done("read", rows=n_rows, bad=n_bad, skipped=sum(by_kind.get(k, 0) for k in SKIPPED_KINDS))
-    return parsed.where(F.col("kind") == "row").select(
-        "user_id", "item_id", "rating", "timestamp", "file", "line")
+    return parsed.where(is_row).select("user_id", "item_id", "rating", "timestamp", "gpos"), fast
 
 
-def positives_of(rows: DataFrame, cfg: ETLConfig, partitions: int, progress: Progress,
-                 counts: dict) -> tuple[DataFrame, DataFrame]:
+def positives_of(rows: DataFrame, fast_key: bool, cfg: ETLConfig, partitions: int,
+                 progress: Progress, counts: dict) -> tuple[DataFrame, DataFrame]:
     """Dedup (the most recent row of a pair decides), binarise.
 
     Returns the positives ``user_id, item_id, timestamp`` and the persisted pairs (to unpersist).
-    Ties in time are broken by position in the input (later line wins).
+    Ties in time are broken by position in the input (the later line wins).
     """
     rule = PositiveRule.parse(cfg.positive_rule)
-    latest = F.max(F.struct("timestamp", "file", "line", "rating")).alias("latest")
-    pairs = (rows.repartition(partitions, "user_id")
-             .groupBy("user_id", "item_id").agg(latest, F.count(F.lit(1)).alias("copies"))
-             .select("user_id", "item_id", F.col("latest.rating").alias("rating"),
-                     F.col("latest.timestamp").alias("timestamp"), "copies"))
+    by_user = rows.repartition(partitions, "user_id")
+    if fast_key:
+        order = F.shiftleft(F.coalesce(F.col("timestamp") + 1, F.lit(0)), POS_BITS) + F.col("gpos")
+        aggs = [F.max("timestamp").alias("timestamp"), F.max_by("rating", order).alias("rating")]
+    else:
+        latest = F.max(F.struct(F.coalesce(F.col("timestamp"), F.lit(-(1 << 62))).alias("t"),
+                                "gpos", "rating", "timestamp")).alias("latest")
+        aggs = [latest]
+    pairs = by_user.groupBy("user_id", "item_id").agg(*aggs, F.count(F.lit(1)).alias("copies"))
+    if not fast_key:
+        pairs = pairs.select("user_id", "item_id", F.col("latest.rating").alias("rating"),
+                             F.col("latest.timestamp").alias("timestamp"), "copies")
     pairs = pairs.withColumn("positive", positive_condition(rule, F.col("rating")))
     pairs = pairs.persist(StorageLevel.MEMORY_AND_DISK)
     agg = pairs.agg(
         F.count(F.lit(1)).alias("pairs"), F.sum("copies").alias("rows"),
         F.sum(F.col("positive").cast("long")).alias("positives"),
         F.sum((F.col("rating") == 255).cast("long")).alias("r255"),
-        F.count_distinct("user_id").alias("users"), F.count_distinct("item_id").alias("items"),
     ).first()
+    # distinct counts one column at a time: a single agg with two count_distincts expands the table
+    users_raw = pairs.select("user_id").distinct().count()
+    items_raw = pairs.select("item_id").distinct().count()
     n_pairs, n_pos = int(agg["pairs"]), int(agg["positives"] or 0)
     counts.update(rows=int(agg["rows"]), duplicate_rows=int(agg["rows"]) - n_pairs, pairs=n_pairs,
-                  non_positive_pairs=n_pairs - n_pos, users_raw=int(agg["users"]),
-                  items_raw=int(agg["items"]))
+                  non_positive_pairs=n_pairs - n_pos, users_raw=users_raw, items_raw=items_raw)
     if cfg.spec.layout == "yahoo":
         counts["rating_255_pairs"] = int(agg["r255"] or 0)
     if n_pos == 0:
@@ -157,43 +182,49 @@ def positives_of(rows: DataFrame, cfg: ETLConfig, partitions: int, progress: Pro
 
 def index_users(pos: DataFrame, cfg: ETLConfig, progress: Progress, counts: dict) -> DataFrame:
     """``user_id, user_index, cold, n``: contiguous indices in id order; a seeded cold-user draw."""
-    numeric = _all_integers(pos.select("user_id").distinct(), "user_id")
-    users = pos.groupBy("user_id").agg(F.count(F.lit(1)).alias("n"))
-    users = users.withColumn("user_index", (F.row_number().over(
-        Window.orderBy(_order_key("user_id", numeric))) - 1).cast("int"))
-    m = users.count()
+    base = pos.groupBy("user_id").agg(F.count(F.lit(1)).alias("n")).persist(StorageLevel.MEMORY_AND_DISK)
+    numeric = _all_integers(base, "user_id")
+    m = base.count()
     n_cold = int(round(cfg.cold_users * m))
     if cfg.cold_users > 0 and m - n_cold < 1:
         raise InputDataError(f"--cold-users {cfg.cold_users} leaves no training user out of {m}")
+    users = base.withColumn("user_index", (F.row_number().over(
+        Window.orderBy(_order_key("user_id", numeric))) - 1).cast("int"))
     # seeded sample without replacement: the n_cold users with the smallest seeded hash
     draw = F.row_number().over(Window.orderBy(F.xxhash64(F.lit(cfg.seed), "user_id"), "user_index"))
     users = users.withColumn("cold", draw <= n_cold).persist(StorageLevel.MEMORY_AND_DISK)
     single = users.where(F.col("n") == 1).count()
+    base.unpersist()
     counts.update(users=m, cold_users=n_cold, users_single_positive=int(single),
                   users_numeric_ids=numeric)
     progress.done("users", users=m, cold=n_cold, single_positive=int(single))
     return users
 
 
-def index_items(pos: DataFrame, progress: Progress, counts: dict) -> tuple[DataFrame, bool]:
-    items = pos.select("item_id").distinct()
-    numeric = _all_integers(items, "item_id")
-    items = items.withColumn("item_index", (F.row_number().over(
+def index_items(pos: DataFrame, progress: Progress, counts: dict) -> DataFrame:
+    """``item_id, item_index``: contiguous indices in id order (as numbers when all are)."""
+    base = pos.select("item_id").distinct().persist(StorageLevel.MEMORY_AND_DISK)
+    numeric = _all_integers(base, "item_id")
+    items = base.withColumn("item_index", (F.row_number().over(
         Window.orderBy(_order_key("item_id", numeric))) - 1).cast("int"))
     items = items.persist(StorageLevel.MEMORY_AND_DISK)
     n = items.count()
+    base.unpersist()
     counts.update(items=n, items_numeric_ids=numeric)
     progress.done("items", items=n)
-    return items, numeric
+    return items
 
 
-def split_positives(pos: DataFrame, users: DataFrame, items: DataFrame, item_numeric: bool,
+def split_positives(pos: DataFrame, users: DataFrame, items: DataFrame,
                     cfg: ETLConfig, progress: Progress, counts: dict) -> DataFrame:
-    """Per-user split by time (ties: item id) or by a seeded permutation, the authors' arithmetic."""
+    """Per-user split by time (ties: item id) or by a seeded permutation, the authors' arithmetic.
+
+    Items are ordered by ``item_index``, which follows the id order (numeric when all ids are).
+    """
     if cfg.split_mode == "time":
-        order = [F.col("timestamp").asc_nulls_first(), _order_key("item_id", item_numeric)]
+        order = [F.col("timestamp").asc_nulls_first(), "item_index"]
     else:
-        order = [F.xxhash64(F.lit(cfg.seed), "user_id", "item_id"), _order_key("item_id", item_numeric)]
+        order = [F.xxhash64(F.lit(cfg.seed), "user_id", "item_id"), "item_index"]
     w = Window.partitionBy("user_id").orderBy(*order)
     t = protocol.as_fraction(cfg.test_fraction)
     h = protocol.as_fraction(cfg.holdout_fraction)
@@ -202,16 +233,16 @@ def split_positives(pos: DataFrame, users: DataFrame, items: DataFrame, item_num
     n_test = F.floor(n * t.numerator / t.denominator)  # exact: integer / integer of longs
     n_holdout = F.floor(n * h.numerator / h.denominator)
     label = F.when(k < n - n_holdout, "train").when(k < n - n_test, "valid").otherwise("test")
-    df = (pos.join(users.select("user_id", "user_index", "cold"), "user_id")
-          .join(F.broadcast(items), "item_id")
+    df = (pos.join(F.broadcast(items), "item_id")
+          .join(users.select("user_id", "user_index", "cold"), "user_id")
           .withColumn("split", label))
     df = df.persist(StorageLevel.MEMORY_AND_DISK)
-    per_split = {r["split"]: int(r["n"]) for r in df.groupBy("split", "cold").agg(
-        F.count(F.lit(1)).alias("n")).groupBy("split").agg(F.sum("n").alias("n")).collect()}
-    cold_pos = df.where("cold").count()
-    counts["positives"] = {s: per_split.get(s, 0) for s in S.SPLITS}
+    per = df.groupBy("split", "cold").agg(F.count(F.lit(1)).alias("n")).collect()
+    per_split = {s: sum(r["n"] for r in per if r["split"] == s) for s in S.SPLITS}
+    cold_pos = sum(r["n"] for r in per if r["cold"])
+    counts["positives"] = per_split
     counts["positives_cold_users"] = int(cold_pos)
-    progress.done("split", **{s: per_split.get(s, 0) for s in S.SPLITS}, cold=int(cold_pos))
+    progress.done("split", **per_split, cold=int(cold_pos))
     return df
 
 
@@ -245,6 +276,8 @@ ROWS_DDL = ("user_index int, user_id string, cold boolean, train_items array<int
 def _finish_rows(rstar_item: np.ndarray, pop: np.ndarray, negatives: int, seed: int):
     """``mapInArrow`` function: add R* (gathered per train item) and the negative-sample counts."""
 
+    table = protocol.alias_table(pop) if negatives else None
+
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for b in batches:
             if b.num_rows == 0:
@@ -257,7 +290,7 @@ def _finish_rows(rstar_item: np.ndarray, pop: np.ndarray, negatives: int, seed: 
             cold = b.column(S.COLD).to_numpy(zero_copy_only=False)
             users = b.column(S.USER_INDEX).to_numpy(zero_copy_only=False)
             warm = np.flatnonzero(~cold)
-            off, items, counts = protocol.negative_counts(users[warm], pop, negatives, seed)
+            off, items, counts = protocol.negative_counts(users[warm], pop, negatives, seed, table)
             per_user = np.zeros(len(users), np.int64)
             per_user[warm] = np.diff(off)
             offsets = _offsets(per_user)

@@ -157,11 +157,11 @@ def run(cfg: ETLConfig, spark=None) -> dict:
     cached = []
     try:
         with publisher.staging() as tmp:
-            rows = P.read_validated(spark, cfg, files, progress, counts)
-            pos, pairs = P.positives_of(rows, cfg, partitions, progress, counts)
+            rows, fast_key = P.read_validated(spark, cfg, files, progress, counts)
+            pos, pairs = P.positives_of(rows, fast_key, cfg, partitions, progress, counts)
             users = P.index_users(pos, cfg, progress, counts)
-            items, item_numeric = P.index_items(pos, progress, counts)
-            split = P.split_positives(pos, users, items, item_numeric, cfg, progress, counts)
+            items = P.index_items(pos, progress, counts)
+            split = P.split_positives(pos, users, items, cfg, progress, counts)
             cached = [pairs, pos, users, items, split]
             pairs.unpersist()
             item_table = P.popularity(split, items, progress)

@@ -1,6 +1,6 @@
 """Raw dataset readers: every supported layout becomes one DataFrame of parsed lines.
 
-Each reader returns columns ``file, line, kind, error, text, user_id, item_id, rating, timestamp``
+Each reader returns ``file, line, gpos, kind, error, text, user_id, item_id, rating, timestamp``
 where ``kind`` is one of ``row`` (a rating), ``bad`` (malformed: ``error`` says why), or a line that is
 skipped by design (``blank``, ``comment``, ``header``, ``movie`` for Netflix's ``MovieID:`` lines).
 Ids stay strings. ``rating`` is null for one-class data, ``timestamp`` (unix seconds) where the
@@ -19,7 +19,8 @@ from pyspark.sql import functions as F
 from etl.config import ETLConfig
 from etl.errors import InputDataError
 
-LINE_COLUMNS = ["file", "line", "kind", "error", "text", "user_id", "item_id", "rating", "timestamp"]
+LINE_COLUMNS = ["file", "line", "gpos", "kind", "error", "text", "user_id", "item_id", "rating",
+                "timestamp"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,7 +84,10 @@ def resolve_inputs(cfg: ETLConfig) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 def read_lines(spark: SparkSession, files: list[str]) -> DataFrame:
-    """``file, line, text`` for every physical line of ``files``; ``line`` is 1-based per file.
+    """``file, line, gpos, text`` for every physical line of ``files``.
+
+    ``line`` is 1-based per file; ``gpos`` numbers all lines of all files (in file-name order), the
+    input order that breaks ties between duplicate rows.
 
     Spark's text source gives no line numbers. Every row knows its file and the byte offset of its
     split (``_metadata.file_block_start``), and ``monotonically_increasing_id`` numbers the rows of a
@@ -100,17 +104,21 @@ def read_lines(spark: SparkSession, files: list[str]) -> DataFrame:
                    F.col("value").alias("text")))
     blocks = raw.groupBy("file", "block").agg(F.min("rid").alias("first_rid"),
                                                F.count(F.lit(1)).alias("n")).collect()
-    offsets, seen = [], {}
+    offsets, seen, total = [], {}, 0
     for b in sorted(blocks, key=lambda r: (r["file"], r["block"])):
-        done = seen.get(b["file"], 0)
-        offsets.append((b["file"], b["block"], b["first_rid"], done))
-        seen[b["file"]] = done + b["n"]
+        if b["file"] not in seen:
+            seen[b["file"]] = 0
+            file_start = total
+        offsets.append((b["file"], b["block"], b["first_rid"], seen[b["file"]], file_start))
+        seen[b["file"]] += b["n"]
+        total += b["n"]
     if not offsets:
-        return spark.createDataFrame([], "file string, line long, text string")
-    table = spark.createDataFrame(offsets, "file string, block long, first_rid long, done long")
+        return spark.createDataFrame([], "file string, line long, gpos long, text string")
+    table = spark.createDataFrame(
+        offsets, "file string, block long, first_rid long, done long, file_start long")
+    line = F.col("done") + F.col("rid") - F.col("first_rid") + 1
     return (raw.join(F.broadcast(table), ["file", "block"])
-            .select("file", (F.col("done") + F.col("rid") - F.col("first_rid") + 1).alias("line"),
-                    "text"))
+            .select("file", line.alias("line"), (F.col("file_start") + line).alias("gpos"), "text"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,7 +131,8 @@ def _clean(text: Column) -> Column:
 
 
 def _field(fields: Column, i: int) -> Column:
-    return F.trim(F.regexp_replace(fields.getItem(i), '^"|"$', ""))
+    # get(): null past the end (getItem fails under ANSI mode, and short lines are expected here)
+    return F.trim(F.regexp_replace(F.get(fields, i), '^"|"$', ""))
 
 
 def _first_error(*checks: tuple[Column, Column]) -> Column:
@@ -164,7 +173,7 @@ def _delimited(lines: DataFrame, delim: str, n_fields: int, roles: dict[str, int
             .when(F.lit(header) & (F.col("line") == 1), "header")
             .when(error.isNotNull(), "bad").otherwise("row"))
     return lines.select(
-        "file", "line", kind.alias("kind"),
+        "file", "line", "gpos", kind.alias("kind"),
         F.when(kind == "bad", error).alias("error"), F.col("text"),
         get["user"].alias("user_id"), get["item"].alias("item_id"),
         rating.alias("rating"), timestamp.alias("timestamp"))
@@ -200,7 +209,7 @@ def _netflix(lines: DataFrame) -> DataFrame:
             .when(F.col("movie").isNotNull(), "movie")
             .when(error.isNotNull(), "bad").otherwise("row"))
     return with_movie.select(
-        "file", "line", kind.alias("kind"), F.when(kind == "bad", error).alias("error"), "text",
+        "file", "line", "gpos", kind.alias("kind"), F.when(kind == "bad", error).alias("error"), "text",
         _field(fields, 0).alias("user_id"), F.col("current_movie").alias("item_id"),
         rating.alias("rating"), day.cast("long").alias("timestamp"))
 
@@ -209,22 +218,22 @@ def _citeulike(lines: DataFrame) -> DataFrame:
     """``users.dat``: line k (1-based) is user k-1: ``n item_1 ... item_n``; every pair is positive."""
     text = _clean(F.col("text"))
     tokens = F.split(text, r"\s+", -1)
-    declared = tokens.getItem(0).try_cast("int")
+    declared = F.get(tokens, 0).try_cast("int")
     listed = F.size(tokens) - 1
     error = _first_error(
         (declared.isNull(), F.format_string("item count '%s' in column 1 is not a number",
-                                            tokens.getItem(0))),
+                                            F.get(tokens, 0))),
         (declared != listed, F.format_string("line declares %d items but lists %d",
                                              declared, listed)),
     )
     kind = (F.when(text == "", "blank").when(error.isNotNull(), "bad")
             .when(declared == 0, "blank").otherwise("row"))
     parsed = lines.select(
-        "file", "line", kind.alias("kind"), F.when(kind == "bad", error).alias("error"), "text",
+        "file", "line", "gpos", kind.alias("kind"), F.when(kind == "bad", error).alias("error"), "text",
         (F.col("line") - 1).cast("string").alias("user_id"),
         F.when(kind == "row", F.slice(tokens, 2, F.greatest(listed, F.lit(1)))).alias("items"))
     return parsed.select(
-        *[c for c in ("file", "line", "kind", "error", "text", "user_id")],
+        "file", "line", "gpos", "kind", "error", "text", "user_id",
         F.explode_outer("items").alias("item_id"),
         F.lit(None).cast("double").alias("rating"), F.lit(None).cast("long").alias("timestamp"))
 

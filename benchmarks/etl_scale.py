@@ -1,0 +1,146 @@
+"""ETL scale benchmark: synthetic data at 1M, 10M and the Yahoo scale (49M positives).
+
+    .venv/bin/python benchmarks/etl_scale.py                 # all three scales
+    .venv/bin/python benchmarks/etl_scale.py --scales 1M     # one
+
+Each scale runs ``spark-submit etl/prepare.py --dataset synthetic`` (the real entry point) with the
+Yahoo R1 shape scaled by users: 44.9k items, 26 positives per user on average. Reported per scale:
+wall time of the whole command, time and rows/s of each ETL step (from the manifest), and the peak
+resident memory of the Spark driver JVM (local mode: it runs the executors too) and of the whole
+process tree (JVM + Python workers), sampled every 0.2 s from /proc.
+
+Results go to ``benchmarks/results/etl_scale.json`` and ``.md`` with the machine and command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+YAHOO = {"users": 1_876_280, "items": 44_865, "positives": 48_817_561}
+SCALES = {"1M": 1_000_000, "10M": 10_000_000, "49M": YAHOO["positives"]}
+
+
+def tree_rss(pid: int) -> tuple[int, int]:
+    """(RSS of the JVM in the tree, RSS of the whole tree) in bytes."""
+    procs = {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                parts = f.read().rsplit(")", 1)[1].split()
+            ppid, rss_pages = int(parts[1]), int(parts[21])
+            with open(f"/proc/{p}/comm") as f:
+                comm = f.read().strip()
+            procs[int(p)] = (ppid, rss_pages * os.sysconf("SC_PAGE_SIZE"), comm)
+        except (OSError, IndexError, ValueError):
+            continue
+    tree, frontier = set(), {pid}
+    while frontier:
+        tree |= frontier
+        frontier = {p for p, (pp, _, _) in procs.items() if pp in frontier} - tree
+    jvm = sum(procs[p][1] for p in tree if p in procs and procs[p][2] == "java")
+    return jvm, sum(procs[p][1] for p in tree if p in procs)
+
+
+def run_scale(name: str, positives: int, negatives: int, driver_memory: str, work: Path) -> dict:
+    users = max(1, round(YAHOO["users"] * positives / YAHOO["positives"]))
+    out = work / f"syn-{name}"
+    py = sys.executable
+    cmd = [str(Path(py).parent / "spark-submit"), "--master", "local[*]",
+           "--driver-memory", driver_memory,
+           "--driver-java-options", f"-Dlog4j2.configurationFile=file:{ROOT / 'infra/log4j2.properties'}",
+           str(ROOT / "etl/prepare.py"), "--dataset", "synthetic", "--users", str(users),
+           "--items", str(YAHOO["items"]), "--positives", str(positives),
+           "--negatives", str(negatives), "--output", str(out), "--overwrite"]
+    env = {**os.environ, "PYSPARK_PYTHON": py, "PYSPARK_DRIVER_PYTHON": py,
+           "SPARK_LOCAL_IP": "127.0.0.1"}
+    print(f"== {name}: {users:,} users, {positives:,} positives", flush=True)
+    peak = [0, 0]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            jvm, total = tree_rss(proc.pid)
+            peak[0], peak[1] = max(peak[0], jvm), max(peak[1], total)
+            stop.wait(0.2)
+
+    threading.Thread(target=sample, daemon=True).start()
+    rc = proc.wait()
+    stop.set()
+    wall = time.perf_counter() - t0
+    if rc != 0:
+        raise SystemExit(f"{name}: prepare.py failed with exit code {rc}")
+    m = json.loads((out / "manifest.json").read_text())
+    total_pos = sum(m["counts"]["positives"].values())
+    du = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    shutil.rmtree(out)
+    steps = [{**s, "rows_per_s": round(total_pos / s["seconds"]) if s["seconds"] else None}
+             for s in m["steps"]]
+    return {"scale": name, "users": m["counts"]["users"], "items": m["counts"]["items"],
+            "positives": total_pos, "negatives_per_user": negatives, "wall_s": round(wall, 1),
+            "etl_s": m["seconds"], "positives_per_s": round(total_pos / wall),
+            "driver_jvm_peak_gib": round(peak[0] / 2**30, 2),
+            "process_tree_peak_gib": round(peak[1] / 2**30, 2), "output_gib": round(du / 2**30, 2),
+            "shards": m["layout"]["shards"], "steps": steps}
+
+
+def machine() -> dict:
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    import pyspark
+    return {"cpus": os.cpu_count(), "memory_gib": round(mem / 2**30, 1),
+            "platform": platform.platform(), "python": platform.python_version(),
+            "spark": pyspark.__version__}
+
+
+def to_markdown(res: dict) -> str:
+    lines = [f"# ETL scale benchmark", "", f"Command: `{res['command']}`  ", f"Date: {res['date']}  ",
+             f"Machine: {res['machine']}", "",
+             "| scale | users | items | positives | wall s | positives/s | driver JVM peak GiB "
+             "| process tree peak GiB | output GiB |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in res["runs"]:
+        lines.append(f"| {r['scale']} | {r['users']:,} | {r['items']:,} | {r['positives']:,} | "
+                     f"{r['wall_s']} | {r['positives_per_s']:,} | {r['driver_jvm_peak_gib']} | "
+                     f"{r['process_tree_peak_gib']} | {r['output_gib']} |")
+    lines += ["", "Seconds per step (rows/s = positives / step time):", "",
+              "| scale | " + " | ".join(s["step"] for s in res["runs"][0]["steps"]) + " |",
+              "|---|" + "---|" * len(res["runs"][0]["steps"])]
+    for r in res["runs"]:
+        lines.append(f"| {r['scale']} | " + " | ".join(f"{s['seconds']}" for s in r["steps"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--scales", nargs="+", default=list(SCALES), choices=list(SCALES))
+    p.add_argument("--negatives", type=int, default=500, help="per user (the ETL's default)")
+    p.add_argument("--driver-memory", default="8g")
+    p.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
+    p.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    args = p.parse_args()
+    work = Path(args.work or tempfile.mkdtemp(prefix="etl-bench-"))
+    runs = [run_scale(s, SCALES[s], args.negatives, args.driver_memory, work) for s in args.scales]
+    res = {"command": "python benchmarks/etl_scale.py " + " ".join(sys.argv[1:]),
+           "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "runs": runs}
+    out = Path(args.results)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "etl_scale.json").write_text(json.dumps(res, indent=2) + "\n")
+    (out / "etl_scale.md").write_text(to_markdown(res))
+    print(to_markdown(res))
+
+
+if __name__ == "__main__":
+    main()
