@@ -225,16 +225,18 @@ def split_positives(pos: DataFrame, users: DataFrame, items: DataFrame,
         order = [F.col("timestamp").asc_nulls_first(), "item_index"]
     else:
         order = [F.xxhash64(F.lit(cfg.seed), "user_id", "item_id"), "item_index"]
-    w = Window.partitionBy("user_id").orderBy(*order)
+    # The hash in front lets the sort compare longs, not strings; partitioning stays by user_id.
+    by_user = [F.xxhash64("user_id"), "user_id"]
+    w = Window.partitionBy(*by_user).orderBy(*order)
     t = protocol.as_fraction(cfg.test_fraction)
     h = protocol.as_fraction(cfg.holdout_fraction)
-    n = F.count(F.lit(1)).over(Window.partitionBy("user_id"))
+    n = F.count(F.lit(1)).over(Window.partitionBy(*by_user))
     k = F.row_number().over(w) - 1  # 0-based, oldest first
     n_test = F.floor(n * t.numerator / t.denominator)  # exact: integer / integer of longs
     n_holdout = F.floor(n * h.numerator / h.denominator)
     label = F.when(k < n - n_holdout, "train").when(k < n - n_test, "valid").otherwise("test")
     df = (pos.join(F.broadcast(items), "item_id")
-          .join(users.select("user_id", "user_index", "cold"), "user_id")
+          .join(F.broadcast(users.select("user_id", "user_index", "cold")), "user_id")
           .withColumn("split", label))
     df = df.persist(StorageLevel.MEMORY_AND_DISK)
     per = df.groupBy("split", "cold").agg(F.count(F.lit(1)).alias("n")).collect()
@@ -273,41 +275,98 @@ ROWS_DDL = ("user_index int, user_id string, cold boolean, train_items array<int
             "neg_items array<int>, neg_counts array<int>")
 
 
-def _finish_rows(rstar_item: np.ndarray, pop: np.ndarray, negatives: int, seed: int):
-    """``mapInArrow`` function: add R* (gathered per train item) and the negative-sample counts."""
+SPLIT_CODE = {name: code for code, name in enumerate(S.SPLITS)}
 
-    table = protocol.alias_table(pop) if negatives else None
 
-    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for b in batches:
-            if b.num_rows == 0:
-                continue
-            train = b.column(S.TRAIN_ITEMS)
-            flat = train.flatten().to_numpy(zero_copy_only=False)  # flatten() honours slices
-            lengths = train.value_lengths().to_numpy(zero_copy_only=False)
-            rstar = pa.ListArray.from_arrays(
-                _offsets(lengths), pa.array(rstar_item[flat].astype(np.float32)))
-            cold = b.column(S.COLD).to_numpy(zero_copy_only=False)
-            users = b.column(S.USER_INDEX).to_numpy(zero_copy_only=False)
-            warm = np.flatnonzero(~cold)
-            off, items, counts = protocol.negative_counts(users[warm], pop, negatives, seed, table)
-            per_user = np.zeros(len(users), np.int64)
-            per_user[warm] = np.diff(off)
-            offsets = _offsets(per_user)
-            yield pa.RecordBatch.from_arrays(
-                [b.column(S.USER_INDEX), b.column(S.USER_ID), b.column(S.COLD), train, rstar,
-                 b.column(S.VALID_ITEMS), b.column(S.TEST_ITEMS),
-                 pa.ListArray.from_arrays(offsets, pa.array(items, pa.int32())),
-                 pa.ListArray.from_arrays(offsets, pa.array(counts, pa.int32()))],
-                schema=ROWS_SCHEMA)
+def build_rows(batch: pa.RecordBatch, rstar_item: np.ndarray, pop: np.ndarray, negatives: int,
+               seed: int, table) -> pa.RecordBatch:
+    """User rows from one user's-rows-contiguous batch of positives.
 
-    return fn
+    ``batch``: ``user_index, user_id, cold, item_index, split_code`` (0 train, 1 valid, 2 test) with
+    each user's positives adjacent. Lists come out ascending by item index; R* is gathered per
+    training item; warm users get their negative-sample counts, cold users none.
+    """
+    user = batch.column("user_index").to_numpy(zero_copy_only=False)
+    item = batch.column("item_index").to_numpy(zero_copy_only=False)
+    code = batch.column("split_code").to_numpy(zero_copy_only=False).astype(np.int64)
+    first = np.flatnonzero(np.concatenate([[True], user[1:] != user[:-1]]))
+    n_users = len(first)
+    owner = np.repeat(np.arange(n_users), np.diff(np.append(first, len(user))))
+    order = np.lexsort((item, code, owner))  # by user, then split, then item
+    item, code, owner = item[order], code[order], owner[order]
+    per = np.bincount(owner * 3 + code, minlength=n_users * 3).reshape(n_users, 3)
+    start = np.zeros(n_users * 3 + 1, np.int64)
+    np.cumsum(per.ravel(), out=start[1:])
+    lists = []
+    for c in range(3):
+        # positions of split c: for user u, [start[3u + c], start[3u + c + 1])
+        lo, hi = start[np.arange(n_users) * 3 + c], start[np.arange(n_users) * 3 + c + 1]
+        lists.append((_offsets(hi - lo), item[_ranges(lo, hi)].astype(np.int32)))
+    users = user[first]
+    cold = batch.column("cold").to_numpy(zero_copy_only=False)[first]
+    warm = np.flatnonzero(~cold)
+    if negatives and len(warm):
+        off, neg_items, neg_counts = protocol.negative_counts(users[warm], pop, negatives, seed, table)
+    else:
+        off, neg_items, neg_counts = np.zeros(len(warm) + 1, np.int64), np.zeros(0, np.int32), \
+            np.zeros(0, np.int32)
+    per_user = np.zeros(n_users, np.int64)
+    per_user[warm] = np.diff(off)
+    neg_off = _offsets(per_user)
+    train_off, train_items = lists[0]
+    return pa.RecordBatch.from_arrays(
+        [pa.array(users, pa.int32()), batch.column("user_id").take(pa.array(first)),
+         pa.array(cold, pa.bool_()),
+         pa.ListArray.from_arrays(train_off, pa.array(train_items)),
+         pa.ListArray.from_arrays(train_off, pa.array(rstar_item[train_items].astype(np.float32))),
+         pa.ListArray.from_arrays(lists[1][0], pa.array(lists[1][1])),
+         pa.ListArray.from_arrays(lists[2][0], pa.array(lists[2][1])),
+         pa.ListArray.from_arrays(neg_off, pa.array(neg_items, pa.int32())),
+         pa.ListArray.from_arrays(neg_off, pa.array(neg_counts, pa.int32()))],
+        schema=ROWS_SCHEMA)
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(lo[i], hi[i]) for all i, vectorised."""
+    lengths = hi - lo
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    starts = np.repeat(lo - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+    return starts + np.arange(total)
 
 
 def _offsets(lengths: np.ndarray) -> pa.Array:
     out = np.zeros(len(lengths) + 1, np.int32)
     np.cumsum(lengths, out=out[1:])
     return pa.array(out, pa.int32())
+
+
+def _rows_fn(rstar_item: np.ndarray, pop: np.ndarray, negatives: int, seed: int):
+    """``mapInArrow`` function: user-contiguous positives in, user rows out.
+
+    Arrow batches cut through users; the last (possibly incomplete) user of a batch is carried
+    into the next one, so every user is built from all of its rows.
+    """
+    table = protocol.alias_table(pop) if negatives else None
+
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        carry = None
+        for b in batches:
+            if b.num_rows == 0:
+                continue
+            if carry is not None:
+                b = pa.Table.from_batches([carry, b]).combine_chunks().to_batches()[0]
+            users = b.column("user_index").to_numpy(zero_copy_only=False)
+            others = np.flatnonzero(users != users[-1])
+            last = int(others[-1]) + 1 if len(others) else 0  # rows before the batch's last user
+            carry = b.slice(last)
+            if last:
+                yield build_rows(b.slice(0, last), rstar_item, pop, negatives, seed, table)
+        if carry is not None and carry.num_rows:
+            yield build_rows(carry, rstar_item, pop, negatives, seed, table)
+
+    return fn
 
 
 def rstar_per_item(pop_train: np.ndarray, z: float, beta: float) -> np.ndarray:
@@ -320,17 +379,15 @@ def rstar_per_item(pop_train: np.ndarray, z: float, beta: float) -> np.ndarray:
 
 def user_rows(split: DataFrame, rstar_item: np.ndarray, pop: np.ndarray, cfg: ETLConfig
               ) -> DataFrame:
-    """One row per user with sorted item lists, R* and negatives (see ``etl.schema``)."""
-    def items_of(name: str) -> Column:
-        return F.array_sort(F.collect_list(F.when(F.col("split") == name, F.col("item_index"))))
+    """One row per user with sorted item lists, R* and negatives (see ``etl.schema``).
 
-    grouped = split.groupBy("user_id").agg(
-        F.first("user_index").alias(S.USER_INDEX), F.first("cold").alias(S.COLD),
-        items_of("train").alias(S.TRAIN_ITEMS), items_of("valid").alias(S.VALID_ITEMS),
-        items_of("test").alias(S.TEST_ITEMS))
-    grouped = grouped.select(S.USER_INDEX, S.USER_ID, S.COLD, S.TRAIN_ITEMS, S.VALID_ITEMS,
-                             S.TEST_ITEMS).sortWithinPartitions(S.USER_INDEX)
-    return grouped.mapInArrow(_finish_rows(rstar_item, pop, cfg.negatives, cfg.seed), ROWS_DDL)
+    ``split`` comes out of the split window with each user's positives adjacent in its partition,
+    so the rows are built in one streaming Python pass: no aggregation, no further sort.
+    """
+    codes = F.when(F.col("split") == "train", 0).when(F.col("split") == "valid", 1).otherwise(2)
+    positives = split.select("user_index", "user_id", "cold", "item_index",
+                             codes.cast("byte").alias("split_code"))
+    return positives.mapInArrow(_rows_fn(rstar_item, pop, cfg.negatives, cfg.seed), ROWS_DDL)
 
 
 def auto_partitions(cfg: ETLConfig, input_bytes: int) -> int:
