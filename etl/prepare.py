@@ -184,11 +184,9 @@ def run(cfg: ETLConfig, spark=None) -> dict:
 
             if cfg.negatives and train_pos == 0:
                 raise InputDataError("no training positives among warm users; lower --cold-users")
-            rows_df = P.user_rows(split, rstar_item, pop, cfg)
-            rows_df.write.parquet(f"{tmp}/{S.ROWS_DIR}")
-            shards = [f for f in os.listdir(f"{tmp}/{S.ROWS_DIR}") if f.endswith(".parquet")] \
-                if "://" not in tmp else []
-            progress.done("write-rows", users=counts["users"], shards=len(shards) or partitions)
+            shards = P.write_user_rows(split, f"{tmp}/{S.ROWS_DIR}", rstar_item, pop, cfg)
+            progress.done("write-rows", users=sum(s["users"] for s in shards), shards=len(shards),
+                          mib=round(sum(s["bytes"] for s in shards) / 2**20, 1))
 
             manifest = {
                 "schema_version": S.SCHEMA_VERSION,
@@ -199,7 +197,8 @@ def run(cfg: ETLConfig, spark=None) -> dict:
                 "parameters": cfg.to_dict(),
                 "counts": counts,
                 "layout": {"items": S.ITEMS_DIR, "users": S.USERS_DIR, "rows": S.ROWS_DIR,
-                           "split": S.SPLIT_DIR, "shards": len(shards) or partitions},
+                           "split": S.SPLIT_DIR, "shards": len(shards),
+                           "row_shards": shards},
                 "steps": progress.steps,
                 "seconds": round(time.perf_counter() - t0, 1),
                 "spark": {"version": spark.version, "master": spark.sparkContext.master,

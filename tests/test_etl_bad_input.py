@@ -178,10 +178,13 @@ def test_failure_after_writing_started_leaves_nothing(spark, tmp_path, monkeypat
     f = tmp_path / "u.data"
     f.write_text(u_data(CLEAN))
 
-    def boom(*a, **k):
+    real = pipeline.write_user_rows
+
+    def boom(split, out_dir, *a, **k):
+        real(split, out_dir, *a, **k)  # the shards are written, then the job dies
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(pipeline, "user_rows", boom)
+    monkeypatch.setattr(pipeline, "write_user_rows", boom)
     with pytest.raises(RuntimeError, match="disk full"):
         run(ETLConfig(dataset="ml-100k", input=(str(f),), output=str(tmp_path / "out")), spark)
     assert siblings(tmp_path / "out") == ["u.data"]
