@@ -73,17 +73,29 @@ def _yahoo_checks(parsed: DataFrame) -> DataFrame:
 # dedup is a hash aggregate (max_by); otherwise a max over a struct, which Spark sorts for.
 POS_BITS = 30
 TS_LIMIT = (1 << 33) - 2
+# Ids in this canonical integer form survive string -> long -> string unchanged, so the pipeline
+# carries them as longs (cheaper to shuffle, hash, sort and cache than strings) and writes them
+# back as strings. Anything else ("007", "u42") stays a string throughout.
+CANONICAL_INT = r"^(0|-?[1-9][0-9]{0,17})$"
+
+
+def as_str(column: str) -> Column:
+    """An id column as the string it was read as (a no-op for string columns)."""
+    return F.col(column).cast("string").alias(column)
 
 
 def _all_integers(df: DataFrame, column: str) -> bool:
     """Whether every id in ``column`` is a plain integer of at most 18 digits (then ids order as
     numbers, as a long)."""
+    if dict(df.dtypes)[column] == "bigint":
+        return True
     return bool(df.agg(F.coalesce(F.bool_and(F.col(column).rlike(r"^-?[0-9]{1,18}$")), F.lit(True)))
                 .first()[0])
 
 
-def _order_key(column: str, numeric: bool) -> Column:
-    return F.col(column).cast("long") if numeric else F.col(column)
+def _order_key(column: str, numeric: bool) -> list[Column]:
+    """Id order: as numbers when all ids are integers, ties ('7' and '007') by their text."""
+    return [F.col(column).cast("long"), F.col(column)] if numeric else [F.col(column)]
 
 
 def read_validated(spark: SparkSession, cfg: ETLConfig, files: list[str], progress: Progress,
@@ -93,7 +105,7 @@ def read_validated(spark: SparkSession, cfg: ETLConfig, files: list[str], progre
     Also says whether the fast dedup key fits (see ``POS_BITS``).
     """
     if cfg.spec.layout == "synthetic":
-        rows = synthetic_rows(spark, cfg.users, cfg.items, cfg.positives, cfg.seed)
+        rows = synthetic_rows(spark, cfg.users, cfg.items, cfg.positives, cfg.seed)  # long ids
         # generated pairs are distinct and their times are 2010-2015: the fast key fits
         return rows.select("*", F.lit(0).cast("long").alias("gpos")), True
     parsed = parse(spark, cfg, files)
@@ -103,6 +115,8 @@ def read_validated(spark: SparkSession, cfg: ETLConfig, files: list[str], progre
     stats = parsed.groupBy("kind").agg(
         F.count(F.lit(1)).alias("n"), F.min(F.when(is_row, F.col("timestamp"))).alias("ts_min"),
         F.max(F.when(is_row, F.col("timestamp"))).alias("ts_max"), F.max("gpos").alias("gpos_max"),
+        F.bool_and(F.when(is_row, F.col("user_id").rlike(CANONICAL_INT))).alias("users_int"),
+        F.bool_and(F.when(is_row, F.col("item_id").rlike(CANONICAL_INT))).alias("items_int"),
     ).collect()
     by_kind = {r["kind"]: r["n"] for r in stats}
     row_stats = next((r for r in stats if r["kind"] == "row"), None)
@@ -132,7 +146,9 @@ def read_validated(spark: SparkSession, cfg: ETLConfig, files: list[str], progre
     for e in examples:
         log.warning("skipped malformed line %s", e)
     progress.done("read", rows=n_rows, bad=n_bad, skipped=sum(by_kind.get(k, 0) for k in SKIPPED_KINDS))
-    return parsed.where(is_row).select("user_id", "item_id", "rating", "timestamp", "gpos"), fast
+    as_long = {"user_id": row_stats["users_int"], "item_id": row_stats["items_int"]}
+    ids = [F.col(c).cast("long").alias(c) if as_long[c] else F.col(c) for c in as_long]
+    return parsed.where(is_row).select(*ids, "rating", "timestamp", "gpos"), fast
 
 
 def positives_of(rows: DataFrame, fast_key: bool, cfg: ETLConfig, partitions: int,
@@ -189,9 +205,11 @@ def index_users(pos: DataFrame, cfg: ETLConfig, progress: Progress, counts: dict
     if cfg.cold_users > 0 and m - n_cold < 1:
         raise InputDataError(f"--cold-users {cfg.cold_users} leaves no training user out of {m}")
     users = base.withColumn("user_index", (F.row_number().over(
-        Window.orderBy(_order_key("user_id", numeric))) - 1).cast("int"))
+        Window.orderBy(*_order_key("user_id", numeric))) - 1).cast("int"))
     # seeded sample without replacement: the n_cold users with the smallest seeded hash
-    draw = F.row_number().over(Window.orderBy(F.xxhash64(F.lit(cfg.seed), "user_id"), "user_index"))
+    # hash of the id as read (a string), so the draw does not depend on how ids are carried
+    draw = F.row_number().over(Window.orderBy(F.xxhash64(F.lit(cfg.seed), as_str("user_id")),
+                                              "user_index"))
     users = users.withColumn("cold", draw <= n_cold).persist(StorageLevel.MEMORY_AND_DISK)
     single = users.where(F.col("n") == 1).count()
     base.unpersist()
@@ -206,7 +224,7 @@ def index_items(pos: DataFrame, progress: Progress, counts: dict) -> DataFrame:
     base = pos.select("item_id").distinct().persist(StorageLevel.MEMORY_AND_DISK)
     numeric = _all_integers(base, "item_id")
     items = base.withColumn("item_index", (F.row_number().over(
-        Window.orderBy(_order_key("item_id", numeric))) - 1).cast("int"))
+        Window.orderBy(*_order_key("item_id", numeric))) - 1).cast("int"))
     items = items.persist(StorageLevel.MEMORY_AND_DISK)
     n = items.count()
     base.unpersist()
@@ -224,7 +242,7 @@ def split_positives(pos: DataFrame, users: DataFrame, items: DataFrame,
     if cfg.split_mode == "time":
         order = [F.col("timestamp").asc_nulls_first(), "item_index"]
     else:
-        order = [F.xxhash64(F.lit(cfg.seed), "user_id", "item_id"), "item_index"]
+        order = [F.xxhash64(F.lit(cfg.seed), as_str("user_id"), as_str("item_id")), "item_index"]
     # The hash in front lets the sort compare longs, not strings; partitioning stays by user_id.
     by_user = [F.xxhash64("user_id"), "user_id"]
     w = Window.partitionBy(*by_user).orderBy(*order)
@@ -255,6 +273,7 @@ def popularity(split: DataFrame, items: DataFrame, progress: Progress) -> "pd.Da
         F.sum((F.col("split") == "train").cast("long")).alias(S.POP_TRAIN),
         F.sum(F.col("split").isin("train", "valid").cast("long")).alias(S.POP_TRAIN_VALID))
     table = (items.join(pop, "item_index", "left").fillna(0, [S.POP_TRAIN, S.POP_TRAIN_VALID])
+             .select("item_index", as_str("item_id"), S.POP_TRAIN, S.POP_TRAIN_VALID)
              .orderBy("item_index").toPandas())
     table = table[[S.ITEM_INDEX, S.ITEM_ID, S.POP_TRAIN, S.POP_TRAIN_VALID]]
     table[S.ITEM_INDEX] = table[S.ITEM_INDEX].astype("int32")
@@ -430,7 +449,7 @@ def write_user_rows(split: DataFrame, out_dir: str, rstar_item: np.ndarray, pop:
     filesystem, root = arrow_filesystem(out_dir)
     filesystem.create_dir(root, recursive=True)
     codes = F.when(F.col("split") == "train", 0).when(F.col("split") == "valid", 1).otherwise(2)
-    positives = split.select("user_index", "user_id", "cold", "item_index",
+    positives = split.select("user_index", as_str("user_id"), "cold", "item_index",
                              codes.cast("byte").alias("split_code"))
     fn = _write_rows_fn(out_dir, rstar_item, pop, cfg.negatives, cfg.seed)
     shards = positives.mapInArrow(fn, "shard string, users long, bytes long").collect()

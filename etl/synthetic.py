@@ -132,7 +132,7 @@ def generator(n_users: int, n_items: int, n_positives: int, seed: int):
 
 
 def synthetic_rows(spark, n_users: int, n_items: int, n_positives: int, seed: int):
-    """A DataFrame ``user_id, item_id, rating (null), timestamp`` generated on the executors.
+    """A DataFrame ``user_id, item_id`` (long), ``rating`` (null), ``timestamp``, made on the executors.
 
     One input row per block of ``BLOCK`` users, so a block is generated exactly once whatever
     the partitioning, and the data depend only on the seed.
@@ -141,6 +141,6 @@ def synthetic_rows(spark, n_users: int, n_items: int, n_positives: int, seed: in
     parts = min(n_blocks, max(2 * spark.sparkContext.defaultParallelism, n_blocks // 8))
     blocks = spark.range(0, n_blocks, numPartitions=parts)
     rows = blocks.mapInArrow(generator(n_users, n_items, n_positives, seed), SCHEMA)
-    return rows.select(F.col("user").cast("string").alias("user_id"),
-                       F.col("item").cast("string").alias("item_id"),
+    # ids stay longs: the pipeline carries canonical integer ids as longs anyway
+    return rows.select(F.col("user").alias("user_id"), F.col("item").alias("item_id"),
                        F.lit(None).cast("double").alias("rating"), "timestamp")

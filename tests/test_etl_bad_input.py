@@ -188,3 +188,16 @@ def test_failure_after_writing_started_leaves_nothing(spark, tmp_path, monkeypat
     with pytest.raises(RuntimeError, match="disk full"):
         run(ETLConfig(dataset="ml-100k", input=(str(f),), output=str(tmp_path / "out")), spark)
     assert siblings(tmp_path / "out") == ["u.data"]
+
+
+def test_integer_like_ids_keep_their_exact_text(spark, tmp_path):
+    """'007' and '7' are different users; ids are written back exactly as read."""
+    f = tmp_path / "u.data"
+    f.write_text(u_data([("007", 1, 5, 1), ("007", 2, 5, 2), ("7", 1, 5, 3), ("7", 3, 4, 4),
+                         ("-3", 2, 5, 5)]))
+    out = prepare(spark, tmp_path / "out", dataset="ml-100k", input=(str(f),), cold_users=0.0,
+                  negatives=2)
+    assert sorted(out.users.user_id) == ["-3", "007", "7"]
+    assert out.users.user_id.tolist() == ["-3", "007", "7"]  # as numbers; the tie 007 = 7 by text
+    assert set(out.split.user_id) == {"007", "7", "-3"}
+    assert out.manifest["counts"]["users_numeric_ids"] is True
