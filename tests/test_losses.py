@@ -1,0 +1,65 @@
+"""Each loss against values computed by hand on a tiny batch."""
+
+import math
+
+import pytest
+import torch
+
+from training.losses import densify, l2_penalty, mse_loss, ns_loss
+from training.models import AutoRec, build_model, model_spec
+
+ls = lambda x: math.log(1 / (1 + math.exp(-x)))  # log sigmoid
+SCORES = torch.tensor([[0.5, 0.0, 1.0], [0.0, 2.0, 0.0]])
+POS, POS_OFF = torch.tensor([0, 2, 1]), torch.tensor([0, 2])  # user 0: {0, 2}; user 1: {1}
+
+
+def test_densify():
+    assert densify(POS, POS_OFF, None, 3).tolist() == [[1, 0, 1], [0, 1, 0]]
+
+
+def test_mse_against_binary_rows():
+    # (0.5-1)^2 + 0 + 0 + 0 + (2-1)^2 + 0 = 1.25 over 6 entries
+    assert mse_loss(SCORES, POS, POS_OFF).item() == pytest.approx(1.25 / 6)
+
+
+def test_mse_against_r_star_values():
+    vals = torch.tensor([2.0, 0.5, 3.0])
+    # (0.5-2)^2 + 0 + (1-0.5)^2 + 0 + (2-3)^2 + 0 = 2.25 + 0.25 + 1 = 3.5
+    assert mse_loss(SCORES, POS, POS_OFF, vals).item() == pytest.approx(3.5 / 6)
+
+
+def test_ns_loss_with_count_weighting():
+    neg, counts, neg_off = torch.tensor([1, 0, 2]), torch.tensor([4, 1, 1]), torch.tensor([0, 1])
+    u0 = ls(0.5) + ls(1.0) + (2 / 4) * 4 * ls(-0.0)  # |r|/|s| = 2/4
+    u1 = ls(2.0) + (1 / 2) * (ls(-0.0) + ls(-0.0))    # |r|/|s| = 1/2
+    got = ns_loss(SCORES, POS, POS_OFF, neg, counts, neg_off).item()
+    assert got == pytest.approx(-(u0 + u1) / 2)
+
+
+def test_ns_loss_user_without_negatives_counts_positives_only():
+    neg, counts, neg_off = torch.tensor([1]), torch.tensor([3]), torch.tensor([0, 1])  # user 1: none
+    u0 = ls(0.5) + ls(1.0) + (2 / 3) * 3 * ls(-0.0)
+    u1 = ls(2.0)
+    assert ns_loss(SCORES, POS, POS_OFF, neg, counts, neg_off).item() == pytest.approx(-(u0 + u1) / 2)
+
+
+def test_l2_is_lambda_times_mean_square_per_matrix():
+    a, b = torch.tensor([[1.0, 3.0]]), torch.tensor([[2.0], [0.0]])
+    assert l2_penalty([a, b], 0.1).item() == pytest.approx(0.1 * (5.0 + 2.0))
+
+
+def test_models_registry_and_shapes():
+    with pytest.raises(ValueError, match="nce-autorec"):
+        model_spec("nce")
+    m = build_model("nce-autorec", n_items=7, width=4)
+    out = m(torch.tensor([0, 3, 6]), torch.tensor([0, 2]))
+    assert set(out) == {"nce", "predict"} and out["predict"].shape == (2, 7)
+    assert len(m.weight_matrices()) == 3
+    # the encoder is a sum of item columns: same as a dense linear layer on the binary row
+    dense = torch.zeros(2, 7)
+    dense[0, [0, 3]] = 1
+    dense[1, 6] = 1
+    h = torch.relu(dense @ m.encoder.weight + m.encoder_bias)
+    torch.testing.assert_close(m.encode(torch.tensor([0, 3, 6]), torch.tensor([0, 2])), h)
+    assert isinstance(m, AutoRec) and m.model_args() == {"n_items": 7, "width": 4,
+                                                         "heads": ["nce", "predict"]}
