@@ -42,6 +42,7 @@ demo: venv java-check
 	$(PY) -m infra.demo --var $(VAR)
 
 test: venv java-check
+	$(PY) -m ruff check etl training evaluation infra tests benchmarks
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

@@ -107,7 +107,7 @@ def machine() -> dict:
 
 
 def to_markdown(res: dict) -> str:
-    lines = [f"# ETL scale benchmark", "", f"Command: `{res['command']}`  ", f"Date: {res['date']}  ",
+    lines = ["# ETL scale benchmark", "", f"Command: `{res['command']}`  ", f"Date: {res['date']}  ",
              f"Machine: {res['machine']}", "",
              "| scale | users | items | positives | wall s | positives/s | driver JVM peak GiB "
              "| process tree peak GiB | output GiB |", "|---|---|---|---|---|---|---|---|---|"]

@@ -21,7 +21,7 @@ class PositiveRule:
     all_rows: bool = False
 
     @classmethod
-    def parse(cls, text: str) -> "PositiveRule":
+    def parse(cls, text: str) -> PositiveRule:
         """``>3``, ``>=3``, ``<=100``, ``80..100`` (both ends inclusive) or ``all``."""
         s = text.replace(" ", "")
         if s == "all":

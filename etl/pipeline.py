@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +20,8 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from etl import protocol, schema as S
+from etl import protocol
+from etl import schema as S
 from etl.config import ETLConfig, PositiveRule
 from etl.errors import InputDataError
 from etl.sources import parse
@@ -266,8 +267,9 @@ def split_positives(pos: DataFrame, users: DataFrame, items: DataFrame,
     return df
 
 
-def popularity(split: DataFrame, items: DataFrame, progress: Progress) -> "pd.DataFrame":
-    """Item table on the driver: index, raw id, train and train+valid counts of warm users."""
+def popularity(split: DataFrame, items: DataFrame, progress: Progress):
+    """Item table (a pandas DataFrame on the driver): index, raw id, train and train+valid
+    counts of warm users."""
     warm = split.where(~F.col("cold"))
     pop = warm.groupBy("item_index").agg(
         F.sum((F.col("split") == "train").cast("long")).alias(S.POP_TRAIN),

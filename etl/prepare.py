@@ -24,7 +24,8 @@ import os
 import subprocess
 import time
 
-from etl import __version__, schema as S
+from etl import __version__
+from etl import schema as S
 from etl.config import DATASETS, ETLConfig, dataset_name
 from etl.errors import InputDataError, UsageError
 
@@ -134,8 +135,6 @@ def code_version() -> str:
 
 def run(cfg: ETLConfig, spark=None) -> dict:
     """Run the whole ETL for ``cfg`` and publish ``cfg.output``; returns the manifest."""
-    import numpy as np
-
     from etl import pipeline as P
     from etl.publish import Publisher
     from etl.sources import resolve_inputs
@@ -211,7 +210,6 @@ def run(cfg: ETLConfig, spark=None) -> dict:
     log.info("wrote %s in %.1fs: %s users (%s cold), %s items, positives %s",
              publisher.target, time.perf_counter() - t0, f"{counts['users']:,}",
              f"{counts['cold_users']:,}", f"{counts['items']:,}", counts["positives"])
-    del np
     return manifest
 
 

@@ -15,7 +15,7 @@ import contextlib
 import json
 import os
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 from etl.errors import UsageError
 

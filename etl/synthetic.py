@@ -17,7 +17,7 @@ Users are generated in fixed blocks of ``BLOCK`` ids inside Spark (``mapInArrow`
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa

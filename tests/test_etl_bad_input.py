@@ -9,7 +9,7 @@ import pytest
 from etl.config import ETLConfig
 from etl.errors import InputDataError, UsageError
 from etl.prepare import run
-from tests.etl_helpers import load, prepare
+from tests.etl_helpers import prepare
 
 pytestmark = pytest.mark.spark
 

@@ -1,7 +1,6 @@
 """Netflix (both layouts) and Yahoo! Music R1 on synthetic files in their documented formats."""
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from tests.etl_helpers import check_prepared, prepare, reference_positives, reference_time_split
@@ -41,7 +40,7 @@ def test_yahoo_r1_255_is_not_positive(spark, tmp_path):
     df = random_ratings(n_users=150, n_items=60, per_user=30, seed=5, scale=(0, 101))
     rng = np.random.default_rng(1)
     df.loc[rng.random(len(df)) < 0.1, "rating"] = 255
-    path = write_yahoo(tmp_path / "ydata-ymusic-user-artist-ratings-v1_0.txt", df)
+    write_yahoo(tmp_path / "ydata-ymusic-user-artist-ratings-v1_0.txt", df)  # found by its name
     raw = df.assign(order=range(len(df)), rating=df.rating.astype(float), ts=np.nan)
     pos = reference_positives(raw, lambda r: (r >= 80) & (r <= 100))
     out = prepare(spark, tmp_path / "out", dataset="yahoo", input=(str(tmp_path),), negatives=40)

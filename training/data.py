@@ -30,7 +30,7 @@ class Batch:
     def __len__(self) -> int:
         return len(self.users)
 
-    def to(self, device: torch.device) -> "Batch":
+    def to(self, device: torch.device) -> Batch:
         return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=True)
                         for f in fields(self)})
 

@@ -36,8 +36,8 @@ def phases(spec: ModelSpec, mode: str | None) -> list[list[Step]]:
     """The steps per batch of each training phase (one phase, or two for the fine-tune modes)."""
     if spec.embed_head is None or len(spec.heads) == 1:
         if mode is not None:
-            raise ValueError(f"--mode applies to the two-headed models only (ns-autorec, "
-                             f"nce-autorec); drop it for a one-headed model")
+            raise ValueError("--mode applies to the two-headed models only (ns-autorec, "
+                             "nce-autorec); drop it for a one-headed model")
         return [[Step(spec.heads)]]
     mode = mode or "joint"
     e = spec.embed_head

@@ -1,0 +1,77 @@
+"""The paper's ranking metrics (the authors' metric code; definitions in protocol.md), vectorised.
+
+For a user with truth set T (users with empty T are skipped) and a ranked list (best first, training
+items already removed, at most ``L`` = 50 long):
+
+    Precision@K = hits@K / K          Recall@K = hits@K / |T|   (not min(K, |T|))
+    MAP@K       = mean over i = 1..K of Precision@i   (all K positions, hits or not)
+    R-Precision = hits in the top min(|T|, L) / |T|
+    NDCG        = sum over hit ranks r <= L of 1/log2(r+1)  /  sum_{i=1..|T|} 1/log2(i+1)
+                  (the ideal DCG is not truncated at L)
+    F1@K        = per-user harmonic mean of P@K and R@K (0 when both are 0), then averaged
+    95% CI      = 1.96 * std(per-user values, ddof=0) / sqrt(number of evaluated users)
+
+NDCG@K (truncated list and ideal DCG, the common variant) is reported as an extra, clearly named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+KS = (5, 10, 15, 20, 50)
+
+
+def hit_matrix(recs: np.ndarray, truth: Sequence[np.ndarray]) -> np.ndarray:
+    """(U, L) bool: whether each recommended item is in the user's truth set.
+
+    ``recs`` (U, L) int item indices, best first (-1 pads lists shorter than L).
+    """
+    recs = np.asarray(recs)
+    out = np.zeros(recs.shape, bool)
+    for u, t in enumerate(truth):
+        if len(t):
+            out[u] = np.isin(recs[u], t) & (recs[u] >= 0)
+    return out
+
+
+def per_user(hits: np.ndarray, n_truth: np.ndarray, ks: Sequence[int] = KS) -> dict[str, np.ndarray]:
+    """Per-user metric values for users with a non-empty truth set (others are dropped).
+
+    ``hits`` (U, L) bool; ``n_truth`` (U,) int sizes of the truth sets.
+    """
+    keep = np.asarray(n_truth) > 0
+    hits, n = hits[keep].astype(np.float64), np.asarray(n_truth)[keep].astype(np.float64)
+    if hits.shape[1] < max(ks):  # a list shorter than K: the missing positions are misses
+        hits = np.pad(hits, ((0, 0), (0, max(ks) - hits.shape[1])))
+    length = hits.shape[1]
+    cum = np.cumsum(hits, axis=1)  # hits@i for i = 1..L
+    ranks = np.arange(1, length + 1)
+    discount = 1.0 / np.log2(ranks + 1)
+    out: dict[str, np.ndarray] = {}
+    ideal_all = np.cumsum(1.0 / np.log2(np.arange(1, int(n.max(initial=1)) + 1) + 1))
+    out["NDCG"] = (hits * discount).sum(axis=1) / ideal_all[n.astype(int) - 1]
+    top_t = np.minimum(n, length).astype(int)
+    out["R-Precision"] = cum[np.arange(len(n)), top_t - 1] / n
+    for k in ks:
+        p = cum[:, k - 1] / k
+        r = cum[:, k - 1] / n
+        out[f"Precision@{k}"] = p
+        out[f"Recall@{k}"] = r
+        out[f"MAP@{k}"] = (cum[:, :k] / ranks[:k]).sum(axis=1) / k
+        out[f"F1@{k}"] = np.divide(2 * p * r, p + r, out=np.zeros_like(p), where=(p + r) > 0)
+        ideal_k = ideal_all[np.minimum(n, k).astype(int) - 1]
+        out[f"NDCG@{k} (truncated)"] = (hits[:, :k] * discount[:k]).sum(axis=1) / ideal_k
+    return out
+
+
+def summarise(values: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """Mean, 95% CI half-width (ddof 0, over evaluated users) and user count per metric."""
+    out = {}
+    for name, v in values.items():
+        n = len(v)
+        out[name] = {"mean": float(v.mean()) if n else float("nan"),
+                     "ci95": float(1.96 * v.std() / np.sqrt(n)) if n else float("nan"),
+                     "users": n}
+    return out

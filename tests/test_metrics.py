@@ -1,0 +1,61 @@
+"""Metrics pinned to hand-computed values, edge cases and properties."""
+
+import math
+
+import numpy as np
+import pytest
+
+from evaluation.metrics import hit_matrix, per_user, summarise
+
+D = lambda r: 1 / math.log2(r + 1)  # discount of rank r
+
+
+def test_hand_computed_user():
+    # list of 5, hits at ranks 1 and 3; |T| = 4 (two relevant items never recommended)
+    recs = np.array([[10, 11, 12, 13, 14]])
+    hits = hit_matrix(recs, [np.array([10, 12, 98, 99])])
+    v = per_user(hits, np.array([4]), ks=(1, 3, 5))
+    assert v["Precision@3"][0] == pytest.approx(2 / 3)
+    assert v["Recall@3"][0] == pytest.approx(2 / 4)      # / |T|, not / min(K, |T|)
+    assert v["Recall@1"][0] == pytest.approx(1 / 4)
+    # MAP@5 = mean of P@1..P@5 = (1 + 1/2 + 2/3 + 2/4 + 2/5) / 5
+    assert v["MAP@5"][0] == pytest.approx((1 + 1 / 2 + 2 / 3 + 2 / 4 + 2 / 5) / 5)
+    assert v["R-Precision"][0] == pytest.approx(2 / 4)   # hits in the top |T| = 4
+    assert v["NDCG"][0] == pytest.approx((D(1) + D(3)) / (D(1) + D(2) + D(3) + D(4)))
+    p, r = 2 / 3, 2 / 4
+    assert v["F1@3"][0] == pytest.approx(2 * p * r / (p + r))
+    assert v["NDCG@1 (truncated)"][0] == pytest.approx(1.0)
+
+
+def test_ideal_dcg_is_not_truncated_at_the_list_length():
+    recs = np.arange(50)[None, :]
+    truth = [np.arange(60)]  # 60 relevant, all 50 recommended are hits
+    v = per_user(hit_matrix(recs, truth), np.array([60]))
+    ideal60 = sum(D(i) for i in range(1, 61))
+    assert v["NDCG"][0] == pytest.approx(sum(D(i) for i in range(1, 51)) / ideal60)
+    assert v["NDCG"][0] < 1
+    assert v["NDCG@50 (truncated)"][0] == pytest.approx(1.0)
+    assert v["R-Precision"][0] == pytest.approx(50 / 60)
+
+
+def test_edge_cases_empty_truth_no_hits_perfect_short_list():
+    recs = np.array([[1, 2, 3], [4, 5, 6], [7, 8, -1]])
+    truth = [np.array([], int), np.array([9]), np.array([7, 8])]
+    v = per_user(hit_matrix(recs, truth), np.array([0, 1, 2]), ks=(1, 5))
+    assert len(v["NDCG"]) == 2                          # the empty-truth user is skipped
+    assert v["NDCG"][0] == 0 and v["F1@5"][0] == 0      # no hits
+    assert v["NDCG"][1] == pytest.approx(1.0)           # perfect ranking
+    assert v["Precision@5"][1] == pytest.approx(2 / 5)  # fewer candidates than K: misses
+    assert v["MAP@5"][1] == pytest.approx((1 + 1 + 2 / 3 + 2 / 4 + 2 / 5) / 5)
+
+
+def test_every_metric_is_in_unit_interval_and_ci_by_hand():
+    rng = np.random.default_rng(0)
+    recs = np.array([rng.permutation(100)[:50] for _ in range(200)])
+    truth = [rng.choice(100, size=rng.integers(1, 30), replace=False) for _ in range(200)]
+    v = per_user(hit_matrix(recs, truth), np.array([len(t) for t in truth]))
+    for name, vals in v.items():
+        assert ((vals >= 0) & (vals <= 1 + 1e-12)).all(), name
+    s = summarise({"x": np.array([0.0, 1.0, 1.0, 0.0])})["x"]
+    assert s["mean"] == 0.5 and s["users"] == 4
+    assert s["ci95"] == pytest.approx(1.96 * 0.5 / 2)   # std (ddof 0) = 0.5
