@@ -88,10 +88,19 @@ def run_scale(name: str, positives: int, negatives: int, driver_memory: str, wor
     total_pos = sum(m["counts"]["positives"].values())
     du = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     shutil.rmtree(out)
+    # the reference, same data and settings: generate, one shuffle by user, one Parquet write
+    floor_cmd = cmd[:cmd.index(str(ROOT / "etl/prepare.py"))] + [
+        str(ROOT / "benchmarks/etl_floor.py"), "--users", str(users), "--items", str(YAHOO["items"]),
+        "--positives", str(positives), "--output", str(work / f"floor-{name}")]
+    t1 = time.perf_counter()
+    subprocess.run(floor_cmd, env=env, cwd=ROOT, check=True, capture_output=True)
+    floor = time.perf_counter() - t1
+    shutil.rmtree(work / f"floor-{name}", ignore_errors=True)
     steps = [{**s, "rows_per_s": round(total_pos / s["seconds"]) if s["seconds"] else None}
              for s in m["steps"]]
     return {"scale": name, "users": m["counts"]["users"], "items": m["counts"]["items"],
             "positives": total_pos, "negatives_per_user": negatives, "wall_s": round(wall, 1),
+            "floor_wall_s": round(floor, 1), "ratio_to_floor": round(wall / floor, 2),
             "etl_s": m["seconds"], "positives_per_s": round(total_pos / wall),
             "driver_jvm_peak_gib": round(peak[0] / 2**30, 2),
             "process_tree_peak_gib": round(peak[1] / 2**30, 2), "output_gib": round(du / 2**30, 2),
@@ -109,11 +118,15 @@ def machine() -> dict:
 def to_markdown(res: dict) -> str:
     lines = ["# ETL scale benchmark", "", f"Command: `{res['command']}`  ", f"Date: {res['date']}  ",
              f"Machine: {res['machine']}", "",
-             "| scale | users | items | positives | wall s | positives/s | driver JVM peak GiB "
-             "| process tree peak GiB | output GiB |", "|---|---|---|---|---|---|---|---|---|"]
+             "Reference (floor): the same data generated, shuffled once by user and written as Parquet "
+             "(`benchmarks/etl_floor.py`), run right after each ETL with the same settings.", "",
+             "| scale | users | items | positives | ETL wall s | floor wall s | ETL / floor "
+             "| positives/s | driver JVM peak GiB | process tree peak GiB | output GiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["runs"]:
         lines.append(f"| {r['scale']} | {r['users']:,} | {r['items']:,} | {r['positives']:,} | "
-                     f"{r['wall_s']} | {r['positives_per_s']:,} | {r['driver_jvm_peak_gib']} | "
+                     f"{r['wall_s']} | {r['floor_wall_s']} | {r['ratio_to_floor']} | "
+                     f"{r['positives_per_s']:,} | {r['driver_jvm_peak_gib']} | "
                      f"{r['process_tree_peak_gib']} | {r['output_gib']} |")
     lines += ["", "Seconds per step (rows/s = positives / step time):", "",
               "| scale | " + " | ".join(s["step"] for s in res["runs"][0]["steps"]) + " |",
