@@ -8,6 +8,7 @@ executors as a zip, so the same code runs on a laptop and on a cluster.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
@@ -39,7 +40,9 @@ def under_spark_submit() -> bool:
 
 def _code_zip() -> str:
     """The project's packages as one zip for ``addPyFile`` (rebuilt per session: it is small)."""
-    path = Path(tempfile.mkdtemp(prefix="nce-autorec-code-")) / "project.zip"
+    folder = tempfile.mkdtemp(prefix="nce-autorec-code-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    path = Path(folder) / "project.zip"
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         for pkg in PACKAGES:
             for f in (ROOT / pkg).rglob("*.py"):
