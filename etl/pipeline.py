@@ -390,14 +390,6 @@ def _rows_fn(rstar_item: np.ndarray, pop: np.ndarray, negatives: int, seed: int)
     return fn
 
 
-def rstar_per_item(pop_train: np.ndarray, z: float, beta: float) -> np.ndarray:
-    """R* of an observed training entry of each item (0 where the item has no training positive)."""
-    out = np.zeros(len(pop_train), np.float64)
-    seen = pop_train > 0
-    out[seen] = protocol.r_star(pop_train[seen], z, beta)
-    return out
-
-
 def arrow_filesystem(uri: str):
     """(pyarrow FileSystem, path) for a local path or a Hadoop-style URI (s3a:// read as s3://)."""
     from pyarrow import fs

@@ -136,6 +136,7 @@ def code_version() -> str:
 def run(cfg: ETLConfig, spark=None) -> dict:
     """Run the whole ETL for ``cfg`` and publish ``cfg.output``; returns the manifest."""
     from etl import pipeline as P
+    from etl.protocol import rstar_per_item
     from etl.publish import Publisher
     from etl.sources import resolve_inputs
     from etl.spark import get_spark
@@ -168,7 +169,7 @@ def run(cfg: ETLConfig, spark=None) -> dict:
             warm_users = counts["users"] - counts["cold_users"]
             train_pos = int(pop.sum())
             z = warm_users if cfg.rstar_z == "users" else train_pos
-            rstar_item = P.rstar_per_item(pop, z, cfg.beta)
+            rstar_item = rstar_per_item(pop, z, cfg.beta)
             counts.update(warm_users=warm_users, train_positives_warm=train_pos, rstar_z=z)
 
             (spark.createDataFrame(item_table).coalesce(1)

@@ -55,6 +55,17 @@ def r_star(popularity: np.ndarray, z: float, beta: float) -> np.ndarray:
     return np.maximum(np.log(z) - beta * np.log(pop), 0.0)
 
 
+def rstar_per_item(pop_train: np.ndarray, z: float, beta: float) -> np.ndarray:
+    """(n_items,) R* of an observed training entry of each item; 0 where an item has no training
+    positive (no training entry of it exists). Training recomputes R* for another beta from the
+    stored popularity with this same function."""
+    pop_train = np.asarray(pop_train)
+    out = np.zeros(len(pop_train), np.float64)
+    seen = pop_train > 0
+    out[seen] = r_star(pop_train[seen], z, beta)
+    return out
+
+
 def splitmix64(x: np.ndarray) -> np.ndarray:
     """The splitmix64 finaliser, elementwise on uint64 (wrapping arithmetic)."""
     z = np.asarray(x, dtype=np.uint64) + _GOLDEN

@@ -63,3 +63,27 @@ def test_models_registry_and_shapes():
     torch.testing.assert_close(m.encode(torch.tensor([0, 3, 6]), torch.tensor([0, 2])), h)
     assert isinstance(m, AutoRec) and m.model_args() == {"n_items": 7, "width": 4,
                                                          "heads": ["nce", "predict"]}
+
+
+def test_rstar_recomputed_for_another_beta_from_popularity():
+    import numpy as np
+    import pyarrow as pa
+
+    from etl.protocol import rstar_per_item
+    from training.data import batch_from_arrow, with_rstar
+
+    pop = np.array([50, 5, 1, 0])
+    z = 100
+    rows = pa.table({"user_index": pa.array([0, 1], pa.int32()),
+                     "train_items": pa.array([[0, 2], [1]], pa.list_(pa.int32())),
+                     "train_rstar": pa.array([rstar_per_item(pop, z, 1.0)[[0, 2]].tolist(),
+                                              rstar_per_item(pop, z, 1.0)[[1]].tolist()],
+                                             pa.list_(pa.float32())),
+                     "neg_items": pa.array([[], []], pa.list_(pa.int32())),
+                     "neg_counts": pa.array([[], []], pa.list_(pa.int32()))})
+    batch = batch_from_arrow(rows)
+    again = with_rstar(batch, torch.from_numpy(rstar_per_item(pop, z, 1.0)))
+    torch.testing.assert_close(again.train_rstar, batch.train_rstar)  # same beta: the stored values
+    other = with_rstar(batch, torch.from_numpy(rstar_per_item(pop, z, 1.3)))
+    expected = [max(math.log(z) - 1.3 * math.log(p), 0.0) for p in (50, 1, 5)]
+    torch.testing.assert_close(other.train_rstar, torch.tensor(expected, dtype=torch.float32))

@@ -104,3 +104,9 @@ def test_negative_counts_edge_cases():
     assert off.tolist() == [0, 0, 0] and len(items) == 0
     with pytest.raises(ValueError):
         protocol.negative_counts(np.array([1]), np.array([0, 0]), 5, seed=0)
+
+
+def test_rstar_per_item_zero_for_items_without_training_positives():
+    got = protocol.rstar_per_item(np.array([0, 1, 10, 500]), z=100, beta=0.5)
+    np.testing.assert_allclose(got, [0.0, math.log(100), math.log(100) - 0.5 * math.log(10),
+                                     max(math.log(100) - 0.5 * math.log(500), 0.0)])

@@ -35,6 +35,13 @@ class Batch:
                         for f in fields(self)})
 
 
+def with_rstar(batch: Batch, rstar_item: torch.Tensor) -> Batch:
+    """``batch`` with R* gathered from a per-item table (``etl.protocol.rstar_per_item``), for a
+    beta other than the ETL's: R* depends on the item alone, so no ETL rerun is needed."""
+    return Batch(**{**{f.name: getattr(batch, f.name) for f in fields(batch)},
+                    "train_rstar": rstar_item[batch.train_items].to(torch.float32)})
+
+
 def _flat(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(values, offsets) of a list column; flatten() honours slices (apache/arrow#37733)."""
     if isinstance(col, pa.ChunkedArray):
