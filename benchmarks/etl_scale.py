@@ -27,6 +27,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from infra.submit import spark_submit  # noqa: E402
 YAHOO = {"users": 1_876_280, "items": 44_865, "positives": 48_817_561}
 SCALES = {"1M": 1_000_000, "10M": 10_000_000, "49M": YAHOO["positives"]}
 
@@ -57,15 +60,10 @@ def tree_rss(pid: int) -> tuple[int, int]:
 def run_scale(name: str, positives: int, negatives: int, driver_memory: str, work: Path) -> dict:
     users = max(1, round(YAHOO["users"] * positives / YAHOO["positives"]))
     out = work / f"syn-{name}"
-    py = sys.executable
-    cmd = [str(Path(py).parent / "spark-submit"), "--master", "local[*]",
-           "--driver-memory", driver_memory,
-           "--driver-java-options", f"-Dlog4j2.configurationFile=file:{ROOT / 'infra/log4j2.properties'}",
-           str(ROOT / "etl/prepare.py"), "--dataset", "synthetic", "--users", str(users),
-           "--items", str(YAHOO["items"]), "--positives", str(positives),
-           "--negatives", str(negatives), "--output", str(out), "--overwrite"]
-    env = {**os.environ, "PYSPARK_PYTHON": py, "PYSPARK_DRIVER_PYTHON": py,
-           "SPARK_LOCAL_IP": "127.0.0.1"}
+    shape = ["--users", str(users), "--items", str(YAHOO["items"]), "--positives", str(positives)]
+    cmd, env = spark_submit("etl/prepare.py", "--dataset", "synthetic", *shape,
+                            "--negatives", str(negatives), "--output", str(out), "--overwrite",
+                            driver_memory=driver_memory)
     print(f"== {name}: {users:,} users, {positives:,} positives", flush=True)
     peak = [0, 0]
     t0 = time.perf_counter()
@@ -89,9 +87,8 @@ def run_scale(name: str, positives: int, negatives: int, driver_memory: str, wor
     du = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     shutil.rmtree(out)
     # the reference, same data and settings: generate, one shuffle by user, one Parquet write
-    floor_cmd = cmd[:cmd.index(str(ROOT / "etl/prepare.py"))] + [
-        str(ROOT / "benchmarks/etl_floor.py"), "--users", str(users), "--items", str(YAHOO["items"]),
-        "--positives", str(positives), "--output", str(work / f"floor-{name}")]
+    floor_cmd, _ = spark_submit("benchmarks/etl_floor.py", *shape,
+                                "--output", str(work / f"floor-{name}"), driver_memory=driver_memory)
     t1 = time.perf_counter()
     subprocess.run(floor_cmd, env=env, cwd=ROOT, check=True, capture_output=True)
     floor = time.perf_counter() - t1

@@ -291,11 +291,6 @@ ROWS_SCHEMA = pa.schema([
     (S.VALID_ITEMS, pa.list_(pa.int32())), (S.TEST_ITEMS, pa.list_(pa.int32())),
     (S.NEG_ITEMS, pa.list_(pa.int32())), (S.NEG_COUNTS, pa.list_(pa.int32())),
 ])
-ROWS_DDL = ("user_index int, user_id string, cold boolean, train_items array<int>, "
-            "train_rstar array<float>, valid_items array<int>, test_items array<int>, "
-            "neg_items array<int>, neg_counts array<int>")
-
-
 SPLIT_CODE = {name: code for code, name in enumerate(S.SPLITS)}
 
 
@@ -326,11 +321,7 @@ def build_rows(batch: pa.RecordBatch, rstar_item: np.ndarray, pop: np.ndarray, n
     users = user[first]
     cold = batch.column("cold").to_numpy(zero_copy_only=False)[first]
     warm = np.flatnonzero(~cold)
-    if negatives and len(warm):
-        off, neg_items, neg_counts = protocol.negative_counts(users[warm], pop, negatives, seed, table)
-    else:
-        off, neg_items, neg_counts = np.zeros(len(warm) + 1, np.int64), np.zeros(0, np.int32), \
-            np.zeros(0, np.int32)
+    off, neg_items, neg_counts = protocol.negative_counts(users[warm], pop, negatives, seed, table)
     per_user = np.zeros(n_users, np.int64)
     per_user[warm] = np.diff(off)
     neg_off = _offsets(per_user)
@@ -415,14 +406,15 @@ def _write_rows_fn(out_dir: str, rstar_item: np.ndarray, pop: np.ndarray, negati
         filesystem, root = arrow_filesystem(out_dir)
         part = TaskContext.get().partitionId()
         path = f"{root}/part-{part:05d}.parquet"
-        n_users, n_bytes, buffered = 0, 0, []
+        n_users, pending, buffered = 0, 0, []
         with pq.ParquetWriter(path, ROWS_SCHEMA, filesystem=filesystem, compression="zstd") as w:
             for rows in build(batches):
                 buffered.append(rows)
                 n_users += rows.num_rows
-                if sum(r.nbytes for r in buffered) > 64 << 20:  # ~64 MiB row groups
+                pending += rows.nbytes
+                if pending > 64 << 20:  # ~64 MiB row groups
                     w.write_table(pa.Table.from_batches(buffered))
-                    buffered = []
+                    pending, buffered = 0, []
             if buffered:
                 w.write_table(pa.Table.from_batches(buffered))
         n_bytes = filesystem.get_file_info(path).size
@@ -442,7 +434,9 @@ def write_user_rows(split: DataFrame, out_dir: str, rstar_item: np.ndarray, pop:
     """
     filesystem, root = arrow_filesystem(out_dir)
     filesystem.create_dir(root, recursive=True)
-    codes = F.when(F.col("split") == "train", 0).when(F.col("split") == "valid", 1).otherwise(2)
+    codes = F.lit(None)
+    for name, code in SPLIT_CODE.items():
+        codes = F.when(F.col("split") == name, code).otherwise(codes)
     positives = split.select("user_index", as_str("user_id"), "cold", "item_index",
                              codes.cast("byte").alias("split_code"))
     fn = _write_rows_fn(out_dir, rstar_item, pop, cfg.negatives, cfg.seed)

@@ -74,13 +74,17 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def uniform01(seed: int, users: np.ndarray, draws: int) -> np.ndarray:
-    """(len(users), draws) float64 uniforms in [0, 1), a pure function of (seed, user, draw)."""
+def random_bits(seed: int, users: np.ndarray, draws: int) -> np.ndarray:
+    """(len(users), draws) uint64 random bits, a pure function of (seed, user, draw)."""
     users = np.asarray(users, dtype=np.uint64)
     with np.errstate(over="ignore"):
         key = splitmix64(splitmix64(np.uint64(seed) ^ _GOLDEN) ^ users)
-        bits = splitmix64(key[:, None] + np.arange(draws, dtype=np.uint64)[None, :])
-    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+        return splitmix64(key[:, None] + np.arange(draws, dtype=np.uint64)[None, :])
+
+
+def uniform01(seed: int, users: np.ndarray, draws: int) -> np.ndarray:
+    """(len(users), draws) float64 uniforms in [0, 1), a pure function of (seed, user, draw)."""
+    return (random_bits(seed, users, draws) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
 def alias_table(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -130,12 +134,10 @@ def negative_counts(users: np.ndarray, popularity: np.ndarray, draws: int, seed:
     each user, ``counts`` int32 (summing to ``draws`` per user).
     """
     users = np.asarray(users, dtype=np.int64)
-    prob, alias = table if table is not None else alias_table(popularity)
     if draws == 0 or len(users) == 0:
         return np.zeros(len(users) + 1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)
-    with np.errstate(over="ignore"):
-        key = splitmix64(splitmix64(np.uint64(seed) ^ _GOLDEN) ^ users.astype(np.uint64))
-        bits = splitmix64(key[:, None] + np.arange(draws, dtype=np.uint64)[None, :])
+    prob, alias = table if table is not None else alias_table(popularity)
+    bits = random_bits(seed, users, draws)
     items = np.sort(draw_alias(bits, prob, alias).astype(np.int32), axis=1).ravel()
     # run-length encode each user's sorted draws
     new = np.ones(items.size, bool)

@@ -19,9 +19,6 @@ from pyspark.sql import functions as F
 from etl.config import ETLConfig
 from etl.errors import InputDataError
 
-LINE_COLUMNS = ["file", "line", "gpos", "kind", "error", "text", "user_id", "item_id", "rating",
-                "timestamp"]
-
 
 # ---------------------------------------------------------------------------------------------
 # Input files

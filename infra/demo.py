@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from infra.submit import spark_submit
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = ROOT / "data" / "ml-latest-small" / "ratings.csv"
@@ -33,16 +34,10 @@ def prepared_is_current(out: Path, seed: int) -> bool:
             and m["parameters"]["seed"] == seed)
 
 
-def spark_submit(script: str, *args: str) -> None:
+def run_spark(script: str, *args: str) -> None:
     """Run one of the project's Spark entry points as a user would, with this interpreter."""
-    bin_dir = Path(sys.executable).parent
-    env = {"SPARK_LOCAL_IP": "127.0.0.1", **os.environ,
-           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    log4j = f"-Dlog4j2.configurationFile=file:{ROOT / 'infra' / 'log4j2.properties'}"
-    cmd = [str(bin_dir / "spark-submit"), "--master", "local[*]", "--driver-memory", "4g",
-           "--driver-java-options", log4j, str(ROOT / script), *args]
-    print("$ " + " ".join(cmd[:1] + [Path(c).name if c == str(ROOT / script) else c for c in cmd[1:]]),
-          flush=True)
+    cmd, env = spark_submit(script, *args)
+    print("$ spark-submit " + " ".join([script, *args]), flush=True)
     subprocess.run(cmd, check=True, env=env, cwd=ROOT)
 
 
@@ -60,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.redo and prepared_is_current(prepared, args.seed):
         print("   already prepared (same input and seed); --redo to prepare again")
     else:
-        spark_submit("etl/prepare.py", "--dataset", "ml-latest-small", "--input", str(DATASET),
+        run_spark("etl/prepare.py", "--dataset", "ml-latest-small", "--input", str(DATASET),
                      "--output", str(prepared), "--seed", str(args.seed), "--overwrite")
 
     m = json.loads((prepared / "manifest.json").read_text())
