@@ -62,9 +62,18 @@ class AutoRec(nn.Module):
         return torch.relu(self.encoder(items, offsets) + self.encoder_bias)
 
     def forward(self, items: torch.Tensor, offsets: torch.Tensor,
-                heads: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
-        """Scores of the named heads (default: all), each (B, n_items) float32."""
-        h = self.encode(items, offsets)
+                heads: tuple[str, ...] | None = None, frozen_encoder: bool = False
+                ) -> dict[str, torch.Tensor]:
+        """Scores of the named heads (default: all), each (B, n_items) float32.
+
+        ``frozen_encoder`` computes the code without autograd (limited fine-tune's phase 2); it is
+        an argument of forward, not a separate call, so that DDP sees every step's forward.
+        """
+        if frozen_encoder:
+            with torch.no_grad():
+                h = self.encode(items, offsets)
+        else:
+            h = self.encode(items, offsets)
         return {name: self.heads[name](h) for name in (heads or self.head_names)}
 
     def weight_matrices(self) -> list[torch.Tensor]:

@@ -63,15 +63,18 @@ def head_loss(name: str, scores: torch.Tensor, batch: Batch) -> torch.Tensor:
     raise ValueError(f"unknown head {name!r}")
 
 
-def objective(model: AutoRec, batch: Batch, step: Step, lam: float
+def unwrap(net: torch.nn.Module) -> AutoRec:
+    """The AutoRec inside a DDP wrapper (or the model itself)."""
+    return getattr(net, "module", net)
+
+
+def objective(net: torch.nn.Module, batch: Batch, step: Step, lam: float
               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """(total loss, per-head loss) of ``step`` on ``batch``."""
-    if step.train_encoder:
-        scores = model(batch.train_items, batch.train_offsets, step.heads)
-    else:
-        with torch.no_grad():
-            h = model.encode(batch.train_items, batch.train_offsets)
-        scores = {name: model.heads[name](h) for name in step.heads}
+    """(total loss, per-head loss) of ``step`` on ``batch``; ``net`` is an AutoRec or its DDP
+    wrapper (the forward goes through the wrapper so that gradients are synchronised)."""
+    scores = net(batch.train_items, batch.train_offsets, step.heads,
+                 frozen_encoder=not step.train_encoder)
+    model = unwrap(net)
     losses = {name: head_loss(name, scores[name], batch) for name in step.heads}
     weights = [model.heads[name].weight for name in step.heads]
     if step.train_encoder:
@@ -86,19 +89,28 @@ def step_parameters(model: AutoRec, step: Step) -> list[torch.nn.Parameter]:
     return params
 
 
-def make_optimizers(model: AutoRec, steps: list[Step], lr: float) -> list[torch.optim.Optimizer]:
+def make_optimizers(model: torch.nn.Module, steps: list[Step], lr: float
+                    ) -> list[torch.optim.Optimizer]:
     """One Adam per step (the alternating mode keeps separate moment estimates per objective)."""
-    return [torch.optim.Adam(step_parameters(model, s), lr=lr) for s in steps]
+    return [torch.optim.Adam(step_parameters(unwrap(model), s), lr=lr) for s in steps]
 
 
-def train_batch(model: AutoRec, batch: Batch, steps: list[Step],
-                optimizers: list[torch.optim.Optimizer], lam: float) -> dict[str, float]:
-    """Run each step of the phase on ``batch``; returns the per-head losses."""
+def uses_every_parameter(spec: ModelSpec, mode: str | None) -> bool:
+    """Whether every step of every phase trains all parameters (DDP's find_unused_parameters
+    can then stay off, which saves a graph traversal per step)."""
+    return all(len(steps) == 1 and steps[0].train_encoder and set(steps[0].heads) == set(spec.heads)
+               for steps in phases(spec, mode))
+
+
+def train_batch(net: torch.nn.Module, batch: Batch, steps: list[Step],
+                optimizers: list[torch.optim.Optimizer], lam: float) -> dict[str, torch.Tensor]:
+    """Run each step of the phase on ``batch``; returns the per-head losses as detached 0-d
+    tensors (no host sync per batch: the caller accumulates them on the device)."""
     out = {}
     for step, opt in zip(steps, optimizers):
         opt.zero_grad(set_to_none=True)
-        total, losses = objective(model, batch, step, lam)
+        total, losses = objective(net, batch, step, lam)
         total.backward()
         opt.step()
-        out.update({k: float(v.detach()) for k, v in losses.items()})
+        out.update({k: v.detach() for k, v in losses.items()})
     return out

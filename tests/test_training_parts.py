@@ -1,0 +1,187 @@
+"""Training's pieces without Ray: feeding batches, validation metrics, early stopping and phases,
+configuration and prepared-directory errors, MLflow URIs."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from etl import protocol
+from etl.errors import UsageError
+from evaluation.metrics import hit_matrix, per_user
+from training.config import TrainConfig, check
+from training.feed import BatchMaker, FeedPlan, _union_sorted, epoch_seed, valid_batch
+from training.loop import new_progress, next_state
+from training.prepared import Prepared, open_prepared
+from training.tracking import check_reachable, tracking_uri
+from training.validate import batch_metrics
+
+def L(rows):  # noqa: N802
+    return pa.array(rows, pa.list_(pa.int32()))
+
+
+def rows_table(train, valid=None, users=None):
+    users = list(range(len(train))) if users is None else users
+    return pa.table({"user_index": pa.array(users, pa.int32()), "train_items": L(train),
+                     "valid_items": L(valid or [[] for _ in train])})
+
+
+def plan(**kw):
+    base = dict(needs_rstar=False, needs_negatives=False, merge_valid=False, rstar_item=None,
+                neg_popularity=None, num_negatives=0, seed=0)
+    return FeedPlan(**{**base, **kw})
+
+
+# -- feeding --------------------------------------------------------------------------------------
+
+def test_final_retraining_input_is_the_sorted_union_of_train_and_valid():
+    train, valid = [[1, 5], [], [0, 9, 3]], [[2], [4, 7], []]
+    vals, off = _union_sorted(np.array([1, 5, 0, 9, 3]), np.array([0, 2, 2]),
+                              np.array([2, 4, 7]), np.array([0, 1, 3]), 3)
+    got = [vals[off[i]:(off[i + 1] if i < 2 else len(vals))].tolist() for i in range(3)]
+    assert got == [sorted(t + v) for t, v in zip(train, valid)]
+
+
+def test_rstar_for_another_beta_is_gathered_from_the_per_item_table():
+    pop = np.array([1, 10, 0, 100])
+    table = protocol.rstar_per_item(pop, z=100.0, beta=0.5).astype(np.float32)
+    # by hand: max(log 100 - 0.5 log pop, 0); items without training positives get 0
+    by_hand = [np.log(100), np.log(100) - 0.5 * np.log(10), 0, np.log(100) - 0.5 * np.log(100)]
+    assert table == pytest.approx(by_hand, rel=1e-6)
+    b = BatchMaker(plan(needs_rstar=True, rstar_item=table))(rows_table([[0, 3], [1]]), epoch=0)
+    assert b.train_rstar.tolist() == pytest.approx(table[[0, 3, 1]].tolist())
+
+
+def test_prepared_rstar_table_uses_train_valid_popularity_for_the_final_retraining():
+    prep = Prepared(uri="x", manifest={"parameters": {"rstar_z": "positives", "beta": 1.0},
+                                       "counts": {"rstar_z": 3}},
+                    pop_train=np.array([1, 2]), pop_train_valid=np.array([2, 4]))
+    assert prep.rstar_table(1.0, False) == pytest.approx(np.log(3) - np.log([1, 2]))
+    assert prep.rstar_table(1.0, True) == pytest.approx(np.maximum(np.log(6) - np.log([2, 4]), 0))
+    assert prep.rstar_is_stored(None, False) and prep.rstar_is_stored(1.0, False)
+    assert not prep.rstar_is_stored(0.8, False) and not prep.rstar_is_stored(None, True)
+
+
+def test_resampled_negatives_are_seeded_per_epoch_and_independent_of_batching():
+    pop = np.array([5, 1, 0, 20, 3])
+    make = BatchMaker(plan(needs_negatives=True, neg_popularity=pop, num_negatives=50, seed=7))
+    table = rows_table([[0], [1], [3], [4]], users=[10, 11, 12, 13])
+
+    def negs(batch, u):
+        lo = int(batch.neg_offsets[u])
+        hi = int(batch.neg_offsets[u + 1]) if u + 1 < len(batch) else len(batch.neg_items)
+        return dict(zip(batch.neg_items[lo:hi].tolist(), batch.neg_counts[lo:hi].tolist()))
+
+    whole = make(table, epoch=3)
+    assert all(sum(negs(whole, u).values()) == 50 for u in range(4))
+    assert all(2 not in negs(whole, u) for u in range(4))  # zero popularity: never drawn
+    part = make(table.slice(2, 2), epoch=3)
+    assert [negs(part, u) for u in range(2)] == [negs(whole, u) for u in (2, 3)]
+    assert [negs(make(table, epoch=4), u) for u in range(4)] != [negs(whole, u) for u in range(4)]
+    assert epoch_seed(7, 3) == epoch_seed(7, 3) != epoch_seed(7, 4)
+
+
+def test_validation_rows_are_split_over_ranks_exactly_once():
+    train = [[0]] * 7
+    valid = [[1], [], [2], [3], [4, 5], [], [6]]
+    table = rows_table(train, valid)
+    seen = []
+    for rank in range(3):
+        vb = valid_batch(table, rank, 3)
+        if vb is not None:
+            seen += [int(x) for x in vb.valid_items[vb.valid_offsets]]  # first item of each user
+    assert sorted(seen) == [1, 2, 3, 4, 6]  # every user with a validation item, once
+
+
+def test_batch_metrics_match_the_evaluation_module():
+    rng = np.random.default_rng(0)
+    n_items, b = 120, 40
+    train = [sorted(rng.choice(n_items, rng.integers(1, 30), replace=False).tolist()) for _ in range(b)]
+    valid = [sorted(rng.choice(sorted(set(range(n_items)) - set(t)), rng.integers(1, 70),
+                               replace=False).tolist()) for t in train]
+    vb = valid_batch(rows_table(train, valid), 0, 1)
+    scores = torch.from_numpy(rng.normal(size=(b, n_items)).astype(np.float32))
+    ndcg, recall = batch_metrics(scores, vb)
+    masked = scores.numpy().copy()
+    for u, t in enumerate(train):
+        masked[u, t] = -np.inf
+    recs = np.argsort(-masked, axis=1, kind="stable")[:, :50]
+    ref = per_user(hit_matrix(recs, [np.array(v) for v in valid]), np.array([len(v) for v in valid]))
+    assert ndcg.numpy() == pytest.approx(ref["NDCG"], abs=1e-9)
+    assert recall.numpy() == pytest.approx(ref["Recall@50"], abs=1e-9)
+
+
+# -- early stopping and phases ----------------------------------------------------------------------
+
+def cfg(**kw):
+    return TrainConfig(data="/x", **kw)
+
+
+def test_early_stopping_keeps_the_best_epoch():
+    p, c = new_progress(), cfg(patience=2, epochs=100)
+    for ndcg in (0.1, 0.3, 0.2, 0.25):
+        next_state(p, c, 1, None, ndcg)
+    assert (p["best_epoch"], p["best_ndcg"], p["done"]) == (2, 0.3, True)
+    assert p["phase_epochs"] == [4]
+
+
+def test_epoch_cap_and_final_retraining_return_the_last_epoch():
+    p, c = new_progress(), cfg(epochs=3, train_splits="train,valid")
+    improved = [next_state(p, c, 1, None, None)[0] for _ in range(3)]
+    assert improved == [True] * 3 and p["best_epoch"] == 3 and p["done"]
+
+
+def test_finetune_phase_one_ends_when_its_loss_converges_or_after_fixed_epochs():
+    p, c = new_progress(), cfg(model="nce-autorec", mode="limited-finetune", epochs=50)
+    switches = [next_state(p, c, 2, loss, None)[1] for loss in (1.0, 0.5, 0.4, 0.3999)]
+    assert switches == [False, False, False, True] and p["phase"] == 1
+    assert p["phase_epochs"] == [4] and p["phase_epoch"] == 0
+    p, c = new_progress(), cfg(model="nce-autorec", mode="full-finetune", pretrain_epochs=2)
+    assert [next_state(p, c, 2, 1.0 / (e + 1), None)[1] for e in range(2)] == [False, True]
+
+
+# -- bad configuration and input ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(model="autorec", mode="joint"), "autorec has one head.*drop --mode"),
+    (dict(model="gru4rec"), "--model gru4rec: choose one of"),
+    (dict(width=0), "--width 0"),
+    (dict(lr=0.0), "--lr 0.0"),
+    (dict(lam=-1.0), "--lam -1.0"),
+    (dict(beta=20.0), "--beta 20.0"),
+    (dict(batch_size=1, num_workers=2), "at least one user per worker"),
+    (dict(patience=0), "--patience 0"),
+    (dict(model="nce-autorec", mode="full-finetune", train_splits="train,valid"),
+     "pass phase 1's epoch count"),
+    (dict(train_splits="valid"), "--train-splits valid"),
+])
+def test_bad_configuration_names_the_flag_and_the_fix(kwargs, match):
+    with pytest.raises(UsageError, match=match):
+        check(cfg(**kwargs))
+
+
+def test_open_prepared_explains_what_is_wrong(tmp_path):
+    with pytest.raises(UsageError, match="no such directory.*spark-submit etl/prepare.py"):
+        open_prepared(str(tmp_path / "nope"))
+    (tmp_path / "half").mkdir()
+    with pytest.raises(UsageError, match="not a prepared dataset \\(no manifest.json"):
+        open_prepared(str(tmp_path / "half"))
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "manifest.json").write_text(json.dumps({"schema_version": 0}))
+    with pytest.raises(UsageError, match="schema version 0, but this code reads version 1"):
+        open_prepared(str(tmp_path / "old"))
+
+
+def test_tracking_uri_is_absolute_and_an_unreachable_server_fails_fast(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking_uri("sqlite:///rel.db") == f"sqlite:///{tmp_path / 'rel.db'}"
+    assert tracking_uri(None).startswith("sqlite:////") and tracking_uri(None).endswith("mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    assert tracking_uri(None) == "http://127.0.0.1:9"
+    with pytest.raises(UsageError, match="127.0.0.1:9 is not reachable.*--mlflow-uri"):
+        check_reachable("http://127.0.0.1:9", timeout=2)
+    with pytest.raises(UsageError, match="does not exist"):
+        check_reachable(f"sqlite:///{tmp_path}/no/such/dir/m.db")

@@ -1,0 +1,267 @@
+"""The per-worker training function that Ray Train's ``TorchTrainer`` runs on every rank.
+
+One epoch = one pass over this worker's share of the warm users (Ray Data's equal streaming split,
+so every rank runs the same number of DDP steps), then validation over all validation users (each
+rank scores ``user_index % world == rank``; sums are all-reduced), then a checkpoint from rank 0 and
+a ``ray.train.report`` on every rank (it is a barrier).
+
+Progress lives in a plain dict saved with each checkpoint, so that a restarted worker group (a
+killed worker, ``FailureConfig``) or a rerun with the same run name resumes at the next epoch with
+the optimizer state, the best model so far and the early-stopping counters.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from training.config import TrainConfig
+from training.feed import BatchMaker, valid_batch
+from training.models import build_model, model_spec
+from training.step import make_optimizers, phases, train_batch, unwrap, uses_every_parameter
+from training.validate import batch_metrics
+
+STATE, BEST = "state.pt", "best.pt"
+CONVERGED = 1e-3  # fine-tune phase 1 ends when its loss improves by less than this (relative)
+
+
+def say(line: str) -> None:
+    """One line to the worker's stdout, which Ray forwards to the driver once (Ray Train patches
+    print() into a logger that the driver shows twice)."""
+    os.write(1, (line + "\n").encode())
+
+
+def quiet_ray_logs() -> None:
+    """Keep the driver's console to our epoch lines: no per-report INFO lines, no progress bars."""
+    import logging
+
+    import ray.data
+    from ray.train.v2._internal.execution import context as train_context
+
+    # Ray Train logs every report at INFO through a logger named after its file
+    for name in ("ray.train", "ray.data", train_context.__file__):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+
+
+def new_progress() -> dict:
+    return {"epoch": 0, "phase": 0, "phase_epoch": 0, "best_ndcg": -1.0, "best_epoch": -1,
+            "bad_epochs": 0, "last_loss": None, "phase_epochs": [], "done": False,
+            "diverged": None, "history": []}
+
+
+def all_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sum of each value over the ranks (float64: sums of per-user metrics over millions of users)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def next_state(p: dict, cfg: TrainConfig, n_phases: int, embed_loss: float | None,
+               ndcg: float | None) -> tuple[bool, bool]:
+    """Advance ``p`` after an epoch; returns (new best model, phase changed)."""
+    last_phase = p["phase"] == n_phases - 1
+    p["epoch"] += 1
+    p["phase_epoch"] += 1
+    improved = switched = False
+    if not last_phase:  # fine-tune phase 1: a fixed length, or until its loss stops falling
+        prev = p["last_loss"]
+        p["last_loss"] = embed_loss
+        fixed = cfg.pretrain_epochs
+        converged = prev is not None and prev - embed_loss < CONVERGED * abs(prev)
+        if (fixed and p["phase_epoch"] >= fixed) or (not fixed and (converged
+                                                                    or p["phase_epoch"] >= cfg.epochs)):
+            p["phase_epochs"].append(p["phase_epoch"])
+            p["phase"] += 1
+            p["phase_epoch"] = 0
+            switched = True
+        return improved, switched
+    if ndcg is None:  # final retraining: a fixed number of epochs; the last one is returned
+        improved = True
+        p["best_epoch"] = p["epoch"]
+    elif ndcg > p["best_ndcg"]:
+        improved = True
+        p["best_ndcg"], p["best_epoch"], p["bad_epochs"] = ndcg, p["epoch"], 0
+    else:
+        p["bad_epochs"] += 1
+    if p["phase_epoch"] >= cfg.epochs or (ndcg is not None and p["bad_epochs"] >= cfg.patience):
+        p["phase_epochs"].append(p["phase_epoch"])
+        p["done"] = True
+    return improved, switched
+
+
+def train_loop(config: dict) -> None:
+    import ray.train
+    import ray.train.torch
+
+    quiet_ray_logs()
+    cfg = TrainConfig.from_dict(config["cfg"])
+    feed, n_items = config["feed"], config["n_items"]
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(max(1, int(config.get("threads", 1))))
+    spec = model_spec(cfg.model)
+    all_phases = phases(spec, cfg.mode)
+
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    model = build_model(cfg.model, n_items, cfg.width)
+    progress, best_state, opt_states = new_progress(), None, None
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            saved = torch.load(Path(d) / STATE, map_location="cpu", weights_only=False)
+            model.load_state_dict(saved["model"])
+            progress, opt_states = saved["progress"], saved["optimizers"]
+            if (Path(d) / BEST).exists():
+                best_state = torch.load(Path(d) / BEST, map_location="cpu", weights_only=True)
+        if rank == 0:
+            say(f"resuming after epoch {progress['epoch']} (phase {progress['phase'] + 1})")
+    device = ray.train.torch.get_device()
+    net = ray.train.torch.prepare_model(model, parallel_strategy_kwargs={
+        "find_unused_parameters": not uses_every_parameter(spec, cfg.mode)})
+    logger = None
+    if rank == 0 and config.get("mlflow"):
+        from training.tracking import EpochLogger
+        logger = EpochLogger(**config["mlflow"])
+
+    def optimizers_for(phase: int, states=None):
+        opts = make_optimizers(net, all_phases[phase], cfg.lr)
+        for opt, st in zip(opts, states or []):
+            opt.load_state_dict(st)
+        return opts
+
+    optimizers = optimizers_for(progress["phase"], opt_states)
+    make = BatchMaker(feed)
+    per_worker = max(1, cfg.batch_size // world)
+    train_shard = ray.train.get_dataset_shard("train")
+    valid_rows = ray.train.get_dataset_shard("valid") if not cfg.final_retraining else None
+    times: list[float] = []
+
+    while not progress["done"]:
+        epoch, phase = progress["epoch"], progress["phase"]
+        steps, last_phase = all_phases[phase], phase == len(all_phases) - 1
+        if epoch == cfg.fault_kill_epoch and rank == min(1, world - 1):
+            marker = Path(config["fault_marker"])
+            if not marker.exists():
+                marker.write_text(f"killed rank {rank} at the start of epoch {epoch + 1}\n")
+                os.kill(os.getpid(), signal.SIGKILL)
+        torch.manual_seed(cfg.seed + 1000003 * (epoch + 1) + rank)
+        t0 = time.perf_counter()
+        net.train()
+        sums: dict[str, torch.Tensor] = {}
+        users = 0
+        for rows in train_shard.iter_batches(batch_size=per_worker, batch_format="pyarrow",
+                                             local_shuffle_buffer_size=16 * per_worker,
+                                             local_shuffle_seed=cfg.seed + epoch + 1,
+                                             prefetch_batches=2):
+            batch = make(rows, epoch).to(device)
+            losses = train_batch(net, batch, steps, optimizers, cfg.lam)
+            for head, value in losses.items():
+                sums[head] = sums.get(head, 0.0) + value * len(batch)
+            users += len(batch)
+        heads = sorted({h for s in steps for h in s.heads})
+        totals = all_sum([float(sums.get(h, 0.0)) for h in heads] + [users], device)
+        n_users = totals[-1]
+        loss = {h: v / max(n_users, 1) for h, v in zip(heads, totals[:-1])}
+        train_s = time.perf_counter() - t0
+
+        ndcg = recall = None
+        if valid_rows is not None and last_phase:
+            ndcg, recall = evaluate(net, valid_rows, spec.recommend_head, rank, world, device,
+                                    batch_size=max(per_worker, 256))
+        diverged = not all(math.isfinite(v) for v in loss.values())
+        embed_loss = loss.get(spec.embed_head) if spec.embed_head else None
+        record = {"epoch": epoch + 1, "phase": phase + 1, "train_seconds": train_s,
+                  "users_per_second": n_users / train_s if train_s > 0 else 0.0,
+                  **{f"loss_{h}": v for h, v in loss.items()}}
+        if ndcg is not None:
+            record.update({"valid_ndcg": ndcg, "valid_recall_at_50": recall})
+        if diverged:
+            progress["epoch"] += 1
+            progress["diverged"] = progress["epoch"]
+            progress["done"] = True
+            improved = switched = False
+        else:
+            improved, switched = next_state(progress, cfg, len(all_phases), embed_loss, ndcg)
+        record["epoch_seconds"] = time.perf_counter() - t0
+        progress["history"].append(record)
+        times.append(record["epoch_seconds"])
+        if improved and rank == 0:
+            best_state = {k: v.detach().cpu().clone() for k, v in unwrap(net).state_dict().items()}
+        if switched:
+            optimizers = optimizers_for(progress["phase"])
+
+        metrics = {**record, "best_epoch": progress["best_epoch"],
+                   "best_valid_ndcg": progress["best_ndcg"], "done": progress["done"],
+                   "diverged_epoch": progress["diverged"] or 0}
+        if rank == 0:
+            say(progress_line(record, progress, cfg, len(all_phases), times))
+            if logger is not None:
+                logger.log(record, step=epoch + 1)
+            with tempfile.TemporaryDirectory() as d:
+                torch.save({"model": unwrap(net).state_dict(), "progress": progress,
+                            "optimizers": [o.state_dict() for o in optimizers],
+                            "config": cfg.to_dict(), "model_args": unwrap(net).model_args()},
+                           Path(d) / STATE)
+                if best_state is not None:
+                    torch.save(best_state, Path(d) / BEST)
+                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
+        else:
+            ray.train.report(metrics)
+
+
+@torch.no_grad()
+def evaluate(net, valid_rows, head: str, rank: int, world: int, device: torch.device,
+             batch_size: int) -> tuple[float, float]:
+    """Mean validation NDCG and Recall@50 over all validation users (all ranks together)."""
+    net.eval()
+    model = unwrap(net)
+    ndcg_sum = recall_sum = 0.0
+    count = 0
+    for rows in valid_rows.iter_batches(batch_size=batch_size * world, batch_format="pyarrow"):
+        vb = valid_batch(rows, rank, world)
+        if vb is None:
+            continue
+        vb = vb.to(device)
+        # the wrapped module, not DDP: scoring needs no gradient synchronisation
+        scores = model(vb.train_items, vb.train_offsets, (head,))[head]
+        ndcg, recall = batch_metrics(scores, vb)
+        ndcg_sum += float(ndcg.sum())
+        recall_sum += float(recall.sum())
+        count += len(vb)
+    ndcg_sum, recall_sum, count = all_sum([ndcg_sum, recall_sum, count], device)
+    return (ndcg_sum / count, recall_sum / count) if count else (float("nan"), float("nan"))
+
+
+def progress_line(record: dict, p: dict, cfg: TrainConfig, n_phases: int, times: list[float]) -> str:
+    losses = " ".join(f"{k[5:]} {v:.5g}" for k, v in record.items() if k.startswith("loss_"))
+    parts = [f"epoch {record['epoch']:>3}", f"phase {record['phase']}/{n_phases}" if n_phases > 1
+             else "", f"loss {losses}"]
+    if "valid_ndcg" in record:
+        parts.append(f"valid NDCG {record['valid_ndcg']:.4f} Recall@50 "
+                     f"{record['valid_recall_at_50']:.4f} (best {p['best_ndcg']:.4f} @ "
+                     f"{p['best_epoch']})")
+    parts.append(f"{record['users_per_second']:,.0f} users/s {record['epoch_seconds']:.1f}s")
+    if p["diverged"]:
+        parts.append("loss is not finite: stopping")
+    elif p["done"]:
+        parts.append("done")
+    else:
+        left = cfg.epochs - p["phase_epoch"] if p["phase"] == n_phases - 1 else cfg.epochs
+        mean = sum(times[-5:]) / len(times[-5:])
+        parts.append(f"<= {fmt_seconds(left * mean)} left")
+    return " | ".join(x for x in parts if x)
+
+
+def fmt_seconds(s: float) -> str:
+    return f"{s:.0f}s" if s < 90 else f"{s / 60:.0f}m" if s < 5400 else f"{s / 3600:.1f}h"

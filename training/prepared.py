@@ -1,0 +1,101 @@
+"""A prepared directory (the ETL's output, ``etl/schema.py``) as training sees it.
+
+Opening one checks that it is complete and of the schema version this code reads, and loads the
+small per-item tables (popularity, hence R* for any beta and the negative-sampling distribution).
+User rows stay on storage: Ray Data streams them (``training/feed.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.dataset as pds
+import pyarrow.fs as pafs
+
+from etl import protocol
+from etl import schema as S
+from etl.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Prepared:
+    uri: str                 # as given (absolute local path or URI)
+    manifest: dict
+    pop_train: np.ndarray    # (n_items,) int64, warm users' training positives per item
+    pop_train_valid: np.ndarray
+
+    @property
+    def n_items(self) -> int:
+        return len(self.pop_train)
+
+    @property
+    def dataset(self) -> str:
+        return self.manifest["dataset"]
+
+    @property
+    def rows_uri(self) -> str:
+        return join(self.uri, self.manifest["layout"]["rows"])
+
+    def beta(self) -> float:
+        return float(self.manifest["parameters"]["beta"])
+
+    def rstar_table(self, beta: float, train_valid: bool) -> np.ndarray:
+        """(n_items,) float32 R* of an observed entry of each item, for ``beta`` and the training
+        splits (train+valid uses its own popularity, and Z = its positives in 'positives' mode)."""
+        pop = self.pop_train_valid if train_valid else self.pop_train
+        z_mode = self.manifest["parameters"]["rstar_z"]
+        z = float(self.manifest["counts"]["rstar_z"]) if z_mode == "users" else float(pop.sum())
+        return protocol.rstar_per_item(pop, z, beta).astype(np.float32)
+
+    def rstar_is_stored(self, beta: float | None, train_valid: bool) -> bool:
+        return not train_valid and (beta is None or beta == self.beta())
+
+    def negatives(self) -> int:
+        return int(self.manifest["parameters"]["negatives"])
+
+
+def join(base: str, name: str) -> str:
+    return base.rstrip("/") + "/" + name
+
+
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), str(Path(uri).resolve())
+    return pafs.FileSystem.from_uri(uri.replace("s3a://", "s3://", 1))
+
+
+def open_prepared(uri: str) -> Prepared:
+    """Check ``uri`` is a complete prepared directory of this schema version and load its items."""
+    fs, path = filesystem(uri)
+    info = fs.get_file_info(path)
+    hint = ("prepare one with: spark-submit etl/prepare.py --dataset NAME --input RAW --output "
+            f"{uri}")
+    if info.type == pafs.FileType.NotFound:
+        raise UsageError(f"--data {uri}: no such directory; {hint}")
+    if info.type != pafs.FileType.Directory:
+        raise UsageError(f"--data {uri}: not a directory; pass the ETL's --output directory")
+    manifest_path = join(path, S.MANIFEST)
+    if fs.get_file_info(manifest_path).type == pafs.FileType.NotFound:
+        raise UsageError(f"--data {uri}: not a prepared dataset (no {S.MANIFEST}, which the ETL "
+                         f"writes last: the directory is another kind or a half-written one); {hint}")
+    with fs.open_input_stream(manifest_path) as f:
+        try:
+            manifest = json.loads(f.read())
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{uri}/{S.MANIFEST}: not valid JSON ({e}); prepare it again: {hint}") from None
+    version = manifest.get("schema_version")
+    if version != S.SCHEMA_VERSION:
+        raise UsageError(f"--data {uri}: schema version {version}, but this code reads version "
+                         f"{S.SCHEMA_VERSION}; prepare it again with this code's etl/prepare.py")
+    items = pds.dataset(join(path, manifest["layout"]["items"]), filesystem=fs,
+                        format="parquet").to_table(columns=[S.ITEM_INDEX, S.POP_TRAIN,
+                                                            S.POP_TRAIN_VALID])
+    order = np.argsort(items.column(S.ITEM_INDEX).to_numpy())
+    if not np.array_equal(items.column(S.ITEM_INDEX).to_numpy()[order], np.arange(len(order))):
+        raise UsageError(f"--data {uri}: items/ does not hold item indices 0..n-1; prepare it again")
+    return Prepared(uri=uri, manifest=manifest,
+                    pop_train=items.column(S.POP_TRAIN).to_numpy()[order].astype(np.int64),
+                    pop_train_valid=items.column(S.POP_TRAIN_VALID).to_numpy()[order].astype(np.int64))

@@ -1,0 +1,166 @@
+"""MLflow: where runs go, failing fast when the server is down, and what a training run logs.
+
+The driver creates (or, for a rerun with the same run name, reopens) the MLflow run before Ray
+starts, so that an unreachable server costs seconds, not a training. Rank 0 logs the per-epoch
+metrics into that run (``EpochLogger``); the driver logs the final model and plots at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from etl.errors import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_STORE = ROOT / "mlflow" / "state"
+RUN_NAME_TAG = "nce.run_name"
+
+
+def tracking_uri(flag: str | None) -> str:
+    """--mlflow-uri, else MLFLOW_TRACKING_URI, else a SQLite store under ./mlflow/state (absolute)."""
+    uri = flag or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+            # a relative SQLite path would land in a Ray job's throw-away working-dir copy
+            uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+        return uri
+    DEFAULT_STORE.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{DEFAULT_STORE / 'mlflow.db'}"
+
+
+def check_reachable(uri: str, timeout: float = 5.0) -> None:
+    """Fail in seconds with the fix when a tracking server does not answer."""
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as r:
+                if r.status != 200:
+                    raise OSError(f"HTTP {r.status}")
+        except (OSError, urllib.error.URLError) as e:
+            raise UsageError(
+                f"MLflow tracking server {uri} is not reachable ({e}). Start one (make mlflow, or "
+                "mlflow server --backend-store-uri sqlite:///ABS/mlflow.db --host 127.0.0.1 "
+                "--port 5000) or pass another --mlflow-uri") from None
+    elif uri.startswith("sqlite:///"):
+        parent = Path(uri[len("sqlite:///"):]).parent
+        if not parent.is_dir():
+            raise UsageError(f"--mlflow-uri {uri}: directory {parent} does not exist; create it "
+                             "or point --mlflow-uri elsewhere")
+
+
+def artifact_root(uri: str) -> str | None:
+    """Artifacts of a SQLite store sit beside the database (MLflow's default is ./mlruns of the
+    current directory, which differs per caller and is lost inside a Ray job)."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
+    return None
+
+
+def open_run(uri: str, experiment: str, run_name: str, run_id: str | None,
+             tags: dict[str, str]) -> str:
+    """The id of the MLflow run for ``run_name``: ``run_id`` if given (a resumed run), else new."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    if run_id:
+        try:
+            run = client.get_run(run_id)
+            client.update_run(run.info.run_id, status="RUNNING")
+            return run.info.run_id
+        except Exception:  # the store was reset: start a fresh run below
+            pass
+    exp = client.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp else client.create_experiment(
+        experiment, artifact_location=artifact_root(uri))
+    run = client.create_run(exp_id, run_name=run_name, tags={RUN_NAME_TAG: run_name, **tags})
+    return run.info.run_id
+
+
+def log_params(uri: str, run_id: str, params: dict) -> None:
+    from mlflow.entities import Param
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    have = client.get_run(run_id).data.params
+    new = [Param(k, str(v)) for k, v in params.items() if k not in have]
+    for i in range(0, len(new), 100):
+        client.log_batch(run_id, params=new[i:i + 100])
+
+
+class EpochLogger:
+    """Per-epoch metrics into an existing run (used by rank 0 inside the Ray worker)."""
+
+    def __init__(self, uri: str, run_id: str):
+        from mlflow.tracking import MlflowClient
+
+        self.client, self.run_id = MlflowClient(uri), run_id
+
+    def log(self, record: dict, step: int) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), ts, step) for k, v in record.items()
+                   if isinstance(v, int | float) and k not in ("epoch",)]
+        try:
+            self.client.log_batch(self.run_id, metrics=metrics)
+        except Exception as e:  # a tracking hiccup must not kill a long training
+            print(f"warning: MLflow logging of epoch {step} failed: {e}", flush=True)
+
+
+def learning_curves(history: list[dict], title: str):
+    """A figure: each head's training loss, and validation NDCG / Recall@50, per epoch."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [r["epoch"] for r in history]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for key in sorted({k for r in history for k in r if k.startswith("loss_")}):
+        xs = [r["epoch"] for r in history if key in r]
+        a.plot(xs, [r[key] for r in history if key in r], label=key[5:])
+    a.set(xlabel="epoch", ylabel="training loss", yscale="log", title="losses")
+    a.legend()
+    for key, label in (("valid_ndcg", "NDCG"), ("valid_recall_at_50", "Recall@50")):
+        xs = [r["epoch"] for r in history if key in r]
+        if xs:
+            b.plot(xs, [r[key] for r in history if key in r], marker=".", label=label)
+    b.set(xlabel="epoch", title="validation", xlim=(0.5, max(epochs, default=1) + 0.5))
+    b.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def log_final(uri: str, run_id: str, *, weights: Path, model_args: dict, recommend_head: str,
+              manifest: dict, history: list[dict], summary: dict, title: str) -> str:
+    """Log the returned model (a pyfunc scoring user rows), manifest, curves; returns its URI."""
+    import mlflow
+    import pandas as pd
+    from mlflow.models import infer_signature
+
+    mlflow.set_tracking_uri(uri)
+    with mlflow.start_run(run_id=run_id):
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "manifest.json").write_text(json.dumps(manifest, indent=2))
+            (Path(d) / "history.json").write_text(json.dumps(history, indent=2))
+            mlflow.log_artifact(str(Path(d) / "manifest.json"), "dataset")
+            mlflow.log_artifact(str(Path(d) / "history.json"))
+        mlflow.log_figure(learning_curves(history, title), "learning_curves.png")
+        mlflow.log_metrics({k: float(v) for k, v in summary.items()
+                            if isinstance(v, int | float)})
+        example = pd.DataFrame({"train_items": [[0, 1, 2]]})
+        signature = infer_signature(example, pd.DataFrame({"items": [[3, 4]], "scores": [[.5, .4]]}),
+                                    params={"k": 50, "exclude_seen": True})
+        info = mlflow.pyfunc.log_model(
+            name="model", python_model=str(ROOT / "training" / "mlflow_model.py"),
+            artifacts={"weights": str(weights)},
+            model_config={**model_args, "recommend_head": recommend_head},
+            code_paths=[str(ROOT / "training")], signature=signature, input_example=example,
+            pip_requirements=["torch", "numpy", "pandas"])
+    return info.model_uri

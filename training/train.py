@@ -1,0 +1,325 @@
+"""Train a model of the AutoRec family data-parallel on Ray Train, tracked in MLflow.
+
+    python training/train.py --data var/data/ml-latest-small --model nce-autorec
+    ray job submit --address http://127.0.0.1:8265 --working-dir . -- \\
+        python training/train.py --data /abs/prepared --model nce-autorec --num-workers 4 --use-gpu \\
+        --output /abs/or/s3/runs --mlflow-uri http://mlflow-host:5000
+
+Each epoch prints one line (losses, validation NDCG / Recall@50, users/s, time left) and logs
+them to MLflow. Checkpoints go to OUTPUT/RUN_NAME every epoch; rerunning with the same --run-name
+resumes there. The run returns its best epoch by validation NDCG (the last epoch for the final
+retraining, --train-splits train,valid), written to OUTPUT/RUN_NAME/model.pt and logged to MLflow
+as a pyfunc that scores user rows.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (python training/train.py): make packages importable
+    _root = str(Path(__file__).resolve().parents[1])
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
+    sys.path.insert(0, _root)
+
+import argparse
+import datetime as dt
+import io
+import json
+import os
+import time
+
+from etl.errors import UsageError
+from training import feed as F
+from training.config import DATA_CACHE, NEGATIVES, TRAIN_SPLITS, TrainConfig, check
+from training.models import MODELS, model_spec
+from training.prepared import Prepared, filesystem, join, open_prepared
+from training.step import MODES
+
+ROOT = Path(__file__).resolve().parents[1]
+# fields that may change when a run resumes (where and how it runs, not what it trains)
+RESUMABLE_CHANGES = {"data_cache", "num_workers", "cpus_per_worker", "use_gpu", "max_failures",
+                     "fault_kill_epoch", "output", "run_name", "experiment"}
+
+
+class TrainingError(RuntimeError):
+    """Training ran but failed in a way the message explains (divergence, worker failures)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="training/train.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    d = TrainConfig.__dataclass_fields__
+    g = p.add_argument_group("data and model")
+    g.add_argument("--data", required=True, help="a prepared directory (etl/prepare.py --output)")
+    g.add_argument("--model", default=d["model"].default, choices=list(MODELS),
+                   help="default: %(default)s")
+    g.add_argument("--mode", choices=MODES, default=None,
+                   help="how the two heads train (ns-autorec, nce-autorec only; default joint)")
+    g.add_argument("--train-splits", choices=TRAIN_SPLITS, default=d["train_splits"].default,
+                   help="train: select by validation NDCG with early stopping; train,valid: the "
+                        "protocol's final retraining for exactly --epochs (default: %(default)s)")
+    g = p.add_argument_group("hyperparameters (defaults: chosen on the shared real datasets, see "
+                             "README)")
+    g.add_argument("--width", type=int, default=d["width"].default, help="latent width d (%(default)s)")
+    g.add_argument("--lam", type=float, default=d["lam"].default,
+                   help="L2 weight lambda, on mean(W^2) per matrix (%(default)s)")
+    g.add_argument("--beta", type=float, default=None,
+                   help="NCE popularity exponent; R* is recomputed from the stored popularity when "
+                        "it differs from the ETL's (default: the ETL's beta)")
+    g.add_argument("--negatives", choices=NEGATIVES, default=d["negatives"].default,
+                   help="etl: the ETL's negative-sample counts; resample: new seeded draws every "
+                        "epoch (default: %(default)s)")
+    g.add_argument("--num-negatives", type=int, default=None,
+                   help="draws per user when resampling (default: the ETL's N)")
+    g.add_argument("--lr", type=float, default=d["lr"].default, help="Adam learning rate (%(default)s)")
+    g.add_argument("--batch-size", type=int, default=d["batch_size"].default,
+                   help="users per step over all workers (%(default)s)")
+    g.add_argument("--epochs", type=int, default=d["epochs"].default,
+                   help="most epochs (of phase 2 for the fine-tune modes) (%(default)s)")
+    g.add_argument("--pretrain-epochs", type=int, default=0,
+                   help="fine-tune phase 1 epochs; 0 = until its loss converges (default)")
+    g.add_argument("--patience", type=int, default=d["patience"].default,
+                   help="stop after this many epochs without a better validation NDCG (%(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="model init, data order, resampling")
+    g = p.add_argument_group("cluster, tracking and output")
+    g.add_argument("--num-workers", type=int, default=d["num_workers"].default,
+                   help="Ray Train workers (DDP ranks) (%(default)s)")
+    g.add_argument("--use-gpu", action="store_true", help="one GPU per worker (NCCL)")
+    g.add_argument("--cpus-per-worker", type=float, default=0.0,
+                   help="CPUs (and torch threads) per worker; 0 = share the CPUs out (default)")
+    g.add_argument("--max-failures", type=int, default=d["max_failures"].default,
+                   help="worker-group restarts from the last checkpoint (%(default)s)")
+    g.add_argument("--run-name", default="",
+                   help="names the checkpoints and the MLflow run; an existing name resumes "
+                        "(default: MODEL-MODE-DATASET-TIME)")
+    g.add_argument("--experiment", default="", help="MLflow experiment (default: the dataset)")
+    g.add_argument("--mlflow-uri", default=None,
+                   help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite under "
+                        "./mlflow/state)")
+    g.add_argument("--output", default="",
+                   help="checkpoint storage, absolute path or URI (default: ./var/runs, absolute)")
+    g.add_argument("--data-cache", choices=DATA_CACHE, default="auto",
+                   help="memory: read the user rows once into Ray's object store; stream: re-read "
+                        "them every epoch; auto: memory when they fit in a quarter of the object "
+                        "store (default)")
+    g.add_argument("--ray-address", default=None,
+                   help="Ray cluster to join (default: $RAY_ADDRESS, else a local Ray)")
+    g.add_argument("--fault-kill-epoch", type=int, default=-1, help=argparse.SUPPRESS)
+    return p
+
+
+def config_from_args(args: argparse.Namespace, prep: Prepared) -> TrainConfig:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    mode = args.mode if args.mode else None
+    run_name = args.run_name or "-".join(x for x in (args.model, mode, prep.dataset, stamp) if x)
+    output = args.output or str(ROOT / "var" / "runs")
+    if "://" not in output:
+        output = str(Path(output).resolve())
+    return TrainConfig(
+        data=args.data if "://" in args.data else str(Path(args.data).resolve()),
+        model=args.model, mode=mode, width=args.width, lam=args.lam, beta=args.beta,
+        negatives=args.negatives, num_negatives=args.num_negatives, lr=args.lr,
+        batch_size=args.batch_size, epochs=args.epochs, pretrain_epochs=args.pretrain_epochs,
+        patience=args.patience, seed=args.seed, train_splits=args.train_splits,
+        num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker, use_gpu=args.use_gpu,
+        run_name=run_name, experiment=args.experiment or prep.dataset, output=output,
+        max_failures=args.max_failures, data_cache=args.data_cache, fault_kill_epoch=args.fault_kill_epoch)
+
+
+# -- run directory: OUTPUT/RUN_NAME/run.json records the configuration and the MLflow run ----------
+
+def read_run_record(cfg: TrainConfig) -> dict | None:
+    fs, path = filesystem(join(cfg.output, cfg.run_name))
+    from pyarrow import fs as pafs
+    rec = join(path, "run.json")
+    if fs.get_file_info(rec).type == pafs.FileType.NotFound:
+        return None
+    with fs.open_input_stream(rec) as f:
+        return json.loads(f.read())
+
+
+def write_file(uri: str, data: bytes) -> None:
+    """Write ``data`` to ``uri`` through a temporary sibling and a rename (never half-written)."""
+    fs, path = filesystem(uri)
+    parent = path.rsplit("/", 1)[0]
+    fs.create_dir(parent, recursive=True)
+    tmp = f"{parent}/.{path.rsplit('/', 1)[1]}.tmp-{os.getpid()}"
+    with fs.open_output_stream(tmp) as f:
+        f.write(data)
+    fs.move(tmp, path)
+
+
+def check_resume(cfg: TrainConfig, record: dict | None) -> None:
+    if record is None:
+        return
+    old = record["config"]
+    diff = {k: (old.get(k), v) for k, v in cfg.to_dict().items()
+            if k not in RESUMABLE_CHANGES and old.get(k) != v}
+    if diff:
+        raise UsageError(
+            f"run {cfg.run_name!r} already exists in {cfg.output} with other settings: " +
+            ", ".join(f"{k} was {a!r}, now {b!r}" for k, (a, b) in diff.items()) +
+            ". Pass the same flags to resume it, or another --run-name for a new run")
+
+
+# -- Ray -----------------------------------------------------------------------------------------
+
+def start_ray(cfg: TrainConfig, address: str | None) -> float:
+    """Join the cluster (or start a local Ray) and check the workers fit; returns CPUs per worker."""
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=True)
+        else:
+            cpus = os.cpu_count() or 1
+            cpw = cfg.cpus_per_worker or max(1, (cpus - 1) // cfg.num_workers)
+            # one logical CPU beyond the workers' for Ray Data's read tasks (on a 2-core laptop
+            # two 1-CPU workers would otherwise leave none and the data pipeline would stall)
+            # the dashboard serves the state API that Ray Train's placement-group cleaner polls
+            ray.init(num_cpus=max(cpus, int(cfg.num_workers * cpw) + 1), log_to_driver=True)
+    from training.loop import quiet_ray_logs
+    quiet_ray_logs()
+    res = ray.cluster_resources()
+    cpus, gpus = res.get("CPU", 0), res.get("GPU", 0)
+    cpw = cfg.cpus_per_worker or max(1.0, float(int((cpus - 1) // cfg.num_workers)))
+    if cfg.use_gpu and gpus < cfg.num_workers:
+        raise UsageError(f"--num-workers {cfg.num_workers} --use-gpu needs {cfg.num_workers} GPUs; "
+                         f"the cluster has {gpus:g}: lower --num-workers or add GPU nodes")
+    if cfg.num_workers * cpw > cpus:
+        raise UsageError(f"--num-workers {cfg.num_workers} x {cpw:g} CPUs each needs "
+                         f"{cfg.num_workers * cpw:g} CPUs; the cluster has {cpus:g}: lower "
+                         "--num-workers or --cpus-per-worker")
+    return cpw
+
+
+def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
+    from ray.train import (CheckpointConfig, DataConfig, FailureConfig, RunConfig,
+                           ScalingConfig)
+    from ray.train.torch import TorchTrainer
+
+    from training.loop import train_loop
+
+    spec = model_spec(cfg.model)
+    plan = F.plan(spec, prep, cfg)
+    datasets = {"train": F.train_dataset(prep.rows_uri, plan)}
+    if not cfg.final_retraining:
+        datasets["valid"] = F.valid_dataset(prep.rows_uri)
+    if F.fits_in_object_store(prep.rows_uri, cfg.data_cache):
+        # small data: read the Parquet once; re-reading it costs seconds per epoch in task
+        # scheduling alone, more than an epoch of training on MovieLens-sized data
+        datasets = {k: ds.materialize() for k, ds in datasets.items()}
+    run_dir = join(cfg.output, cfg.run_name)
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config={"cfg": cfg.to_dict(), "feed": plan, "n_items": prep.n_items,
+                           "threads": max(1, int(cpw)), "mlflow": mlflow_cfg,
+                           "fault_marker": run_dir + "/fault-injected.txt"},
+        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
+                                     resources_per_worker={"CPU": cpw}),
+        run_config=RunConfig(name=cfg.run_name, storage_path=cfg.output,
+                             failure_config=FailureConfig(max_failures=cfg.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=2)),
+        datasets=datasets, dataset_config=DataConfig(datasets_to_split=["train"]))
+    return trainer.fit()
+
+
+def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None = None) -> dict:
+    """Train ``cfg``; returns the summary (best epoch, metrics, where the model is)."""
+    import torch
+
+    from training import tracking
+
+    check(cfg)
+    prep = open_prepared(cfg.data)
+    record = read_run_record(cfg)
+    check_resume(cfg, record)
+    uri = tracking.tracking_uri(mlflow_uri)
+    tracking.check_reachable(uri)
+    run_id = tracking.open_run(uri, cfg.experiment, cfg.run_name,
+                               (record or {}).get("mlflow_run_id"),
+                               tags={"dataset": prep.dataset, "model": cfg.model,
+                                     "mode": cfg.mode or ("joint" if len(MODELS[cfg.model].heads) > 1
+                                                          else "-"),
+                                     "train_splits": cfg.train_splits})
+    tracking.log_params(uri, run_id, {**cfg.to_dict(), "n_items": prep.n_items,
+                                      "dataset": prep.dataset,
+                                      "etl_beta": prep.beta(), "etl_negatives": prep.negatives(),
+                                      "users": prep.manifest["counts"]["users"]})
+    write_file(join(join(cfg.output, cfg.run_name), "run.json"), json.dumps(
+        {"config": cfg.to_dict(), "mlflow_uri": uri, "mlflow_run_id": run_id}, indent=2).encode())
+    print(f"run {cfg.run_name}: {cfg.model}{' ' + cfg.mode if cfg.mode else ''} on {prep.dataset} "
+          f"({prep.manifest['counts']['warm_users']:,} training users, {prep.n_items:,} items), "
+          f"{cfg.num_workers} worker(s); checkpoints in {join(cfg.output, cfg.run_name)}; "
+          f"MLflow {uri} run {run_id}", flush=True)
+
+    t0 = time.perf_counter()
+    cpw = start_ray(cfg, ray_address)
+    result = fit(cfg, prep, {"uri": uri, "run_id": run_id}, cpw)
+    if result.checkpoint is None:
+        raise TrainingError(f"run {cfg.run_name} ended without a checkpoint: {result.error}")
+    with result.checkpoint.as_directory() as d:
+        state = torch.load(Path(d) / "state.pt", map_location="cpu", weights_only=False)
+        best = torch.load(Path(d) / "best.pt", map_location="cpu", weights_only=True) \
+            if (Path(d) / "best.pt").exists() else None
+    progress, history = state["progress"], state["progress"]["history"]
+    if progress["diverged"]:
+        from mlflow.tracking import MlflowClient
+        MlflowClient(uri).set_terminated(run_id, status="FAILED")
+        raise TrainingError(
+            f"the training loss became NaN or infinite in epoch {progress['diverged']}: lower "
+            f"--lr (now {cfg.lr:g}) or raise --lam (now {cfg.lam:g}); the checkpoints up to "
+            f"epoch {progress['diverged'] - 1} are in {join(cfg.output, cfg.run_name)}")
+    spec = model_spec(cfg.model)
+    valid_hist = [r for r in history if "valid_ndcg" in r]
+    summary = {"best_epoch": progress["best_epoch"], "epochs_run": progress["epoch"],
+               "phase_epochs": progress["phase_epochs"],
+               "best_valid_ndcg": progress["best_ndcg"] if valid_hist else None,
+               "best_valid_recall_at_50": next((r["valid_recall_at_50"] for r in valid_hist
+                                                if r["epoch"] == progress["best_epoch"]), None),
+               "mean_users_per_second": sum(r["users_per_second"] for r in history) / len(history),
+               "wall_seconds": time.perf_counter() - t0}
+    buf = io.BytesIO()
+    torch.save({"state_dict": best, "model_args": state["model_args"],
+                "recommend_head": spec.recommend_head, "config": cfg.to_dict(),
+                "summary": summary}, buf)
+    model_path = join(join(cfg.output, cfg.run_name), "model.pt")
+    write_file(model_path, buf.getvalue())
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        weights = Path(d) / "weights.pt"
+        torch.save(best, weights)
+        model_uri = tracking.log_final(
+            uri, run_id, weights=weights, model_args=state["model_args"],
+            recommend_head=spec.recommend_head, manifest=prep.manifest, history=history,
+            summary={k: v for k, v in summary.items() if k != "phase_epochs" and v is not None},
+            title=f"{cfg.model} {cfg.mode or ''} on {prep.dataset} ({cfg.run_name})")
+    summary.update({"model_path": model_path, "model_uri": model_uri, "mlflow_run_id": run_id,
+                    "mlflow_uri": uri, "run_name": cfg.run_name})
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        prep = open_prepared(args.data if "://" in args.data else str(Path(args.data).resolve()))
+        cfg = config_from_args(args, prep)
+        summary = run(cfg, args.mlflow_uri, args.ray_address)
+    except (UsageError, TrainingError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, UsageError) else 1
+    best = summary["best_valid_ndcg"]
+    print(f"\nbest epoch {summary['best_epoch']} of {summary['epochs_run']}"
+          + (f": validation NDCG {best:.4f}, Recall@50 {summary['best_valid_recall_at_50']:.4f}"
+             if best is not None else " (final retraining: the last epoch)"))
+    print(f"model: {summary['model_path']}\nMLflow: {summary['model_uri']} "
+          f"(run {summary['mlflow_run_id']} in {summary['mlflow_uri']})")
+    print("SUMMARY " + json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
