@@ -185,3 +185,16 @@ def test_tracking_uri_is_absolute_and_an_unreachable_server_fails_fast(tmp_path,
         check_reachable("http://127.0.0.1:9", timeout=2)
     with pytest.raises(UsageError, match="does not exist"):
         check_reachable(f"sqlite:///{tmp_path}/no/such/dir/m.db")
+
+
+def test_under_ray_job_submit_paths_must_be_absolute(monkeypatch):
+    from training.train import build_parser, check_job_paths
+
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    args = build_parser().parse_args(["--data", "var/data/x"])
+    with pytest.raises(UsageError, match="pass --output and --mlflow-uri; --data var/data/x must be "
+                                         "absolute"):
+        check_job_paths(args)
+    check_job_paths(build_parser().parse_args(["--data", "/abs/x", "--output", "/abs/runs",
+                                               "--mlflow-uri", "http://127.0.0.1:5000"]))

@@ -154,6 +154,10 @@ def train_loop(config: dict) -> None:
             marker = Path(config["fault_marker"])
             if not marker.exists():
                 marker.write_text(f"killed rank {rank} at the start of epoch {epoch + 1}\n")
+                # let Ray Train's controller collect the last epoch's reports first (it polls
+                # the workers every 2 s): a worker dying mid-epoch, not mid-report, is the case
+                # to test
+                time.sleep(6)
                 os.kill(os.getpid(), signal.SIGKILL)
         torch.manual_seed(cfg.seed + 1000003 * (epoch + 1) + rank)
         t0 = time.perf_counter()

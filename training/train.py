@@ -110,6 +110,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_job_paths(args: argparse.Namespace) -> None:
+    """Under ``ray job submit`` the entry point runs in a throw-away copy of --working-dir: the
+    defaults (./var/runs, ./mlflow/state) and relative paths would land there and be lost."""
+    if "RAY_JOB_CONFIG_JSON_ENV_VAR" not in os.environ:
+        return
+    missing = [f for f, v in (("--output", args.output), ("--mlflow-uri", args.mlflow_uri or
+                                                          os.environ.get("MLFLOW_TRACKING_URI")))
+               if not v]
+    relative = [f"{f} {v}" for f, v in (("--data", args.data), ("--output", args.output))
+                if v and "://" not in v and not Path(v).is_absolute()]
+    if missing or relative:
+        raise UsageError(
+            "under ray job submit this command runs in a temporary copy of the working directory: "
+            + ("pass " + " and ".join(missing) if missing else "")
+            + ("; " if missing and relative else "")
+            + (", ".join(relative) + " must be absolute" if relative else "")
+            + " (e.g. --output /abs/runs --mlflow-uri http://127.0.0.1:5000 or sqlite:////abs/mlflow.db)")
+
+
 def config_from_args(args: argparse.Namespace, prep: Prepared) -> TrainConfig:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     mode = args.mode if args.mode else None
@@ -237,6 +256,11 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
     prep = open_prepared(cfg.data)
     record = read_run_record(cfg)
     check_resume(cfg, record)
+    if record is not None and "summary" in record:
+        print(f"run {cfg.run_name} finished already (best epoch {record['summary']['best_epoch']}); "
+              f"its model is {record['summary']['model_path']}. Pass another --run-name to train "
+              "again", flush=True)
+        return record["summary"]
     uri = tracking.tracking_uri(mlflow_uri)
     tracking.check_reachable(uri)
     run_id = tracking.open_run(uri, cfg.experiment, cfg.run_name,
@@ -249,8 +273,9 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
                                       "dataset": prep.dataset,
                                       "etl_beta": prep.beta(), "etl_negatives": prep.negatives(),
                                       "users": prep.manifest["counts"]["users"]})
-    write_file(join(join(cfg.output, cfg.run_name), "run.json"), json.dumps(
-        {"config": cfg.to_dict(), "mlflow_uri": uri, "mlflow_run_id": run_id}, indent=2).encode())
+    run_record = {"config": cfg.to_dict(), "mlflow_uri": uri, "mlflow_run_id": run_id}
+    write_file(join(join(cfg.output, cfg.run_name), "run.json"),
+               json.dumps(run_record, indent=2).encode())
     print(f"run {cfg.run_name}: {cfg.model}{' ' + cfg.mode if cfg.mode else ''} on {prep.dataset} "
           f"({prep.manifest['counts']['warm_users']:,} training users, {prep.n_items:,} items), "
           f"{cfg.num_workers} worker(s); checkpoints in {join(cfg.output, cfg.run_name)}; "
@@ -258,7 +283,18 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
 
     t0 = time.perf_counter()
     cpw = start_ray(cfg, ray_address)
-    result = fit(cfg, prep, {"uri": uri, "run_id": run_id}, cpw)
+    from ray.train import TrainingFailedError
+    try:
+        result = fit(cfg, prep, {"uri": uri, "run_id": run_id}, cpw)
+    except TrainingFailedError as e:
+        from mlflow.tracking import MlflowClient
+        MlflowClient(uri).set_terminated(run_id, status="FAILED")
+        raise TrainingError(
+            f"training failed after {cfg.max_failures} restart(s) of the worker group: "
+            f"{str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}. "
+            f"Rerun the same command (same --run-name {cfg.run_name}) to resume from the last "
+            f"checkpoint in {join(cfg.output, cfg.run_name)}; the workers' logs are in Ray's "
+            "session directory (/tmp/ray/session_latest/logs on the head)") from e
     if result.checkpoint is None:
         raise TrainingError(f"run {cfg.run_name} ended without a checkpoint: {result.error}")
     with result.checkpoint.as_directory() as d:
@@ -299,12 +335,16 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
             title=f"{cfg.model} {cfg.mode or ''} on {prep.dataset} ({cfg.run_name})")
     summary.update({"model_path": model_path, "model_uri": model_uri, "mlflow_run_id": run_id,
                     "mlflow_uri": uri, "run_name": cfg.run_name})
+    # written last: a run directory with a summary is a finished run
+    write_file(join(join(cfg.output, cfg.run_name), "run.json"),
+               json.dumps({**run_record, "summary": summary}, indent=2).encode())
     return summary
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_job_paths(args)
         prep = open_prepared(args.data if "://" in args.data else str(Path(args.data).resolve()))
         cfg = config_from_args(args, prep)
         summary = run(cfg, args.mlflow_uri, args.ray_address)

@@ -1,0 +1,137 @@
+"""How training's default hyperparameters were chosen: a grid on real prepared datasets.
+
+    .venv/bin/python benchmarks/tune_defaults.py --data var/data/ml-100k var/data/ml-latest-small
+
+Each configuration trains with the project's own pieces (``training.feed``, ``training.step``,
+``training.validate``, the early stopping of ``training.loop``) in one process, without Ray: a
+grid of dozens of short runs would otherwise spend most of its time starting worker groups. The
+maths is the same as a Ray run with one worker (tests check one and two workers agree); the chosen
+defaults are then checked through the real Ray path by ``benchmarks/quality_ml100k.py``.
+
+The score of a configuration is its best validation NDCG (protocol.md) with early stopping; a
+configuration is good for the defaults when it is near the best on every dataset. Results go to
+``benchmarks/results/tune_defaults.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import torch  # noqa: E402
+
+from etl import schema as S  # noqa: E402
+from training import feed as F  # noqa: E402
+from training.config import TrainConfig  # noqa: E402
+from training.loop import new_progress, next_state  # noqa: E402
+from training.models import build_model, model_spec  # noqa: E402
+from training.prepared import open_prepared  # noqa: E402
+from training.step import make_optimizers, phases, train_batch  # noqa: E402
+from training.validate import batch_metrics  # noqa: E402
+
+GRID = {"width": [100, 200, 400], "lr": [1e-3, 3e-3], "lam": [1e-5, 1e-4, 1e-3]}
+
+
+def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
+    """One run in this process; returns the best validation NDCG, its epoch and the time."""
+    torch.manual_seed(cfg.seed)
+    spec = model_spec(cfg.model)
+    all_phases = phases(spec, cfg.mode)
+    make = F.BatchMaker(F.plan(spec, prep, cfg))
+    model = build_model(cfg.model, prep.n_items, cfg.width)
+    opts = make_optimizers(model, all_phases[0], cfg.lr)
+    p = new_progress()
+    rng = np.random.default_rng(cfg.seed)
+    t0 = time.perf_counter()
+    while not p["done"]:
+        phase = p["phase"]
+        model.train()
+        order = rng.permutation(rows.num_rows)
+        sums: dict[str, float] = {}
+        for lo in range(0, rows.num_rows, cfg.batch_size):
+            batch = make(rows.take(order[lo:lo + cfg.batch_size]), p["epoch"])
+            for h, v in train_batch(model, batch, all_phases[phase], opts, cfg.lam).items():
+                sums[h] = sums.get(h, 0.0) + float(v) * len(batch)
+        ndcg = None
+        if phase == len(all_phases) - 1:
+            model.eval()
+            with torch.no_grad():
+                scores = model(valid.train_items, valid.train_offsets,
+                               (spec.recommend_head,))[spec.recommend_head]
+                ndcg = float(batch_metrics(scores, valid)[0].mean())
+        embed = sums.get(spec.embed_head) / rows.num_rows if spec.embed_head else None
+        _, switched = next_state(p, cfg, len(all_phases), embed, ndcg)
+        if switched:
+            opts = make_optimizers(model, all_phases[p["phase"]], cfg.lr)
+    return {"best_ndcg": p["best_ndcg"], "best_epoch": p["best_epoch"], "epochs": p["epoch"],
+            "seconds": time.perf_counter() - t0}
+
+
+def load(data: str):
+    prep = open_prepared(data)
+    rows = pq.read_table(prep.rows_uri)
+    rows = rows.filter(pc.invert(rows.column(S.COLD)))
+    return prep, rows, F.valid_batch(rows, 0, 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", nargs="+", required=True, help="prepared directories")
+    p.add_argument("--models", nargs="+", default=["autorec", "nce-autorec"])
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "tune_defaults"))
+    args = p.parse_args(argv)
+    torch.set_num_threads(2)
+    base = TrainConfig(data="")
+    results = []
+    for data in args.data:
+        prep, rows, valid = load(data)
+        for model in args.models:
+            for width, lr, lam in itertools.product(*GRID.values()):
+                cfg = replace(base, data=data, model=model, width=width, lr=lr, lam=lam)
+                r = {"dataset": prep.dataset, "model": model, "width": width, "lr": lr, "lam": lam,
+                     **train_one(cfg, prep, rows, valid)}
+                results.append(r)
+                print(json.dumps(r), flush=True)
+    write(results, args, base)
+    return 0
+
+
+def write(results: list[dict], args, base: TrainConfig) -> None:
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}, "
+                       f"{torch.get_num_threads()} torch threads",
+            "command": "python benchmarks/tune_defaults.py " + " ".join(sys.argv[1:]),
+            "fixed": {"batch_size": base.batch_size, "epochs": base.epochs,
+                      "patience": base.patience, "mode": "joint", "seed": base.seed},
+            "date": time.strftime("%Y-%m-%d")}
+    out.with_suffix(".json").write_text(json.dumps({**meta, "results": results}, indent=2))
+    lines = [f"# Default hyperparameters: grid on real data\n\nCommand: `{meta['command']}`  ",
+             f"Machine: {meta['machine']}; {meta['date']}.  ",
+             f"Fixed: {meta['fixed']}. Score: best validation NDCG with early stopping.\n"]
+    for (dataset, model), group in itertools.groupby(
+            sorted(results, key=lambda r: (r["dataset"], r["model"], -r["best_ndcg"])),
+            key=lambda r: (r["dataset"], r["model"])):
+        group = list(group)
+        lines += [f"\n## {dataset}, {model}\n", "| width | lr | lambda | best NDCG | epoch | s |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r['width']} | {r['lr']:g} | {r['lam']:g} | {r['best_ndcg']:.4f} | "
+                  f"{r['best_epoch']} | {r['seconds']:.0f} |" for r in group]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""Start, check and stop the local services on loopback: an MLflow tracking server (SQLite backend,
+artifact root at an absolute path) and a Ray head with its job server.
+
+Each service runs in its own process group (``start_new_session``), so ``stop`` ends it and every
+process it spawned (MLflow's gunicorn/uvicorn workers; Ray's GCS, raylet, dashboard and workers)
+with one signal, and leaves nothing behind. The Ray head runs with ``--block``: its processes are
+children of the one we started, not daemons only ``ray stop`` could find.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+BIN = Path(sys.executable).parent  # the venv's console scripts: mlflow, ray, spark-submit
+
+
+class ServiceError(RuntimeError):
+    """A service did not come up; the message says why and where its log is."""
+
+
+@dataclass
+class Service:
+    name: str
+    proc: subprocess.Popen
+    url: str       # what clients use: MLflow's tracking URI, Ray's dashboard / job server URL
+    address: str   # Ray's GCS address (host:port); the URL again for MLflow
+    log: Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _spawn(name: str, cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as f:
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env={**os.environ, **(env or {})})
+
+
+def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+    """Poll ``url`` until it answers 200; fail early if the process exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServiceError(f"{url}: the server exited with code {proc.returncode}; see {log}:\n"
+                               + tail(log))
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except urllib.error.HTTPError as e:
+            if e.code == 401:  # Ray's token authentication: the server is up and answering
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise ServiceError(f"{url} did not answer within {timeout:.0f}s; see {log}:\n" + tail(log))
+
+
+def tail(log: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def check_port(port: int, what: str) -> None:
+    if not port_is_free(port):
+        raise ServiceError(f"port {port} on 127.0.0.1 is taken (wanted for {what}); stop what "
+                           "uses it or pick another port")
+
+
+def start_mlflow(state: Path, port: int, timeout: float = 120.0) -> Service:
+    """``mlflow server`` with ``sqlite:///STATE/mlflow.db`` and artifacts in STATE/artifacts."""
+    state = state.resolve()
+    check_port(port, "the MLflow server")
+    (state / "artifacts").mkdir(parents=True, exist_ok=True)
+    log = state / "mlflow-server.log"
+    cmd = [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+           "--backend-store-uri", f"sqlite:///{state / 'mlflow.db'}",
+           "--default-artifact-root", str(state / "artifacts"), "--workers", "1"]
+    proc = _spawn("mlflow", cmd, log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/health", proc, log, timeout)
+    except ServiceError:
+        stop(proc)
+        raise
+    return Service("mlflow", proc, url, url, log)
+
+
+def start_ray_head(temp_dir: Path, port: int, dashboard_port: int, num_cpus: int,
+                   timeout: float = 180.0) -> Service:
+    """A Ray head on 127.0.0.1 with the dashboard (the job server) on ``dashboard_port``.
+
+    ``num_cpus`` may exceed the real cores: Ray Data needs a logical CPU beside the training
+    workers' (platform.md), and the workers' torch threads are set from their own share.
+    """
+    check_port(port, "the Ray head (GCS)")
+    check_port(dashboard_port, "the Ray dashboard / job server")
+    temp_dir = temp_dir.resolve()
+    log = temp_dir.parent / f"{temp_dir.name}-head.log"
+    cmd = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+           "--port", str(port), "--dashboard-host", "127.0.0.1", "--dashboard-port",
+           str(dashboard_port), "--num-cpus", str(num_cpus), "--temp-dir", str(temp_dir),
+           "--ray-client-server-port", str(free_port()),
+           "--include-dashboard", "true", "--disable-usage-stats"]
+    # the job server runs `python ...` entry points: this venv's python first on PATH
+    env = {"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "token"}
+    proc = _spawn("ray", cmd, log, env)
+    url = f"http://127.0.0.1:{dashboard_port}"
+    try:
+        wait_http(url + "/api/version", proc, log, timeout)
+    except ServiceError:
+        stop(proc)
+        raise
+    return Service("ray", proc, url, f"127.0.0.1:{port}", log)
+
+
+def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM the service's process group, SIGKILL what is left after ``timeout``.
+
+    A Ray head takes about 30 s to wind down gracefully on 2 cores; its callers pass a short
+    timeout (what is lost is the session's scratch state, not data: checkpoints and MLflow live
+    elsewhere)."""
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        return
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            proc.poll()
+            if not group_alive(pgid):
+                return
+            time.sleep(0.2)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True

@@ -1,0 +1,198 @@
+"""Training on the real stack: Ray Train's TorchTrainer on a Ray head started for the session,
+ml-100k prepared by the real ETL, a real MLflow tracking server. One Ray session for the module;
+each ``run`` starts a worker group (~30 s on 2 cores), so the runs are shared through fixtures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from etl.errors import UsageError
+from evaluation.metrics import hit_matrix, per_user
+from training.config import TrainConfig
+from training.models import AutoRec
+from training.train import TrainingError, run
+
+pytestmark = [pytest.mark.spark, pytest.mark.ray]
+ROOT = Path(__file__).resolve().parents[1]
+EPOCHS = 4
+
+
+def config(data: Path, out: Path, **kw) -> TrainConfig:
+    base = dict(data=str(data), model="nce-autorec", width=64, lr=2e-3, batch_size=64,
+                epochs=EPOCHS, patience=100, num_workers=2, output=str(out), experiment="tests")
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module")
+def one_worker(ml100k_prepared, ray_head, mlflow_server, runs_dir) -> dict:
+    return run(config(ml100k_prepared, runs_dir, num_workers=1, run_name="one"), mlflow_server.url)
+
+
+@pytest.fixture(scope="module")
+def two_workers(ml100k_prepared, ray_head, mlflow_server, runs_dir) -> dict:
+    return run(config(ml100k_prepared, runs_dir, run_name="two"), mlflow_server.url)
+
+
+def load_model(path: str) -> AutoRec:
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    a = saved["model_args"]
+    model = AutoRec(a["n_items"], a["width"], tuple(a["heads"]))
+    model.load_state_dict(saved["state_dict"])
+    return model.eval()
+
+
+def warm_rows(prepared: Path) -> pd.DataFrame:
+    rows = pq.read_table(prepared / "rows").to_pandas()
+    return rows[~rows["cold"]].sort_values("user_index").reset_index(drop=True)
+
+
+def reference_validation(model: AutoRec, rows: pd.DataFrame) -> tuple[float, float]:
+    """Validation NDCG and Recall@50 computed slowly, in one process, with evaluation.metrics."""
+    rows = rows[rows["valid_items"].map(len) > 0]
+    with torch.no_grad():
+        flat = torch.from_numpy(np.concatenate(rows["train_items"].to_list()).astype(np.int64))
+        lengths = rows["train_items"].map(len).to_numpy()
+        offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64))
+        scores = model(flat, offsets, ("predict",))["predict"].numpy()
+    for u, train in enumerate(rows["train_items"]):
+        scores[u, train] = -np.inf
+    recs = np.argsort(-scores, axis=1, kind="stable")[:, :50]
+    truth = [np.asarray(v) for v in rows["valid_items"]]
+    m = per_user(hit_matrix(recs, truth), np.array([len(t) for t in truth]))
+    return float(m["NDCG"].mean()), float(m["Recall@50"].mean())
+
+
+def test_two_workers_learn_as_one_does_and_report_exact_validation(one_worker, two_workers,
+                                                                   ml100k_prepared):
+    for result in (one_worker, two_workers):
+        assert result["epochs_run"] == EPOCHS and 1 <= result["best_epoch"] <= EPOCHS
+    # random ranking gives NDCG ~0.02 on ml-100k; a few epochs of NCE-AutoRec give ~0.1
+    assert two_workers["best_valid_ndcg"] > 0.06
+    assert abs(one_worker["best_valid_ndcg"] - two_workers["best_valid_ndcg"]) < 0.02
+    # the NDCG the workers computed together (each a share of users, sums all-reduced) equals a
+    # one-process recomputation from the returned model
+    ndcg, recall = reference_validation(load_model(two_workers["model_path"]),
+                                        warm_rows(ml100k_prepared))
+    assert two_workers["best_valid_ndcg"] == pytest.approx(ndcg, abs=1e-5)
+    assert two_workers["best_valid_recall_at_50"] == pytest.approx(recall, abs=1e-5)
+
+
+def test_mlflow_holds_params_epoch_metrics_artifacts_and_a_loadable_model(two_workers, mlflow_server,
+                                                                          ml100k_prepared):
+    import mlflow.pyfunc
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server.url)
+    r = client.get_run(two_workers["mlflow_run_id"])
+    assert r.info.status == "FINISHED"
+    assert r.data.tags["dataset"] == "ml-100k" and r.data.tags["model"] == "nce-autorec"
+    assert r.data.tags["mode"] == "joint"
+    assert r.data.params["lr"] == "0.002" and r.data.params["num_workers"] == "2"
+    for key in ("loss_nce", "loss_predict", "valid_ndcg", "valid_recall_at_50", "epoch_seconds",
+                "users_per_second"):
+        history = client.get_metric_history(r.info.run_id, key)
+        assert sorted(m.step for m in history) == list(range(1, EPOCHS + 1)), key
+    best = max(client.get_metric_history(r.info.run_id, "valid_ndcg"), key=lambda m: m.value)
+    assert best.value == pytest.approx(two_workers["best_valid_ndcg"])
+    artifacts = {a.path for a in client.list_artifacts(r.info.run_id)}
+    assert {"learning_curves.png", "dataset", "history.json"} <= artifacts
+    assert [a.path for a in client.list_artifacts(r.info.run_id, "dataset")] == ["dataset/manifest.json"]
+
+    # the logged model, loaded by URI, scores user rows as the model itself does
+    rows = warm_rows(ml100k_prepared).head(20)
+    pyfunc = mlflow.pyfunc.load_model(two_workers["model_uri"])
+    got = pyfunc.predict(pd.DataFrame({"train_items": rows["train_items"].map(list)}),
+                         params={"k": 10})
+    model = load_model(two_workers["model_path"])
+    for i, train in enumerate(rows["train_items"]):
+        with torch.no_grad():
+            s = model(torch.tensor(train, dtype=torch.int64), torch.tensor([0]), ("predict",))
+        s = s["predict"][0]
+        s[torch.tensor(train, dtype=torch.int64)] = -torch.inf
+        assert got["items"][i] == torch.topk(s, 10).indices.tolist()
+        assert not set(got["items"][i]) & set(train)
+
+
+def test_a_killed_worker_costs_one_epoch_and_the_run_finishes(ml100k_prepared, ray_head,
+                                                             mlflow_server, runs_dir, two_workers):
+    from mlflow.tracking import MlflowClient
+
+    cfg = config(ml100k_prepared, runs_dir, run_name="fault", fault_kill_epoch=2, max_failures=2)
+    result = run(cfg, mlflow_server.url)
+    marker = runs_dir / "fault" / "fault-injected.txt"
+    assert marker.exists() and "killed rank 1 at the start of epoch 3" in marker.read_text()
+    assert result["epochs_run"] == EPOCHS
+    # resumed from epoch 2's checkpoint: every epoch logged once, none repeated
+    history = MlflowClient(mlflow_server.url).get_metric_history(result["mlflow_run_id"], "valid_ndcg")
+    assert sorted(m.step for m in history) == list(range(1, EPOCHS + 1))
+    assert abs(result["best_valid_ndcg"] - two_workers["best_valid_ndcg"]) < 0.02
+
+
+def test_a_failed_run_resumes_when_rerun_with_its_name(ml100k_prepared, ray_head, mlflow_server,
+                                                      runs_dir):
+    from mlflow.tracking import MlflowClient
+
+    cfg = config(ml100k_prepared, runs_dir, run_name="resume", model="autorec", epochs=3,
+                 fault_kill_epoch=1, max_failures=0)
+    with pytest.raises(TrainingError, match="Rerun the same command .*--run-name resume"):
+        run(cfg, mlflow_server.url)
+    failed = json.loads((runs_dir / "resume" / "run.json").read_text())
+    client = MlflowClient(mlflow_server.url)
+    assert client.get_run(failed["mlflow_run_id"]).info.status == "FAILED"
+
+    result = run(replace(cfg, max_failures=1), mlflow_server.url)  # killed once only: it finishes
+    assert result["mlflow_run_id"] == failed["mlflow_run_id"] and result["epochs_run"] == 3
+    history = client.get_metric_history(result["mlflow_run_id"], "valid_ndcg")
+    assert sorted(m.step for m in history) == [1, 2, 3]  # epoch 1 was not trained again
+
+    again = run(cfg, mlflow_server.url)  # finished: returns its result, trains nothing
+    assert again == result
+    with pytest.raises(UsageError, match="already exists.*width was 64, now 32.*another --run-name"):
+        run(replace(cfg, width=32), mlflow_server.url)
+
+
+def test_finetune_phases_run_distributed(ml100k_prepared, ray_head, mlflow_server, runs_dir):
+    cfg = config(ml100k_prepared, runs_dir, run_name="ns-limited", model="ns-autorec",
+                 mode="limited-finetune", pretrain_epochs=1, epochs=1)
+    result = run(cfg, mlflow_server.url)
+    assert result["phase_epochs"] == [1, 1] and result["epochs_run"] == 2
+
+
+def test_more_workers_than_the_cluster_has_fails_at_start(ml100k_prepared, ray_head, mlflow_server,
+                                                          runs_dir):
+    with pytest.raises(UsageError, match="--num-workers 5 .* the cluster has 3"):
+        run(config(ml100k_prepared, runs_dir, run_name="big", num_workers=5), mlflow_server.url)
+
+
+def test_ray_job_submit(ml100k_prepared, ray_head, mlflow_server, tmp_path):
+    """The README's command: ray job submit --working-dir . -- python training/train.py ..."""
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    cmd = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", ray_head.url,
+           "--working-dir", ".", "--", "python", "training/train.py", "--data", str(ml100k_prepared),
+           "--model", "autorec", "--epochs", "2", "--width", "32", "--mlflow-uri", mlflow_server.url,
+           "--output", str(tmp_path / "runs"), "--run-name", "submitted"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-4000:]
+    assert "succeeded" in log
+    assert "epoch   2" in log and "valid NDCG" in log  # the per-epoch progress reaches the client
+    summary = json.loads(log.split("SUMMARY ", 1)[1].splitlines()[0])
+    assert summary["epochs_run"] == 2 and (tmp_path / "runs" / "submitted" / "model.pt").exists()
+    from mlflow.tracking import MlflowClient
+    assert MlflowClient(mlflow_server.url).get_run(summary["mlflow_run_id"]).info.status == "FINISHED"
