@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
+from evaluation.metrics import hit_matrix, per_user  # noqa: E402
 from infra.submit import spark_submit  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.models import AutoRec  # noqa: E402
@@ -39,8 +40,9 @@ from training.train import run  # noqa: E402
 MODELS = ("autorec", "nce-autorec")
 
 
-def top50(model_path: Path, prepared: Path) -> np.ndarray:
-    """(U, 50) top-50 item indices of the warm users with a validation item."""
+def top50(model_path: Path, prepared: Path) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(U, 50) top-50 item indices of the warm users with a validation item, and their
+    validation items."""
     saved = torch.load(model_path, map_location="cpu", weights_only=False)
     a = saved["model_args"]
     model = AutoRec(a["n_items"], a["width"], tuple(a["heads"]))
@@ -55,7 +57,8 @@ def top50(model_path: Path, prepared: Path) -> np.ndarray:
         head = saved["recommend_head"]
         scores = model(flat, offsets, (head,))[head]
     scores[torch.repeat_interleave(torch.arange(len(rows)), torch.from_numpy(lengths)), flat] = -torch.inf
-    return torch.topk(scores, 50, dim=1).indices.numpy()
+    return (torch.topk(scores, 50, dim=1).indices.numpy(),
+            [np.asarray(v) for v in rows["valid_items"]])
 
 
 def popularity_stats(recs: np.ndarray, pop: np.ndarray) -> dict:
@@ -87,8 +90,10 @@ def main(argv: list[str] | None = None) -> int:
                           run_name=f"quality-{model}", experiment="quality-ml100k",
                           output=str(work / "runs"))
         s = run(cfg)
-        recs = top50(Path(s["model_path"]), prepared)
+        recs, truth = top50(Path(s["model_path"]), prepared)
+        ndcg = per_user(hit_matrix(recs, truth), np.array([len(t) for t in truth]))["NDCG"]
         results[model] = {"best_valid_ndcg": s["best_valid_ndcg"],
+                          "ndcg_ci95": float(1.96 * ndcg.std() / np.sqrt(len(ndcg))),
                           "best_valid_recall_at_50": s["best_valid_recall_at_50"],
                           "best_epoch": s["best_epoch"], "epochs_run": s["epochs_run"],
                           "wall_seconds": s["wall_seconds"],
@@ -114,10 +119,11 @@ def write(results: dict, checks: dict, args, defaults: TrainConfig) -> None:
     lines = ["# ml-100k: NCE-AutoRec vs AutoRec (validation, default hyperparameters)\n",
              f"Command: `{command}`  ", f"Machine: {machine}; {time.strftime('%Y-%m-%d')}; "
              f"{args.workers} Ray Train workers; defaults {hp}.\n",
-             "| model | NDCG | Recall@50 | best epoch | median pop. | mean pop. | top-10% share | "
+             "| model | NDCG (95% CI) | Recall@50 | best epoch | median pop. | mean pop. | top-10% share | "
              "coverage |", "|---|---|---|---|---|---|---|---|"]
     for m, r in results.items():
-        lines.append(f"| {m} | {r['best_valid_ndcg']:.4f} | {r['best_valid_recall_at_50']:.4f} | "
+        lines.append(f"| {m} | {r['best_valid_ndcg']:.4f} ± {r['ndcg_ci95']:.4f} | "
+                     f"{r['best_valid_recall_at_50']:.4f} | "
                      f"{r['best_epoch']} | {r['median_popularity']:.0f} | "
                      f"{r['mean_popularity']:.1f} | {r['share_top10pct']:.3f} | "
                      f"{r['coverage']:.3f} |")

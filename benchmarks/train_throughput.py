@@ -35,8 +35,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import psutil  # noqa: E402  (a Ray dependency)
-
 from infra.submit import spark_submit  # noqa: E402
 
 SHAPES = {  # items, positives per user (all splits; training gets half), real users
@@ -68,11 +66,18 @@ class PeakRSS:
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self):
+        page = os.sysconf("SC_PAGE_SIZE")
         while not self._stop.is_set():
-            for p in psutil.process_iter(["pid", "cmdline", "memory_info"]):
-                cmd = " ".join(p.info["cmdline"] or [])
-                if "RayTrainWorker" in cmd and p.info["memory_info"] is not None:
-                    self.peak[p.pid] = max(self.peak.get(p.pid, 0), p.info["memory_info"].rss)
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if b"RayTrainWorker" not in f.read():  # Ray's title: ray::RayTrainWorker
+                            continue
+                    with open(f"/proc/{pid}/statm") as f:
+                        rss = int(f.read().split()[1]) * page
+                except (OSError, IndexError, ValueError):
+                    continue
+                self.peak[int(pid)] = max(self.peak.get(int(pid), 0), rss)
             self._stop.wait(0.2)
 
     def __enter__(self):
@@ -163,7 +168,7 @@ def write(rows: list[dict], args) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     machine = (f"{platform.node()}: {os.cpu_count()} cores, "
-               f"{psutil.virtual_memory().total / 2**30:.1f} GiB, "
+               f"{os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.1f} GiB, "
                f"{platform.processor() or platform.machine()}")
     command = "python benchmarks/train_throughput.py " + " ".join(sys.argv[1:])
     out.with_suffix(".json").write_text(json.dumps(
