@@ -31,6 +31,7 @@ import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
 from evaluation.metrics import hit_matrix, per_user  # noqa: E402
+from evaluation.popularity import popularity_summary  # noqa: E402
 from infra.submit import spark_submit  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.models import AutoRec  # noqa: E402
@@ -61,14 +62,6 @@ def top50(model_path: Path, prepared: Path) -> tuple[np.ndarray, list[np.ndarray
             [np.asarray(v) for v in rows["valid_items"]])
 
 
-def popularity_stats(recs: np.ndarray, pop: np.ndarray) -> dict:
-    rec_pop = pop[recs.ravel()]
-    head = np.argsort(-pop, kind="stable")[: max(1, len(pop) // 10)]
-    return {"median_popularity": float(np.median(rec_pop)), "mean_popularity": float(rec_pop.mean()),
-            "share_top10pct": float(np.isin(recs.ravel(), head).mean()),
-            "coverage": float(len(np.unique(recs)) / len(pop))}
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shared", default=str(ROOT.parent / "shared" / "datasets"))
@@ -97,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                           "best_valid_recall_at_50": s["best_valid_recall_at_50"],
                           "best_epoch": s["best_epoch"], "epochs_run": s["epochs_run"],
                           "wall_seconds": s["wall_seconds"],
-                          **popularity_stats(recs, prep.pop_train)}
+                          **popularity_summary(recs, prep.pop_train)}
         print(json.dumps({model: results[model]}), flush=True)
     a, n = results["autorec"], results["nce-autorec"]
     checks = {"nce_ndcg_above_autorec": n["best_valid_ndcg"] > a["best_valid_ndcg"],

@@ -1,0 +1,51 @@
+"""The popularity analysis against hand-computed values, edge cases and a slow reference."""
+
+import numpy as np
+import pytest
+
+from evaluation.popularity import gini, head_items, popularity_summary
+
+
+def gini_reference(x):
+    """Mean absolute difference over all ordered pairs / (2 * mean): the textbook definition."""
+    x = np.asarray(x, dtype=float)
+    if x.sum() == 0:
+        return 0.0
+    return sum(abs(a - b) for a in x for b in x) / (2 * len(x) ** 2 * x.mean())
+
+
+def test_gini_hand_computed_and_bounds():
+    assert gini([5, 5, 5, 5]) == 0.0                     # all equal
+    assert gini([0, 0, 0, 8]) == pytest.approx(3 / 4)    # all on one of 4: (n - 1) / n
+    # [1, 2, 3]: sum |xi - xj| over ordered pairs = 8; 8 / (2 * 9 * 2) = 2/9
+    assert gini([3, 1, 2]) == pytest.approx(2 / 9)
+    assert gini([]) == 0.0 and gini([0, 0]) == 0.0
+
+
+def test_gini_matches_the_pairwise_definition():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        x = rng.integers(0, 50, size=rng.integers(1, 40))
+        assert gini(x) == pytest.approx(gini_reference(x), abs=1e-12)
+
+
+def test_head_items_is_the_top_tenth_with_stable_ties():
+    pop = np.array([5, 9, 9, 1, 0, 3, 7, 2, 8, 4, 6, 10, 9, 0, 1, 2, 3, 4, 5, 6])
+    assert head_items(pop).tolist() == [11, 1]       # 10% of 20 = 2: pop 10, then the first 9
+    assert head_items(np.array([1, 2, 3])).tolist() == [2]  # at least one item
+
+
+def test_summary_by_hand():
+    pop = np.array([100, 50, 10, 5, 1, 1, 1, 1, 1, 1])  # head (10% of 10) = item 0
+    recs = np.array([[0, 2, 4], [0, 1, -1]])             # -1 pads a short list
+    s = popularity_summary(recs, pop)
+    # recommended popularities: 100, 10, 1, 100, 50 -> median 50, mean 52.2
+    assert s["median_popularity"] == 50 and s["mean_popularity"] == pytest.approx(52.2)
+    assert s["share_top10pct"] == pytest.approx(2 / 5)
+    assert s["coverage"] == pytest.approx(4 / 10) and s["recommendations"] == 5
+    assert s["gini"] == pytest.approx(gini_reference([2, 1, 1, 0, 1, 0, 0, 0, 0, 0]))
+
+
+def test_summary_of_nothing_says_so():
+    with pytest.raises(ValueError, match="no recommendations"):
+        popularity_summary(np.full((3, 2), -1), np.ones(5))
