@@ -28,13 +28,13 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-import torch  # noqa: E402
 
 from evaluation.metrics import hit_matrix, per_user  # noqa: E402
 from evaluation.popularity import popularity_summary  # noqa: E402
 from infra.submit import spark_submit  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
-from training.models import AutoRec  # noqa: E402
+from training.data import sparse_rows  # noqa: E402
+from training.models import load_model_file  # noqa: E402
 from training.prepared import open_prepared  # noqa: E402
 from training.train import run  # noqa: E402
 
@@ -44,22 +44,12 @@ MODELS = ("autorec", "nce-autorec")
 def top50(model_path: Path, prepared: Path) -> tuple[np.ndarray, list[np.ndarray]]:
     """(U, 50) top-50 item indices of the warm users with a validation item, and their
     validation items."""
-    saved = torch.load(model_path, map_location="cpu", weights_only=False)
-    a = saved["model_args"]
-    model = AutoRec(a["n_items"], a["width"], tuple(a["heads"]))
-    model.load_state_dict(saved["state_dict"])
-    model.eval()
+    model, head = load_model_file(str(model_path))
     rows = pq.read_table(prepared / "rows").to_pandas()
     rows = rows[~rows["cold"] & (rows["valid_items"].map(len) > 0)]
-    lengths = rows["train_items"].map(len).to_numpy()
-    flat = torch.from_numpy(np.concatenate(rows["train_items"].to_list()).astype(np.int64))
-    offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64))
-    with torch.no_grad():
-        head = saved["recommend_head"]
-        scores = model(flat, offsets, (head,))[head]
-    scores[torch.repeat_interleave(torch.arange(len(rows)), torch.from_numpy(lengths)), flat] = -torch.inf
-    return (torch.topk(scores, 50, dim=1).indices.numpy(),
-            [np.asarray(v) for v in rows["valid_items"]])
+    items, offsets = sparse_rows(list(rows["train_items"]))
+    _, top = model.recommend(items, offsets, head, 50)
+    return top.numpy(), [np.asarray(v) for v in rows["valid_items"]]
 
 
 def main(argv: list[str] | None = None) -> int:

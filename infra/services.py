@@ -51,11 +51,20 @@ def port_is_free(port: int) -> bool:
             return False
 
 
-def _spawn(name: str, cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+def _start(cmd: list[str], log: Path, health_url: str, timeout: float,
+           env: dict | None = None) -> subprocess.Popen:
+    """Run ``cmd`` in its own process group, logging to ``log``, and wait until ``health_url``
+    answers; on failure nothing is left running."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as f:
-        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env={**os.environ, **(env or {})})
+    try:
+        wait_http(health_url, proc, log, timeout)
+    except ServiceError:
+        stop(proc)
+        raise
+    return proc
 
 
 def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
@@ -100,13 +109,8 @@ def start_mlflow(state: Path, port: int, timeout: float = 120.0) -> Service:
     cmd = [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
            "--backend-store-uri", f"sqlite:///{state / 'mlflow.db'}",
            "--default-artifact-root", str(state / "artifacts"), "--workers", "1"]
-    proc = _spawn("mlflow", cmd, log)
     url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/health", proc, log, timeout)
-    except ServiceError:
-        stop(proc)
-        raise
+    proc = _start(cmd, log, url + "/health", timeout)
     return Service("mlflow", proc, url, url, log)
 
 
@@ -128,13 +132,8 @@ def start_ray_head(temp_dir: Path, port: int, dashboard_port: int, num_cpus: int
            "--include-dashboard", "true", "--disable-usage-stats"]
     # the job server runs `python ...` entry points: this venv's python first on PATH
     env = {"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "token"}
-    proc = _spawn("ray", cmd, log, env)
     url = f"http://127.0.0.1:{dashboard_port}"
-    try:
-        wait_http(url + "/api/version", proc, log, timeout)
-    except ServiceError:
-        stop(proc)
-        raise
+    proc = _start(cmd, log, url + "/api/version", timeout, env)
     return Service("ray", proc, url, f"127.0.0.1:{port}", log)
 
 

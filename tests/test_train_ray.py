@@ -20,7 +20,7 @@ import torch
 from etl.errors import UsageError
 from evaluation.metrics import hit_matrix, per_user
 from training.config import TrainConfig
-from training.models import AutoRec
+from training.models import AutoRec, load_model_file
 from training.train import TrainingError, run
 
 pytestmark = [pytest.mark.spark, pytest.mark.ray]
@@ -50,11 +50,7 @@ def two_workers(ml100k_prepared, ray_head, mlflow_server, runs_dir) -> dict:
 
 
 def load_model(path: str) -> AutoRec:
-    saved = torch.load(path, map_location="cpu", weights_only=False)
-    a = saved["model_args"]
-    model = AutoRec(a["n_items"], a["width"], tuple(a["heads"]))
-    model.load_state_dict(saved["state_dict"])
-    return model.eval()
+    return load_model_file(path)[0]
 
 
 def warm_rows(prepared: Path) -> pd.DataFrame:

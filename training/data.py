@@ -53,6 +53,15 @@ def _flat(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return values, offsets
 
 
+def sparse_rows(rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """(items, offsets), int64, in EmbeddingBag layout, from a sequence of per-user item lists."""
+    lengths = np.fromiter((len(r) for r in rows), np.int64, count=len(rows))
+    flat = np.concatenate([np.asarray(r, np.int64) for r in rows]) if len(rows) else np.zeros(0, np.int64)
+    offsets = np.zeros(len(rows), np.int64)
+    np.cumsum(lengths[:-1], out=offsets[1:])
+    return torch.from_numpy(flat), torch.from_numpy(offsets)
+
+
 def batch_from_arrow(rows: pa.Table | pa.RecordBatch) -> Batch:
     """A Batch from user rows with the columns of ``etl.schema.ROW_COLUMNS``."""
     train, train_off = _flat(rows.column(S.TRAIN_ITEMS))

@@ -11,10 +11,10 @@ batch of user rows is scored exactly as training's validation does.
 from __future__ import annotations
 
 import mlflow.pyfunc
-import numpy as np
 import pandas as pd
 import torch
 
+from training.data import sparse_rows
 from training.models import AutoRec
 
 
@@ -27,25 +27,16 @@ class AutoRecRecommender(mlflow.pyfunc.PythonModel):
         self.model.eval()
         self.head = cfg["recommend_head"]
 
-    @torch.no_grad()
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         params = params or {}
-        k = min(int(params.get("k", 50)), self.model.n_items)
-        exclude_seen = bool(params.get("exclude_seen", True))
-        rows = [np.asarray(r, dtype=np.int64) for r in model_input["train_items"]]
+        k, exclude_seen = int(params.get("k", 50)), bool(params.get("exclude_seen", True))
+        rows = list(model_input["train_items"])
         items_out, scores_out = [], []
         for lo in range(0, len(rows), 1024):  # bounded memory: 1024 x n_items scores at a time
-            chunk = rows[lo:lo + 1024]
-            lengths = np.array([len(r) for r in chunk])
-            offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64))
-            flat = torch.from_numpy(np.concatenate(chunk) if len(chunk) else np.zeros(0, np.int64))
-            scores = self.model(flat, offsets, (self.head,))[self.head]
-            if exclude_seen and len(flat):
-                rows_of = torch.repeat_interleave(torch.arange(len(chunk)), torch.from_numpy(lengths))
-                scores[rows_of, flat] = -torch.inf
-            top = torch.topk(scores, k, dim=1)
-            items_out += top.indices.tolist()
-            scores_out += top.values.tolist()
+            items, offsets = sparse_rows(rows[lo:lo + 1024])
+            scores, top = self.model.recommend(items, offsets, self.head, k, exclude_seen)
+            items_out += top.tolist()
+            scores_out += scores.tolist()
         return pd.DataFrame({"items": items_out, "scores": scores_out})
 
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from training.losses import row_ids
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -76,6 +78,17 @@ class AutoRec(nn.Module):
             h = self.encode(items, offsets)
         return {name: self.heads[name](h) for name in (heads or self.head_names)}
 
+    @torch.no_grad()
+    def recommend(self, items: torch.Tensor, offsets: torch.Tensor, head: str, k: int,
+                  exclude_seen: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores, item indices), each (B, min(k, n_items)), best first, from ``head``; the
+        user's input items are excluded unless ``exclude_seen`` is False."""
+        scores = self(items, offsets, (head,))[head]
+        if exclude_seen and len(items):
+            scores[row_ids(offsets, len(items)), items] = -torch.inf
+        top = torch.topk(scores, min(k, self.n_items), dim=1)
+        return top.values, top.indices
+
     def weight_matrices(self) -> list[torch.Tensor]:
         """The matrices L2 regularises (biases are not)."""
         return [self.encoder.weight] + [head.weight for head in self.heads.values()]
@@ -86,3 +99,12 @@ class AutoRec(nn.Module):
 
 def build_model(name: str, n_items: int, width: int) -> AutoRec:
     return AutoRec(n_items, width, model_spec(name).heads)
+
+
+def load_model_file(path: str) -> tuple[AutoRec, str]:
+    """(model in eval mode, the head it recommends with) from a run's ``model.pt``."""
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    a = saved["model_args"]
+    model = AutoRec(a["n_items"], a["width"], tuple(a["heads"]))
+    model.load_state_dict(saved["state_dict"])
+    return model.eval(), saved["recommend_head"]

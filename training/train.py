@@ -246,14 +246,16 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
     return trainer.fit()
 
 
-def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None = None) -> dict:
-    """Train ``cfg``; returns the summary (best epoch, metrics, where the model is)."""
+def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None = None,
+        prep: Prepared | None = None) -> dict:
+    """Train ``cfg``; returns the summary (best epoch, metrics, where the model is). ``prep`` is
+    ``cfg.data`` already opened (the CLI opens it to name the run)."""
     import torch
 
     from training import tracking
 
     check(cfg)
-    prep = open_prepared(cfg.data)
+    prep = prep or open_prepared(cfg.data)
     record = read_run_record(cfg)
     check_resume(cfg, record)
     if record is not None and "summary" in record:
@@ -347,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         check_job_paths(args)
         prep = open_prepared(args.data if "://" in args.data else str(Path(args.data).resolve()))
         cfg = config_from_args(args, prep)
-        summary = run(cfg, args.mlflow_uri, args.ray_address)
+        summary = run(cfg, args.mlflow_uri, args.ray_address, prep)
     except (UsageError, TrainingError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1
