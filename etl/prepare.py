@@ -214,13 +214,15 @@ def run(cfg: ETLConfig, spark=None) -> dict:
     return manifest
 
 
-def setup_logging(quiet: bool = False) -> None:
+def setup_logging(quiet: bool = False, names: tuple[str, ...] = ("etl",)) -> None:
     """Progress lines on stderr (PySpark may already have put a handler on the root logger)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s [%(name)s] %(message)s", "%H:%M:%S"))
-    log.handlers[:] = [handler]
-    log.propagate = False
-    log.setLevel(logging.WARNING if quiet else logging.INFO)
+    for name in names:
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.propagate = False
+        logger.setLevel(logging.WARNING if quiet else logging.INFO)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,21 @@ def qualify(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
+def read_text(spark, path: str) -> str | None:
+    """A small text file through Hadoop's FileSystem (any scheme Spark reads); None if absent.
+    (Spark's text readers skip names starting with '_' or '.', such as ``_manifest.json``.)"""
+    jvm = spark.sparkContext._jvm
+    p = jvm.org.apache.hadoop.fs.Path(qualify(path))
+    fs = p.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(p):
+        return None
+    stream = fs.open(p)
+    try:
+        return jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+    finally:
+        stream.close()
+
+
 class Publisher:
     """Hadoop FileSystem operations on the JVM of a running SparkSession."""
 
@@ -57,12 +72,15 @@ class Publisher:
                              f"refusing to replace it even with --overwrite. Remove it yourself or "
                              f"choose another --output")
 
-    def write_text(self, path: str, text: str) -> None:
+    def write_bytes(self, path: str, data: bytes) -> None:
         stream = self._fs.create(self._Path(path), True)
         try:
-            stream.write(bytearray(text.encode("utf-8")))
+            stream.write(bytearray(data))
         finally:
             stream.close()
+
+    def write_text(self, path: str, text: str) -> None:
+        self.write_bytes(path, text.encode("utf-8"))
 
     def write_json(self, path: str, obj: dict) -> None:
         self.write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")

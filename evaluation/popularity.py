@@ -30,18 +30,36 @@ def gini(counts: np.ndarray) -> float:
     return float(((2 * i - n - 1) * x).sum() / (n * total))
 
 
+def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    """``np.median(np.repeat(values, weights))`` without materialising the repeat (the pooled list
+    of a million users' top-50 is 50M entries; per item it is n_items)."""
+    order = np.argsort(values, kind="stable")
+    v, cum = np.asarray(values)[order], np.cumsum(np.asarray(weights, np.int64)[order])
+    total = int(cum[-1])
+    at = lambda pos: v[np.searchsorted(cum, pos, side="right")]  # value at 0-based pooled position
+    return float(at(total // 2)) if total % 2 else float((at(total // 2 - 1) + at(total // 2)) / 2)
+
+
+def summary_from_counts(counts: np.ndarray, popularity: np.ndarray) -> dict[str, float]:
+    """The summary of ``popularity_summary`` from how often each item was recommended
+    (``counts`` (n_items,)): what a distributed job aggregates to, at most one row per item."""
+    counts, popularity = np.asarray(counts, np.int64), np.asarray(popularity)
+    total = int(counts.sum())
+    if total == 0:
+        raise ValueError("no recommendations to analyse (every list is empty)")
+    head = np.zeros(len(popularity), bool)
+    head[head_items(popularity)] = True
+    return {"median_popularity": weighted_median(popularity, counts),
+            "mean_popularity": float((popularity * counts).sum() / total),
+            "share_top10pct": float(counts[head].sum() / total),
+            "coverage": float((counts > 0).sum() / len(popularity)), "gini": gini(counts),
+            "recommendations": total}
+
+
 def popularity_summary(recs: np.ndarray, popularity: np.ndarray) -> dict[str, float]:
     """Summary of (U, K) recommended item indices (-1 pads short lists) against per-item
     ``popularity`` (n_items,). Returns median and mean popularity of the recommended items, the
     share from the 10% most popular items, catalog coverage and the Gini index."""
     recs = np.asarray(recs)
     items = recs[recs >= 0]
-    n_items = len(popularity)
-    if items.size == 0:
-        raise ValueError("no recommendations to analyse (every list is empty)")
-    pop = np.asarray(popularity)[items]
-    counts = np.bincount(items, minlength=n_items)
-    return {"median_popularity": float(np.median(pop)), "mean_popularity": float(pop.mean()),
-            "share_top10pct": float(np.isin(items, head_items(popularity)).mean()),
-            "coverage": float((counts > 0).sum() / n_items), "gini": gini(counts),
-            "recommendations": int(items.size)}
+    return summary_from_counts(np.bincount(items, minlength=len(popularity)), popularity)

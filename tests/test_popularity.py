@@ -1,9 +1,12 @@
 """The popularity analysis against hand-computed values, edge cases and a slow reference."""
 
+import re
+
 import numpy as np
 import pytest
 
-from evaluation.popularity import gini, head_items, popularity_summary
+from evaluation.popularity import (gini, head_items, popularity_summary, summary_from_counts,
+                                   weighted_median)
 
 
 def gini_reference(x):
@@ -49,3 +52,49 @@ def test_summary_by_hand():
 def test_summary_of_nothing_says_so():
     with pytest.raises(ValueError, match="no recommendations"):
         popularity_summary(np.full((3, 2), -1), np.ones(5))
+
+
+def test_weighted_median_equals_the_median_of_the_pooled_list():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        values = rng.integers(0, 30, rng.integers(1, 12))
+        weights = rng.integers(0, 5, len(values))
+        if weights.sum() == 0:
+            weights[0] = 1
+        assert weighted_median(values, weights) == np.median(np.repeat(values, weights))
+
+
+def test_summary_from_counts_equals_the_summary_of_the_lists():
+    rng = np.random.default_rng(4)
+    popularity = rng.integers(0, 100, 40)
+    recs = rng.integers(0, 40, (25, 7))
+    recs[3, 5:] = -1  # short lists
+    counts = np.bincount(recs[recs >= 0], minlength=40)
+    pooled = popularity[recs[recs >= 0]]
+    s = summary_from_counts(counts, popularity)
+    assert s == popularity_summary(recs, popularity)
+    assert s["median_popularity"] == np.median(pooled)
+    assert s["mean_popularity"] == pytest.approx(pooled.mean())
+    assert s["recommendations"] == (recs >= 0).sum()
+
+
+def test_log_density_integrates_to_one_and_peaks_at_the_heavy_item():
+    from evaluation.plots import log_density
+
+    grid = np.linspace(-3, 7, 5001)
+    d = log_density(np.array([10, 1000]), np.array([1, 9]), grid)
+    assert (d * (grid[1] - grid[0])).sum() == pytest.approx(1.0, abs=1e-6)
+    assert grid[np.argmax(d)] == pytest.approx(3.0, abs=0.05)
+
+
+def test_metric_keys_are_mlflow_safe_and_round_trip_names():
+    from evaluation.spark_metrics import METRICS, metric_key, split_name
+
+    keys = [metric_key(m) for m in METRICS]
+    assert len(set(keys)) == len(METRICS)
+    assert all(re.fullmatch(r"[a-z0-9_]+", k) for k in keys)
+    assert metric_key("Recall@50") == "recall_at_50"
+    assert metric_key("NDCG@5 (truncated)") == "ndcg_at_5_truncated"
+    assert split_name("R-Precision") == ("R-Precision", None)
+    assert split_name("F1@15") == ("F1", 15)
+    assert split_name("NDCG@10 (truncated)") == ("NDCG (truncated)", 10)

@@ -138,8 +138,9 @@ def learning_curves(history: list[dict], title: str):
 
 
 def log_final(uri: str, run_id: str, *, weights: Path, model_args: dict, recommend_head: str,
-              manifest: dict, history: list[dict], summary: dict, title: str) -> str:
-    """Log the returned model (a pyfunc scoring user rows), manifest, curves; returns its URI."""
+              model_info: dict, manifest: dict, history: list[dict], summary: dict, title: str) -> str:
+    """Log the returned model (a pyfunc scoring user rows), manifest, curves; returns its URI.
+    ``model_info`` (model name, training splits) goes into the model's config for scoring."""
     import mlflow
     import pandas as pd
     from mlflow.models import infer_signature
@@ -160,7 +161,7 @@ def log_final(uri: str, run_id: str, *, weights: Path, model_args: dict, recomme
         info = mlflow.pyfunc.log_model(
             name="model", python_model=str(ROOT / "training" / "mlflow_model.py"),
             artifacts={"weights": str(weights)},
-            model_config={**model_args, "recommend_head": recommend_head},
+            model_config={**model_args, "recommend_head": recommend_head, **model_info},
             code_paths=[str(ROOT / "training")], signature=signature, input_example=example,
             pip_requirements=["torch", "numpy", "pandas"])
     return info.model_uri

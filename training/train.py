@@ -332,7 +332,9 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
         torch.save(best, weights)
         model_uri = tracking.log_final(
             uri, run_id, weights=weights, model_args=state["model_args"],
-            recommend_head=spec.recommend_head, manifest=prep.manifest, history=history,
+            recommend_head=spec.recommend_head,
+            model_info={"model": cfg.model, "train_splits": cfg.train_splits},
+            manifest=prep.manifest, history=history,
             summary={k: v for k, v in summary.items() if k != "phase_epochs" and v is not None},
             title=f"{cfg.model} {cfg.mode or ''} on {prep.dataset} ({cfg.run_name})")
     summary.update({"model_path": model_path, "model_uri": model_uri, "mlflow_run_id": run_id,

@@ -1,0 +1,388 @@
+"""Evaluate recommendation files (``evaluation/score.py``'s output) the way the paper does, on Spark.
+
+    spark-submit evaluation/evaluate.py --recs RECS --data DIR --output OUT
+    spark-submit evaluation/evaluate.py --recs NCE_RECS AUTOREC_RECS --data DIR --output OUT
+
+For each file: R-Precision, NDCG, MAP@K, Precision@K, Recall@K, F1@K (K in 5, 10, 15, 20, 50) with
+95% confidence intervals, per user and averaged, for the warm users (truth: their --target split)
+and, separately, the cold-start users (truth: their valid+test parts). Then the popularity analysis
+of protocol.md over the warm users with a truth set, and, for two or more files, the cold-start
+comparison (per-user NDCG, each model against the first).
+
+OUT (published atomically; manifest.json is written last):
+    metrics.csv, metrics.json   label, group, target, metric, K, mean, ci95, users
+    per_user/                   Parquet: label, group, user_id and one column per metric
+    popularity.json, popularity.png, cold_start.png (two or more files with cold-start users)
+
+Every file whose scoring manifest names its MLflow training run gets its metrics (with _ci95) and
+the plots logged into that run; a file without one gets a new run in the experiment 'evaluation'.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (spark-submit evaluation/evaluate.py)
+    _root = str(Path(__file__).resolve().parents[1])
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
+    sys.path.insert(0, _root)
+
+import argparse
+import csv
+import datetime as dt
+import io
+import json
+import logging
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from etl import schema as S
+from etl.errors import UsageError
+from evaluation import plots
+from evaluation.popularity import summary_from_counts
+from evaluation.score import MARKER as RECS_MARKER
+from evaluation.spark_metrics import METRICS, metric_key, per_user, split_name, summarise
+
+log = logging.getLogger("evaluation")
+
+TABLE = ("R-Precision", "NDCG", "MAP@5", "MAP@50", "Precision@5", "Precision@50", "Recall@5",
+         "Recall@50")  # the paper's table columns
+POPULARITY_KEYS = ("median_popularity", "mean_popularity", "share_top10pct", "coverage", "gini")
+
+
+@dataclass
+class Recs:
+    path: str
+    label: str
+    manifest: dict      # the scoring manifest ({} for a file written elsewhere)
+    df: object          # Spark DataFrame: user_id string, item_ids array<string>
+
+
+def read_recs(spark, path: str, label: str | None) -> Recs:
+    """A recommendation file, its columns checked (user_id, item_ids best first)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, StringType
+
+    from etl.publish import qualify, read_text
+
+    path = qualify(path)
+    jvm = spark.sparkContext._jvm
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(hpath):
+        raise UsageError(f"--recs {path}: no such file or directory; write one with "
+                         "spark-submit evaluation/score.py --model MODEL --data DIR --output RECS")
+    text = read_text(spark, f"{path}/{RECS_MARKER}")
+    manifest = json.loads(text) if text else {}
+    try:
+        df = spark.read.parquet(path)
+    except Exception as e:
+        raise UsageError(f"--recs {path}: not a Parquet file or directory "
+                         f"({str(e).splitlines()[0][:200]})") from None
+    missing = [c for c in ("user_id", "item_ids") if c not in df.columns]
+    if missing:
+        raise UsageError(f"--recs {path}: missing column(s) {', '.join(missing)} (found: "
+                         f"{', '.join(df.columns)}); a recommendation file has user_id (string) and "
+                         "item_ids (list of item ids, best first), as evaluation/score.py writes")
+    t = df.schema["item_ids"].dataType
+    if not isinstance(t, ArrayType):
+        raise UsageError(f"--recs {path}: column item_ids is {t.simpleString()}, expected a list "
+                         "of item ids (best first)")
+    df = df.select(F.col("user_id").cast("string").alias("user_id"),
+                   F.col("item_ids").cast(ArrayType(StringType())).alias("item_ids"))
+    name = label or manifest.get("model_name") or path.rstrip("/").rsplit("/", 1)[-1]
+    return Recs(path=path, label=name, manifest=manifest, df=df)
+
+
+def truth_table(spark, prep, target: str):
+    """user_id, cold, truth (distinct raw item ids): a warm user's ``target`` split, a cold-start
+    user's valid and test splits."""
+    from pyspark.sql import functions as F
+
+    layout = prep.manifest["layout"]
+    split = spark.read.parquet(f"{prep.uri}/{layout['split']}").select(S.USER_ID, S.ITEM_ID, S.SPLIT)
+    users = spark.read.parquet(f"{prep.uri}/{layout['users']}").select(S.USER_ID, S.COLD)
+    wanted = F.when(F.col(S.COLD), F.col(S.SPLIT).isin("valid", "test")) \
+        .otherwise(F.col(S.SPLIT) == target)
+    return (split.join(users, S.USER_ID).filter(wanted)
+            .groupBy(S.USER_ID, S.COLD).agg(F.collect_set(S.ITEM_ID).alias("truth")))
+
+
+def check_users(spark, prep, recs: Recs) -> None:
+    """Every recommended user must be a user of the dataset."""
+    users = spark.read.parquet(f"{prep.uri}/{prep.manifest['layout']['users']}").select(S.USER_ID)
+    unknown = recs.df.select("user_id").join(users, "user_id", "left_anti")
+    examples = [r[0] for r in unknown.limit(5).collect()]
+    if examples:
+        raise UsageError(f"--recs {recs.path}: {unknown.count():,} user(s) are not users of "
+                         f"--data {prep.uri}, e.g. {', '.join(map(str, examples))}; score the "
+                         "dataset these recommendations are meant for")
+
+
+def popularity_counts(recs: Recs, truth, items) -> tuple[np.ndarray, np.ndarray]:
+    """(popularity, times recommended) per item, over the warm users with a truth set."""
+    from pyspark.sql import functions as F
+
+    warm = truth.filter(~F.col(S.COLD)).select(S.USER_ID)
+    counts = (recs.df.join(warm, "user_id", "left_semi")
+              .select(F.explode("item_ids").alias(S.ITEM_ID)).groupBy(S.ITEM_ID).count()
+              .toPandas())  # at most one row per item
+    index = dict(zip(items[S.ITEM_ID], items[S.ITEM_INDEX]))
+    times = np.zeros(len(items), np.int64)
+    times[counts[S.ITEM_ID].map(index).to_numpy(np.int64)] = counts["count"].to_numpy()
+    return items[S.POP_TRAIN_VALID].to_numpy(), times
+
+
+def table(rows: list[dict], labels: list[str], group: str) -> str:
+    """The paper's table (mean ± 95% CI) for one user group."""
+    by = {(r["label"], r["metric"]): r for r in rows if r["group"] == group}
+    width = max(len(x) for x in labels + ["model"])
+    head = f"{'model':<{width}}  " + "  ".join(f"{m:>15}" for m in TABLE) + "    users"
+    lines = [head, "-" * len(head)]
+    for label in labels:
+        if (label, "NDCG") not in by:
+            continue
+        cells = [f"{by[label, m]['mean']:.4f}±{by[label, m]['ci95']:.4f}" for m in TABLE]
+        lines.append(f"{label:<{width}}  " + "  ".join(f"{c:>15}" for c in cells)
+                     + f"  {by[label, 'NDCG']['users']:>7,}")
+    return "\n".join(lines)
+
+
+def metrics_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["label", "group", "target", "metric", "K", "mean", "ci95", "users"])
+    for r in rows:
+        name, k = split_name(r["metric"])
+        w.writerow([r["label"], r["group"], r["target"], name, "" if k is None else k,
+                    f"{r['mean']:.6f}", f"{r['ci95']:.6f}", r["users"]])
+    return buf.getvalue()
+
+
+def log_to_mlflow(recs: list[Recs], rows: list[dict], pop: dict, files: dict[str, bytes],
+                  target: str, output: str, uri_flag: str | None) -> dict[str, str]:
+    """Metrics (with _ci95) and the files into each file's training run; returns label -> run id."""
+    from mlflow.entities import Metric
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from training.tracking import artifact_root, check_reachable, tracking_uri
+
+    out = {}
+    ts = int(time.time() * 1000)
+    for r in recs:
+        uri = tracking_uri(uri_flag or r.manifest.get("mlflow_uri"))
+        check_reachable(uri)
+        client = MlflowClient(uri)
+        run_id = r.manifest.get("mlflow_run_id")
+        try:
+            if run_id:
+                client.get_run(run_id)
+        except MlflowException:
+            log.warning("MLflow run %s of %s is not in %s; logging into a new run", run_id,
+                        r.label, uri)
+            run_id = None
+        if not run_id:
+            exp = client.get_experiment_by_name("evaluation")
+            exp_id = exp.experiment_id if exp else client.create_experiment(
+                "evaluation", artifact_location=artifact_root(uri))
+            run_id = client.create_run(exp_id, run_name=f"evaluate {r.label}").info.run_id
+            client.set_terminated(run_id)
+        metrics = []
+        for row in rows:
+            if row["label"] != r.label:
+                continue
+            prefix = target if row["group"] == "warm" else "cold"
+            key = f"{prefix}_{metric_key(row['metric'])}"
+            metrics += [Metric(key, row["mean"], ts, 0), Metric(key + "_ci95", row["ci95"], ts, 0)]
+            if row["metric"] == "NDCG":
+                metrics.append(Metric(f"{prefix}_users", row["users"], ts, 0))
+        if r.label in pop:
+            metrics += [Metric(f"{target}_popularity_{k}", pop[r.label][k], ts, 0)
+                        for k in POPULARITY_KEYS]
+        for i in range(0, len(metrics), 500):
+            client.log_batch(run_id, metrics=metrics[i:i + 500])
+        client.set_tag(run_id, f"evaluation.{target}.output", output)
+        with tempfile.TemporaryDirectory() as d:
+            for name, data in files.items():
+                Path(d, name).write_bytes(data)
+            client.log_artifacts(run_id, d, f"evaluation-{target}")
+        out[r.label] = run_id
+    return out
+
+
+def evaluate(spark, *, recs: list[str], data: str, output: str, target: str = "test",
+             labels: list[str] | None = None, overwrite: bool = False,
+             mlflow_uri: str | None = None, use_mlflow: bool = True) -> dict:
+    """Evaluate the ``recs`` files against ``data``'s ``target`` split; publish ``output``;
+    returns the manifest (also ``output/manifest.json``)."""
+    from pyspark.sql import functions as F
+
+    from etl.publish import Publisher
+    from training.prepared import open_prepared
+
+    t0 = time.perf_counter()
+    started = dt.datetime.now(dt.timezone.utc)
+    if target not in ("test", "valid"):
+        raise UsageError(f"--target {target}: choose test or valid")
+    if labels and len(labels) != len(recs):
+        raise UsageError(f"--labels: {len(labels)} given for {len(recs)} --recs files; give one "
+                         "per file, in the same order")
+    prep = open_prepared(data)
+    # shuffles here are joins and per-user groupings of the dataset's positives: size them as the
+    # ETL did for the same data, and let AQE merge the small ones
+    spark.conf.set("spark.sql.shuffle.partitions",
+                   str(prep.manifest.get("spark", {}).get("shuffle_partitions", 8)))
+    spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "true")
+    spark.conf.set("spark.sql.debug.maxToStringFields", "500")  # wide metric plans, not a problem
+    publisher = Publisher(spark, output)
+    publisher.check_target(overwrite)
+    files = [read_recs(spark, p, labels[i] if labels else None) for i, p in enumerate(recs)]
+    seen: dict[str, int] = {}
+    for f in files:  # labels name table rows, plot lines and MLflow runs: keep them distinct
+        seen[f.label] = seen.get(f.label, 0) + 1
+        if seen[f.label] > 1:
+            f.label = f"{f.label} #{seen[f.label]}"
+    for f in files:
+        check_users(spark, prep, f)
+        if f.manifest.get("data") and f.manifest.get("dataset") != prep.dataset:
+            raise UsageError(f"--recs {f.path} was scored on dataset {f.manifest['dataset']}, "
+                             f"but --data {data} is {prep.dataset}")
+
+    truth = truth_table(spark, prep, target).cache()
+    n_truth = {bool(r[S.COLD]): r["count"] for r in truth.groupBy(S.COLD).count().collect()}
+    if not n_truth.get(False):
+        raise UsageError(f"--data {data}: no warm user has a {target} item, so there is nothing to "
+                         f"evaluate (was it prepared with --holdout-fraction 0?)")
+    items = spark.read.parquet(f"{prep.uri}/{prep.manifest['layout']['items']}") \
+        .select(S.ITEM_INDEX, S.ITEM_ID, S.POP_TRAIN_VALID).toPandas().sort_values(S.ITEM_INDEX)
+    log.info("evaluating %d file(s) on %s: %s warm users with a %s item, %s cold-start users",
+             len(files), prep.dataset, f"{n_truth.get(False, 0):,}", target,
+             f"{n_truth.get(True, 0):,}")
+
+    per_user_dfs, missing = [], {}
+    for f in files:
+        joined = f.df.join(truth, "user_id")
+        per_user_dfs.append(per_user(joined).select(
+            F.lit(f.label).alias("label"),
+            F.when(F.col(S.COLD), "cold").otherwise("warm").alias("group"), "user_id",
+            *[metric_key(m) for m in METRICS]))
+        lacking = truth.join(f.df.select("user_id"), "user_id", "left_anti").groupBy(S.COLD).count()
+        missing[f.label] = {("cold" if r[S.COLD] else "warm"): r["count"] for r in lacking.collect()}
+        for group, n in missing[f.label].items():
+            log.warning("%s: %s %s users with a truth set have no recommendations in %s and are "
+                        "not evaluated", f.label, f"{n:,}", group, f.path)
+    users_df = per_user_dfs[0]
+    for df in per_user_dfs[1:]:
+        users_df = users_df.unionByName(df)
+    users_df = users_df.cache()
+
+    rows = [{**r, "target": target if r["group"] == "warm" else "valid+test"}
+            for r in summarise(users_df, ["label", "group"])]
+    order = {f.label: i for i, f in enumerate(files)}
+    rows.sort(key=lambda r: (order[r["label"]], r["group"] != "warm", METRICS.index(r["metric"])))
+    log.info("metrics done in %.1fs", time.perf_counter() - t0)
+
+    pop_counts = {f.label: popularity_counts(f, truth, items) for f in files}
+    pop = {label: summary_from_counts(c, p) for label, (p, c) in pop_counts.items()}
+    title = f"{prep.dataset}, {target} users"
+    out_files = {"metrics.csv": metrics_csv(rows).encode(),
+                 "metrics.json": json.dumps(rows, indent=2).encode(),
+                 "popularity.json": json.dumps(pop, indent=2).encode(),
+                 "popularity.png": plots.png_bytes(plots.popularity_density(
+                     pop_counts, pop, f"Popularity of recommended items ({title})"))}
+    cold = users_df.filter(F.col("group") == "cold").select("label", "user_id", "ndcg").toPandas()
+    if len(files) > 1 and len(cold):
+        wide = cold.pivot(index="user_id", columns="label", values="ndcg").dropna()
+        labels_in = [f.label for f in files]
+        out_files["cold_start.png"] = plots.png_bytes(plots.cold_start_scatter(
+            labels_in[0], {k: wide[k].to_numpy() for k in labels_in},
+            f"Cold-start users of {prep.dataset}: per-user NDCG ({len(wide):,} users)"))
+
+    with publisher.staging() as tmp:
+        users_df.write.parquet(f"{tmp}/per_user")
+        for name, data_bytes in out_files.items():
+            publisher.write_bytes(f"{tmp}/{name}", data_bytes)
+        runs = log_to_mlflow(files, rows, pop, out_files, target, publisher.target,
+                             mlflow_uri) if use_mlflow else {}
+        manifest = {"kind": "evaluation", "created": started.isoformat(timespec="seconds"),
+                    "data": prep.uri, "dataset": prep.dataset, "target": target,
+                    "recs": {f.label: f.path for f in files}, "mlflow_runs": runs,
+                    "users_without_recommendations": missing, "popularity": pop,
+                    "files": sorted(out_files) + ["per_user/"],
+                    "seconds": round(time.perf_counter() - t0, 1)}
+        publisher.write_json(f"{tmp}/manifest.json", manifest)
+    truth.unpersist()
+    users_df.unpersist()
+    manifest["rows"] = rows
+    manifest["labels"] = [f.label for f in files]
+    return manifest
+
+
+def report(m: dict, output: str) -> str:
+    """What a person reads at the end: the tables, the popularity summary, where the plots are."""
+    lines = [f"Test metrics ({m['dataset']}, warm users, truth: {m['target']}; mean ± 95% CI)",
+             table(m["rows"], m["labels"], "warm")]
+    if any(r["group"] == "cold" for r in m["rows"]):
+        lines += ["", "Cold-start users (held out of training; truth: valid+test)",
+                  table(m["rows"], m["labels"], "cold")]
+    lines += ["", "Popularity of the recommended items (lower median / top-10% share = more "
+              "personalised)",
+              f"{'model':<24} {'median':>8} {'mean':>8} {'top-10%':>8} {'coverage':>9} {'gini':>6}"]
+    for label, s in m["popularity"].items():
+        lines.append(f"{label:<24} {s['median_popularity']:>8.0f} {s['mean_popularity']:>8.1f} "
+                     f"{s['share_top10pct']:>8.3f} {s['coverage']:>9.3f} {s['gini']:>6.3f}")
+    lines += ["", f"plots: {output}/popularity.png"
+              + (f", {output}/cold_start.png" if "cold_start.png" in m["files"] else ""),
+              f"all metrics: {output}/metrics.csv; per user: {output}/per_user/"]
+    if m["mlflow_runs"]:
+        lines.append("MLflow runs: " + ", ".join(f"{k} -> {v}" for k, v in m["mlflow_runs"].items()))
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="evaluation/evaluate.py",
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--recs", nargs="+", required=True, metavar="RECS",
+                   help="recommendation file(s) from evaluation/score.py (or any Parquet with "
+                        "user_id and item_ids); the first is the reference of the cold-start plot")
+    p.add_argument("--data", required=True, help="the prepared directory the users come from")
+    p.add_argument("--output", required=True, help="directory to write (local path or URI)")
+    p.add_argument("--target", choices=["test", "valid"], default="test",
+                   help="the warm users' truth split (default test)")
+    p.add_argument("--labels", nargs="+", default=None,
+                   help="names for the files in tables and plots (default: the scored model's)")
+    p.add_argument("--mlflow-uri", default=None,
+                   help="tracking server (default: the one each file's training run used)")
+    p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from etl.prepare import setup_logging
+    from etl.spark import get_spark
+
+    args = build_parser().parse_args(argv)
+    setup_logging(args.quiet, ("etl", "evaluation"))
+    try:
+        spark = get_spark("evaluate")
+        m = evaluate(spark, recs=args.recs, data=args.data, output=args.output,
+                     target=args.target, labels=args.labels, overwrite=args.overwrite,
+                     mlflow_uri=args.mlflow_uri, use_mlflow=not args.no_mlflow)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(report(m, args.output), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Figures people look at instead of reading tables: the popularity of what each model recommends
+(the paper's density plot) and the cold-start comparison (the paper's bivariate plot)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def log_density(popularity: np.ndarray, weights: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """Weighted Gaussian kernel density of log10(popularity) on ``grid`` (log10 units), bandwidth
+    by Silverman's rule; one kernel per item, weighted by how often it was recommended."""
+    x = np.log10(np.maximum(np.asarray(popularity, np.float64), 1.0))
+    w = np.asarray(weights, np.float64)
+    x, w = x[w > 0], w[w > 0] / w.sum()
+    mean = (w * x).sum()
+    std = np.sqrt((w * (x - mean) ** 2).sum())
+    n_eff = 1.0 / (w ** 2).sum()
+    bw = max(1.06 * std * n_eff ** -0.2, 0.02)
+    z = (grid[:, None] - x[None, :]) / bw
+    return (np.exp(-0.5 * z ** 2) * w).sum(axis=1) / (bw * np.sqrt(2 * np.pi))
+
+
+def popularity_density(models: dict[str, tuple[np.ndarray, np.ndarray]],
+                       summaries: dict[str, dict], title: str):
+    """Density of the popularity of recommended items (log scale), one line per model, the
+    median dotted.
+
+    ``models[label] = (popularity (n_items,), times recommended (n_items,))``: the density is over
+    recommendations (an item recommended 100 times weighs 100)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    top = max(float(p.max()) for p, _ in models.values())
+    grid = np.linspace(0, np.log10(max(top, 10.0)) + 0.2, 300)
+    for (label, (pop, counts)), color in zip(models.items(), plt.rcParams["axes.prop_cycle"]):
+        s = summaries[label]
+        ax.plot(10 ** grid, log_density(pop, counts, grid), color=color["color"],
+                label=f"{label}: median {s['median_popularity']:.0f}, top-10% share "
+                      f"{s['share_top10pct']:.2f}, coverage {s['coverage']:.2f}")
+        ax.axvline(s["median_popularity"], color=color["color"], ls=":", lw=1)
+    ax.set(xscale="log", xlabel="popularity of a recommended item (train+valid positives)",
+           ylabel="density (per log10 unit)", title=title)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def cold_start_scatter(reference: str, ndcg: dict[str, np.ndarray], title: str):
+    """Per-user NDCG of the cold-start users: each other model (y) against ``reference`` (x), one
+    panel each; points above the diagonal are users the other model serves better."""
+    plt = _plt()
+    others = [k for k in ndcg if k != reference]
+    fig, axes = plt.subplots(1, len(others), figsize=(4.5 * len(others), 4.5), squeeze=False)
+    x = ndcg[reference]
+    for ax, label in zip(axes[0], others):
+        y = ndcg[label]
+        ax.scatter(x, y, s=8, alpha=0.5)
+        ax.plot([0, 1], [0, 1], color="grey", lw=1)
+        ax.set(xlim=(-0.02, 1.02), ylim=(-0.02, 1.02), xlabel=f"{reference} NDCG",
+               ylabel=f"{label} NDCG", aspect="equal")
+        ax.set_title(f"{(y > x).sum()} users above, {(y < x).sum()} below, {(y == x).sum()} tied",
+                     fontsize=9)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def png_bytes(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    _plt().close(fig)
+    return buf.getvalue()

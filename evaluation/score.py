@@ -1,0 +1,301 @@
+"""Top-K recommendations for every user of a prepared dataset, on Spark.
+
+    spark-submit evaluation/score.py --model runs:/RUN_ID/model --data DIR --output RECS --k 50
+    spark-submit evaluation/score.py --model var/runs/NAME --data DIR --output RECS --users cold
+
+Writes Parquet with one row per user: ``user_id`` (raw id, string), ``item_ids`` (raw ids, best
+first, list<string>) and ``scores`` (list<float>), published atomically: RECS appears complete
+(with ``_manifest.json``, which Parquet readers skip) or not at all.
+
+Each task rebuilds the model once from broadcast weights, scores Arrow batches of user rows with
+``torch.set_num_threads`` = the task's cores, removes the user's input items and keeps the top K.
+Users are never collected to the driver, and a batch is sized so its (users x items) score matrix
+stays near 64 MiB, so memory per task is bounded whatever the number of users.
+
+Model input: a warm user's rows of the splits the model was trained on (train, or train+valid for
+the protocol's final retraining); a cold-start user's train part (their fold-in input; their
+valid+test parts are the ground truth). ``--exclude`` removes more splits from the candidates,
+e.g. ``--exclude train,valid`` when scoring the test split with a model trained on train only.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (spark-submit evaluation/score.py)
+    _root = str(Path(__file__).resolve().parents[1])
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
+    sys.path.insert(0, _root)
+
+import argparse
+import datetime as dt
+import json
+import logging
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from etl import schema as S
+from etl.errors import UsageError
+
+log = logging.getLogger("evaluation")
+
+MARKER = "_manifest.json"      # Spark and pyarrow skip names starting with "_"
+SCORE_BYTES = 64 * 2**20       # per batch: users x items float32 scores
+OUT_SCHEMA = "user_id string, item_ids array<string>, scores array<float>"
+SPLIT_NAMES = {"train": S.TRAIN_ITEMS, "valid": S.VALID_ITEMS, "test": S.TEST_ITEMS}
+
+
+def batch_users(n_items: int) -> int:
+    """Users per Arrow batch so that one batch's score matrix stays near ``SCORE_BYTES``."""
+    return int(max(16, min(8192, SCORE_BYTES // (4 * n_items))))
+
+
+def parse_splits(text: str, flag: str) -> tuple[str, ...]:
+    splits = tuple(s.strip() for s in text.split(",") if s.strip())
+    bad = [s for s in splits if s not in SPLIT_NAMES]
+    if bad or not splits:
+        raise UsageError(f"{flag} {text!r}: give a comma-separated list of train, valid, test")
+    return splits
+
+
+# ---- executor side ---------------------------------------------------------------------------
+
+_CACHE: dict = {}  # one model per Python worker and broadcast (workers are reused across tasks)
+
+
+def _model(bc_weights, model_args: dict):
+    from evaluation.model_source import ModelSource
+
+    key = bc_weights.id if hasattr(bc_weights, "id") else id(bc_weights)
+    if _CACHE.get("key") != key:
+        src = ModelSource(uri="", weights=bc_weights.value, model_args=model_args,
+                          recommend_head="", train_splits="", name="", run_id=None,
+                          tracking_uri=None)
+        _CACHE.update(key=key, model=src.build())
+    return _CACHE["model"]
+
+
+def union_rows(rb: pa.RecordBatch, cols: tuple[str, ...], cold: np.ndarray,
+               cold_cols: tuple[str, ...]):
+    """(items, offsets), int64 torch tensors in EmbeddingBag layout: each user's items of ``cols``
+    (a cold user's only of the columns whose ``cold_cols`` entry is non-empty). A user's splits are
+    disjoint, so concatenating them is their union."""
+    import torch
+
+    from training.data import _flat
+
+    n = rb.num_rows
+    values, owners = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for col, cold_col in zip(cols, cold_cols):
+        v, off = _flat(rb.column(col))
+        owner = np.repeat(np.arange(n), np.diff(np.append(off, len(v))))
+        if not cold_col:
+            keep = ~cold[owner]
+            v, owner = v[keep], owner[keep]
+        values.append(v.astype(np.int64))
+        owners.append(owner)
+    owner = np.concatenate(owners)
+    order = np.argsort(owner, kind="stable")
+    offsets = np.zeros(n, np.int64)
+    np.cumsum(np.bincount(owner, minlength=n)[:-1], out=offsets[1:])
+    return torch.from_numpy(np.concatenate(values)[order]), torch.from_numpy(offsets)
+
+
+def score_batches(batches, *, bc_weights, bc_item_ids, model_args: dict, head: str, k: int,
+                  input_cols: tuple[str, ...], exclude_cols: tuple[str, ...],
+                  cold_input_cols: tuple[str, ...], cold_exclude_cols: tuple[str, ...]):
+    """mapInArrow body: Arrow batches of user rows -> (user_id, item_ids, scores) batches."""
+    import torch
+    from pyspark import TaskContext
+
+    from training.losses import row_ids
+
+    ctx = TaskContext.get()
+    torch.set_num_threads(max(1, int(ctx.cpus())) if ctx else 1)
+    model = _model(bc_weights, model_args)
+    item_ids = bc_item_ids.value
+    n_items = model.n_items
+    for rb in batches:
+        if rb.num_rows == 0:
+            continue
+        cold = rb.column(S.COLD).to_numpy(zero_copy_only=False)
+
+        items, offsets = union_rows(rb, input_cols, cold, cold_input_cols)
+        ex_items, ex_offsets = union_rows(rb, exclude_cols, cold, cold_exclude_cols)
+        with torch.no_grad():
+            scores = model(items, offsets, (head,))[head]
+            if len(ex_items):
+                scores[row_ids(ex_offsets, len(ex_items)), ex_items] = -torch.inf
+            kk = min(k, n_items)
+            top = torch.topk(scores, kk, dim=1)
+        vals, idx = top.values.numpy(), top.indices.numpy()
+        keep = np.isfinite(vals)  # a user with fewer than K candidates: drop the excluded tail
+        lengths = keep.sum(axis=1)
+        out_items = item_ids.take(pa.array(idx[keep]))
+        yield pa.RecordBatch.from_arrays(
+            [rb.column(S.USER_ID).cast(pa.string()),
+             pa.ListArray.from_arrays(_offsets(lengths), out_items),
+             pa.ListArray.from_arrays(_offsets(lengths), pa.array(vals[keep], pa.float32()))],
+            names=["user_id", "item_ids", "scores"])
+
+
+def _offsets(lengths: np.ndarray) -> pa.Array:
+    offsets = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.array(offsets)
+
+
+# ---- driver side -----------------------------------------------------------------------------
+
+def read_user_ids(spec: str) -> list[str]:
+    """``@FILE`` (one raw user id per line) or a comma-separated list."""
+    if spec.startswith("@"):
+        path = Path(spec[1:])
+        if not path.exists():
+            raise UsageError(f"--users {spec}: no such file {path}")
+        ids = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    else:
+        ids = [s.strip() for s in spec.split(",") if s.strip()]
+    if not ids:
+        raise UsageError(f"--users {spec!r}: no user ids given")
+    return ids
+
+
+def select_users(rows, spec: str, source: str):
+    from pyspark.sql import functions as F
+
+    if spec == "all":
+        return rows
+    if spec in ("warm", "cold"):
+        return rows.filter(F.col(S.COLD) == (spec == "cold"))
+    ids = read_user_ids(spec)
+    chosen = rows.filter(F.col(S.USER_ID).isin(ids))
+    found = {r[0] for r in chosen.select(S.USER_ID).collect()}  # at most len(ids) rows
+    missing = [u for u in ids if u not in found]
+    if missing:
+        raise UsageError(f"--users: {len(missing)} of {len(ids)} user ids are not in {source}, "
+                         f"e.g. {', '.join(missing[:5])}; ids are the raw ids of the dataset")
+    return chosen
+
+
+def score(spark, *, model: str, data: str, output: str, k: int = 50, users: str = "all",
+          exclude: str | None = None, overwrite: bool = False, mlflow_uri: str | None = None) -> dict:
+    """Score ``users`` of the prepared ``data`` with ``model``, publish ``output``; returns the
+    scoring manifest (also written as ``output/_manifest.json``)."""
+    from etl.publish import Publisher
+    from evaluation.model_source import load_source
+    from training.prepared import open_prepared
+
+    t0 = time.perf_counter()
+    if k < 1:
+        raise UsageError(f"--k {k}: must be at least 1")
+    prep = open_prepared(data)
+    src = load_source(model, mlflow_uri)
+    if src.n_items != prep.n_items:
+        raise UsageError(f"--model {model} scores {src.n_items:,} items but --data {data} has "
+                         f"{prep.n_items:,}: the model was trained on another prepared dataset; "
+                         "score it against the directory it was trained on")
+    input_splits = parse_splits(src.train_splits, "the model's training splits")
+    excl = tuple(dict.fromkeys(input_splits + (parse_splits(exclude, "--exclude") if exclude else ())))
+    publisher = Publisher(spark, output, marker=MARKER)
+    publisher.check_target(overwrite)
+
+    items = spark.read.parquet(f"{prep.uri}/{prep.manifest['layout']['items']}") \
+        .select(S.ITEM_INDEX, S.ITEM_ID).toPandas().sort_values(S.ITEM_INDEX)
+    bc_item_ids = spark.sparkContext.broadcast(pa.array(items[S.ITEM_ID].astype(str).tolist(),
+                                                        pa.string()))
+    bc_weights = spark.sparkContext.broadcast(src.weights)
+    columns = sorted({SPLIT_NAMES[s] for s in ("train",) + input_splits + excl})
+    rows = spark.read.parquet(prep.rows_uri).select(S.USER_ID, S.COLD, *columns)
+    rows = select_users(rows, users, data)
+    n_users = rows.select(S.USER_ID).count()  # one output row per input user
+    if n_users == 0:
+        raise UsageError(f"--users {users}: no such users in {data} (is --cold-users 0 there?)")
+    per_batch = batch_users(prep.n_items)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(per_batch))
+
+    # cold users: input train only, exclude train only (their valid+test parts are the truth)
+    cold_in = tuple(c if c == S.TRAIN_ITEMS else "" for c in map(SPLIT_NAMES.get, input_splits))
+    cold_ex = tuple(c if c == S.TRAIN_ITEMS else "" for c in map(SPLIT_NAMES.get, excl))
+    fn_kwargs = dict(bc_weights=bc_weights, bc_item_ids=bc_item_ids, model_args=src.model_args,
+                     head=src.recommend_head, k=k,
+                     input_cols=tuple(SPLIT_NAMES[s] for s in input_splits),
+                     exclude_cols=tuple(SPLIT_NAMES[s] for s in excl),
+                     cold_input_cols=cold_in, cold_exclude_cols=cold_ex)
+    recs = rows.mapInArrow(lambda it: score_batches(it, **fn_kwargs), OUT_SCHEMA)
+    log.info("scoring %s %s users of %s with %s (%s head, %s items, top %d, input %s, excluding %s); "
+             "%d users per batch", f"{n_users:,}", users, prep.dataset, src.name, src.recommend_head,
+             f"{prep.n_items:,}", k, "+".join(input_splits), "+".join(excl), per_batch)
+    started = dt.datetime.now(dt.timezone.utc)
+    try:
+        with publisher.staging() as tmp:
+            recs.write.parquet(tmp)
+            seconds = time.perf_counter() - t0
+            manifest = {
+                "kind": "recommendations", "created": started.isoformat(timespec="seconds"),
+                "model": model, "model_name": src.name, "model_args": src.model_args,
+                "recommend_head": src.recommend_head, "mlflow_run_id": src.run_id,
+                "mlflow_uri": src.tracking_uri, "data": prep.uri, "dataset": prep.dataset,
+                "k": k, "users": users, "input_splits": list(input_splits),
+                "exclude": list(excl), "scored_users": n_users, "seconds": round(seconds, 1),
+                "columns": {"user_id": "string", "item_ids": "list<string>",
+                            "scores": "list<float>"},
+            }
+            publisher.write_json(f"{tmp}/{MARKER}", manifest)  # last: marks completeness
+    finally:
+        bc_weights.unpersist()
+        bc_item_ids.unpersist()
+    log.info("wrote %s: %s users in %.1fs (%.0f users/s)", publisher.target, f"{n_users:,}",
+             seconds, n_users / max(seconds, 1e-9))
+    return manifest
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="evaluation/score.py",
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--model", required=True,
+                   help="MLflow model URI (runs:/RUN_ID/model, models:/m-..., models:/NAME@ALIAS) "
+                        "or a training run's model.pt / run directory")
+    p.add_argument("--data", required=True, help="the prepared directory the model was trained on")
+    p.add_argument("--output", required=True, help="Parquet directory to write (local path or URI)")
+    p.add_argument("--k", type=int, default=50, help="recommendations per user (default 50)")
+    p.add_argument("--users", default="all",
+                   help="all (default), warm, cold, a comma-separated list of raw user ids, or "
+                        "@FILE with one id per line")
+    p.add_argument("--exclude", default=None,
+                   help="more splits to remove from the candidates besides the model's input "
+                        "splits, e.g. train,valid (default: the input splits only)")
+    p.add_argument("--mlflow-uri", default=None,
+                   help="tracking server of an MLflow --model (default: MLFLOW_TRACKING_URI, "
+                        "else ./mlflow/state)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from etl.prepare import setup_logging
+    from etl.spark import get_spark
+
+    args = build_parser().parse_args(argv)
+    setup_logging(args.quiet, ("etl", "evaluation"))
+    try:
+        spark = get_spark("score")
+        m = score(spark, model=args.model, data=args.data, output=args.output, k=args.k,
+                  users=args.users, exclude=args.exclude, overwrite=args.overwrite,
+                  mlflow_uri=args.mlflow_uri)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"output": args.output, "scored_users": m["scored_users"],
+                      "seconds": m["seconds"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

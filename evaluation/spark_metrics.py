@@ -1,0 +1,91 @@
+"""The paper's metrics (``evaluation/metrics.py`` states the definitions) as Spark SQL expressions.
+
+Per-user values are computed by Spark's higher-order array functions on the executors (no Python
+UDF, so no serialisation of the lists), averaged by Spark, and only the summary reaches the driver.
+This is a second implementation of the same definitions: ``tests/test_evaluate_spark.py`` checks it
+against the numpy reference user by user.
+"""
+
+from __future__ import annotations
+
+import re
+
+from evaluation.metrics import KS
+
+# one order for tables and files: R-Precision, NDCG, then per K
+METRICS = ("R-Precision", "NDCG") + tuple(
+    f"{m}@{k}" for m in ("Precision", "Recall", "MAP", "F1") for k in KS) + tuple(
+    f"NDCG@{k} (truncated)" for k in KS)
+
+
+def metric_key(name: str) -> str:
+    """A column / MLflow-safe key: 'Recall@50' -> 'recall_at_50', 'NDCG@5 (truncated)' ->
+    'ndcg_at_5_truncated'."""
+    key = name.lower().replace("@", "_at_").replace("-", "_")
+    return re.sub(r"[^a-z0-9_]+", "_", key).strip("_")
+
+
+def split_name(name: str) -> tuple[str, int | None]:
+    """('Recall', 50) for 'Recall@50'; ('NDCG', None) for 'NDCG'."""
+    m = re.fullmatch(r"([A-Za-z1-]+)@(\d+)(.*)", name)
+    return (m.group(1) + m.group(3), int(m.group(2))) if m else (name, None)
+
+
+def _sum(expr: str) -> str:
+    return f"aggregate({expr}, 0D, (acc, v) -> acc + v)"
+
+
+def _idcg(n: str) -> str:
+    return f"aggregate(sequence(1, {n}), 0D, (acc, i) -> acc + 1D / log2(i + 1))"
+
+
+def per_user(df, recs_col: str = "item_ids", truth_col: str = "truth", ks=KS):
+    """``df`` with one column per metric (named by ``metric_key``) for each user with a non-empty
+    truth set (others are dropped). ``recs_col`` array<string> best first; ``truth_col``
+    array<string> without duplicates."""
+    from pyspark.sql import functions as F
+
+    length = max(ks)
+    df = (df.filter(F.size(truth_col) > 0)
+          .withColumn("_n", F.size(truth_col).cast("int"))
+          .withColumn("_h", F.expr(f"transform({recs_col}, x -> IF(array_contains({truth_col}, x), "
+                                   "1D, 0D))"))
+          # a list shorter than the largest K: the missing positions are misses
+          .withColumn("_h", F.expr(f"concat(_h, array_repeat(0D, greatest(0, {length} - size(_h))))"))
+          # hits@i for i = 1..L (O(L^2) per user: L is 50)
+          .withColumn("_c", F.expr(f"transform(_h, (x, i) -> {_sum('slice(_h, 1, i + 1)')})")))
+    cols = {
+        "NDCG": F.expr(f"{_sum('transform(_h, (x, i) -> x / log2(i + 2))')} / {_idcg('_n')}"),
+        "R-Precision": F.expr("element_at(_c, least(_n, size(_h))) / _n"),
+    }
+    for k in ks:
+        hits = f"element_at(_c, {k})"
+        cols[f"Precision@{k}"] = F.expr(f"{hits} / {k}")
+        cols[f"Recall@{k}"] = F.expr(f"{hits} / _n")
+        cols[f"MAP@{k}"] = F.expr(f"{_sum(f'transform(slice(_c, 1, {k}), (c, i) -> c / (i + 1))')} / {k}")
+        p, r = f"({hits} / {k})", f"({hits} / _n)"
+        cols[f"F1@{k}"] = F.expr(f"IF({p} + {r} > 0, 2 * {p} * {r} / ({p} + {r}), 0D)")
+        cols[f"NDCG@{k} (truncated)"] = F.expr(
+            f"{_sum(f'transform(slice(_h, 1, {k}), (x, i) -> x / log2(i + 2))')} / "
+            f"{_idcg(f'least(_n, {k})')}")
+    df = df.select("*", *[cols[m].cast("double").alias(metric_key(m)) for m in METRICS])
+    return df.drop("_n", "_h", "_c")
+
+
+def summarise(per_user_df, group_cols: list[str]) -> list[dict]:
+    """One dict per group and metric: mean, 95% CI half-width (1.96 std_pop / sqrt(n)) and n."""
+    from pyspark.sql import functions as F
+
+    aggs = [F.count(F.lit(1)).alias("_users")]
+    for m in METRICS:
+        aggs += [F.avg(metric_key(m)).alias(f"{metric_key(m)}__mean"),
+                 F.stddev_pop(metric_key(m)).alias(f"{metric_key(m)}__std")]
+    out = []
+    for row in per_user_df.groupBy(*group_cols).agg(*aggs).collect():
+        n = row["_users"]
+        for m in METRICS:
+            std = row[f"{metric_key(m)}__std"] or 0.0
+            out.append({**{c: row[c] for c in group_cols}, "metric": m,
+                        "mean": float(row[f"{metric_key(m)}__mean"]),
+                        "ci95": float(1.96 * std / n ** 0.5), "users": int(n)})
+    return out

@@ -1,0 +1,300 @@
+"""Batch scoring and evaluation on real Spark (the session's local[2]) over ml-100k prepared by the
+real ETL: Spark's top-K equals the model's own, metrics equal the numpy reference user by user,
+bad input is refused with a clear message, and results land in a real MLflow server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from etl import schema as S
+from etl.errors import UsageError
+from evaluation import metrics as M
+from evaluation.evaluate import evaluate
+from evaluation.score import score
+from evaluation.spark_metrics import METRICS, metric_key
+from training.data import sparse_rows
+from training.models import AutoRec
+
+pytestmark = pytest.mark.spark
+
+
+def rows_of(prepared: Path) -> pd.DataFrame:
+    return pd.read_parquet(prepared / S.ROWS_DIR).sort_values(S.USER_INDEX).reset_index(drop=True)
+
+
+def item_ids(prepared: Path) -> np.ndarray:
+    items = pd.read_parquet(prepared / S.ITEMS_DIR).sort_values(S.ITEM_INDEX)
+    return items[S.ITEM_ID].astype(str).to_numpy()
+
+
+def save_model(path: Path, prepared: Path, *, n_items: int | None = None, head: str = "predict",
+               train_splits: str = "train", run: dict | None = None) -> AutoRec:
+    """A small NCE-AutoRec in training's model.pt format: random weights plus log-popularity
+    biases, so that its lists are personal yet hit the truth often enough to test metrics."""
+    pop = pd.read_parquet(prepared / S.ITEMS_DIR).sort_values(S.ITEM_INDEX)[S.POP_TRAIN].to_numpy()
+    torch.manual_seed(0)
+    model = AutoRec(n_items or len(pop), 16, ("nce", "predict")).eval()
+    with torch.no_grad():
+        model.heads["predict"].bias[:len(pop)] = torch.log1p(torch.from_numpy(pop[:model.n_items]))
+    path.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": model.state_dict(), "model_args": model.model_args(),
+                "recommend_head": head, "config": {"model": "nce-autorec", "run_name": path.name,
+                                                   "train_splits": train_splits},
+                "summary": {}}, path / "model.pt")
+    if run:
+        (path / "run.json").write_text(json.dumps(run))
+    return model
+
+
+def direct_top(model: AutoRec, rows: pd.DataFrame, k: int, extra_exclude: tuple[str, ...] = ()):
+    """Each user's top k straight from the model: input = train items, exclude = input + extra."""
+    items, offsets = sparse_rows(list(rows[S.TRAIN_ITEMS]))
+    with torch.no_grad():
+        scores = model(items, offsets, ("predict",))["predict"]
+    for u, row in enumerate(rows.itertuples()):
+        seen = list(row.train_items) + [i for c in extra_exclude for i in getattr(row, c)]
+        scores[u, seen] = -torch.inf
+    top = torch.topk(scores, k, dim=1)
+    return top.values.numpy(), top.indices.numpy()
+
+
+@pytest.fixture(scope="module")
+def scored(spark, ml100k_prepared, tmp_path_factory):
+    base = tmp_path_factory.mktemp("scoring")
+    model = save_model(base / "run-a", ml100k_prepared)
+    m = score(spark, model=str(base / "run-a"), data=str(ml100k_prepared), output=str(base / "recs"),
+              k=20)
+    return model, base, m
+
+
+def test_spark_scores_equal_the_models_own_top_k(scored, ml100k_prepared):
+    model, base, manifest = scored
+    rows = rows_of(ml100k_prepared)
+    recs = pd.read_parquet(base / "recs").set_index("user_id").loc[rows[S.USER_ID]]
+    assert manifest["scored_users"] == len(rows) == len(recs)
+    assert manifest["input_splits"] == ["train"] and manifest["exclude"] == ["train"]
+    vals, idx = direct_top(model, rows, 20)
+    ids = item_ids(ml100k_prepared)
+    assert all(list(got) == list(ids[want]) for got, want in zip(recs["item_ids"], idx))
+    np.testing.assert_allclose(np.stack(recs["scores"].to_numpy()), vals, rtol=1e-5, atol=1e-5)
+    # the lists never hold a training item, and the scores are sorted best first
+    for row, got in zip(rows.itertuples(), recs["item_ids"]):
+        assert not set(got) & set(ids[row.train_items])
+    assert all(np.all(np.diff(s) <= 0) for s in recs["scores"])
+    assert json.loads((base / "recs" / "_manifest.json").read_text())["k"] == 20
+
+
+def test_exclude_train_valid_removes_valid_items_and_keeps_the_input(spark, scored, ml100k_prepared):
+    model, base, _ = scored
+    out = base / "recs-tv"
+    m = score(spark, model=str(base / "run-a"), data=str(ml100k_prepared), output=str(out), k=10,
+              users="warm", exclude="train,valid")
+    rows = rows_of(ml100k_prepared)
+    rows = rows[~rows[S.COLD]]
+    recs = pd.read_parquet(out).set_index("user_id").loc[rows[S.USER_ID]]
+    assert m["exclude"] == ["train", "valid"] and m["scored_users"] == len(rows)
+    _, idx = direct_top(model, rows, 10, extra_exclude=(S.VALID_ITEMS,))
+    ids = item_ids(ml100k_prepared)
+    assert all(list(got) == list(ids[want]) for got, want in zip(recs["item_ids"], idx))
+    for row, got in zip(rows.itertuples(), recs["item_ids"]):
+        assert not set(got) & set(ids[list(row.train_items) + list(row.valid_items)])
+
+
+def test_cold_users_and_user_lists(spark, scored, ml100k_prepared):
+    _, base, _ = scored
+    rows = rows_of(ml100k_prepared)
+    m = score(spark, model=str(base / "run-a"), data=str(ml100k_prepared), output=str(base / "cold"),
+              k=5, users="cold")
+    got = set(pd.read_parquet(base / "cold")["user_id"])
+    assert got == set(rows.loc[rows[S.COLD], S.USER_ID]) and m["scored_users"] == len(got) > 0
+    pick = list(rows[S.USER_ID][:3])
+    score(spark, model=str(base / "run-a"), data=str(ml100k_prepared), output=str(base / "three"),
+          k=5, users=",".join(pick))
+    assert sorted(pd.read_parquet(base / "three")["user_id"]) == sorted(pick)
+    with pytest.raises(UsageError, match=r"1 of 2 user ids are not in .*nobody"):
+        score(spark, model=str(base / "run-a"), data=str(ml100k_prepared),
+              output=str(base / "bad"), users=f"{pick[0]},nobody")
+    assert not (base / "bad").exists()
+
+
+def test_scoring_refuses_bad_input_and_leaves_nothing_half_written(spark, scored, ml100k_prepared,
+                                                                   tmp_path):
+    _, base, _ = scored
+    n = len(item_ids(ml100k_prepared))
+    save_model(tmp_path / "wide", ml100k_prepared, n_items=n + 1)
+    with pytest.raises(UsageError, match=rf"scores {n + 1:,} items but --data .* has {n:,}"):
+        score(spark, model=str(tmp_path / "wide"), data=str(ml100k_prepared),
+              output=str(tmp_path / "x"))
+    with pytest.raises(UsageError, match="already exists; pass --overwrite"):
+        score(spark, model=str(base / "run-a"), data=str(ml100k_prepared), output=str(base / "recs"))
+    with pytest.raises(UsageError, match="no such file"):
+        score(spark, model=str(tmp_path / "missing"), data=str(ml100k_prepared),
+              output=str(tmp_path / "x"))
+    # a job that fails on the executors (the model names a head it does not have)
+    save_model(tmp_path / "broken", ml100k_prepared, head="bogus")
+    with pytest.raises(Exception, match="bogus"):
+        score(spark, model=str(tmp_path / "broken"), data=str(ml100k_prepared),
+              output=str(tmp_path / "out"))
+    # neither the output nor its hidden staging directory is left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "wide"]
+
+
+# ---- evaluation --------------------------------------------------------------------------------
+
+def numpy_reference(recs: pd.DataFrame, prepared: Path, target: str = "test") -> pd.DataFrame:
+    """Per-user metrics by evaluation.metrics (numpy), truth from the split table."""
+    split = pd.read_parquet(prepared / S.SPLIT_DIR)
+    users = pd.read_parquet(prepared / S.USERS_DIR).set_index(S.USER_ID)[S.COLD]
+    split["cold"] = split[S.USER_ID].map(users)
+    want = np.where(split["cold"], split[S.SPLIT].isin(["valid", "test"]), split[S.SPLIT] == target)
+    truth = split[want].groupby(S.USER_ID)[S.ITEM_ID].apply(lambda s: np.array(sorted(set(s))))
+    recs = recs[recs["user_id"].isin(truth.index)].reset_index(drop=True)
+    lists = [list(x) for x in recs["item_ids"]]
+    width = max(len(x) for x in lists)
+    vocab = {i: n for n, i in enumerate(sorted({i for x in lists for i in x} |
+                                               {i for t in truth for i in t}))}
+    mat = np.full((len(lists), width), -1)
+    for u, x in enumerate(lists):
+        mat[u, :len(x)] = [vocab[i] for i in x]
+    t = [np.array([vocab[i] for i in truth[u]]) for u in recs["user_id"]]
+    values = M.per_user(M.hit_matrix(mat, t), np.array([len(a) for a in t]))
+    out = pd.DataFrame({metric_key(k): v for k, v in values.items()})
+    out.insert(0, "user_id", recs["user_id"])
+    out.insert(1, "group", np.where(recs["user_id"].map(users), "cold", "warm"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def evaluated(spark, scored, ml100k_prepared):
+    _, base, _ = scored
+    m = evaluate(spark, recs=[str(base / "recs")], data=str(ml100k_prepared),
+                 output=str(base / "eval"), use_mlflow=False)
+    return base, m
+
+
+def test_spark_metrics_equal_the_numpy_reference_user_by_user(evaluated, ml100k_prepared):
+    base, manifest = evaluated
+    ref = numpy_reference(pd.read_parquet(base / "recs"), ml100k_prepared).set_index("user_id")
+    got = pd.read_parquet(base / "eval" / "per_user").set_index("user_id").loc[ref.index]
+    assert (got["group"] == ref["group"]).all()
+    assert {"warm", "cold"} <= set(ref["group"])
+    for m in METRICS:
+        np.testing.assert_allclose(got[metric_key(m)], ref[metric_key(m)], rtol=0, atol=1e-12,
+                                   err_msg=m)
+    assert ref["ndcg"].mean() > 0.05  # the lists hit: the comparison is not between zeros
+    # the summary: mean and CI per group equal evaluation.metrics.summarise of the reference
+    rows = {(r["group"], r["metric"]): r for r in manifest["rows"]}
+    for group in ("warm", "cold"):
+        part = ref[ref["group"] == group]
+        want = M.summarise({m: part[metric_key(m)].to_numpy() for m in METRICS})
+        for m in METRICS:
+            assert rows[group, m]["users"] == want[m]["users"]
+            assert rows[group, m]["mean"] == pytest.approx(want[m]["mean"], abs=1e-12)
+            assert rows[group, m]["ci95"] == pytest.approx(want[m]["ci95"], abs=1e-9)
+
+
+def test_evaluation_files(evaluated):
+    base, manifest = evaluated
+    out = base / "eval"
+    table = pd.read_csv(out / "metrics.csv")
+    assert list(table.columns) == ["label", "group", "target", "metric", "K", "mean", "ci95", "users"]
+    recall = table[(table["metric"] == "Recall") & (table["group"] == "warm")]
+    assert sorted(recall["K"]) == [5, 10, 15, 20, 50]
+    assert (table["mean"].between(0, 1)).all()
+    pop = json.loads((out / "popularity.json").read_text())
+    assert set(pop[manifest["labels"][0]]) >= {"median_popularity", "share_top10pct", "coverage",
+                                               "gini"}
+    assert (out / "popularity.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((out / "manifest.json").read_text())["target"] == "test"
+
+
+def test_short_lists_count_missing_positions_as_misses(spark, scored, ml100k_prepared):
+    """Recommendation lists shorter than K (here 5 < 50): Spark pads them as the reference does."""
+    _, base, _ = scored
+    recs = pd.read_parquet(base / "recs")
+    recs["item_ids"] = [list(x[:5]) for x in recs["item_ids"]]
+    (base / "short").mkdir()
+    recs[["user_id", "item_ids"]].to_parquet(base / "short" / "part-0.parquet")
+    evaluate(spark, recs=[str(base / "short")], data=str(ml100k_prepared),
+             output=str(base / "eval-short"), use_mlflow=False)
+    ref = numpy_reference(recs, ml100k_prepared).set_index("user_id")
+    got = pd.read_parquet(base / "eval-short" / "per_user").set_index("user_id").loc[ref.index]
+    for m in ("MAP@50", "Recall@50", "Precision@20", "R-Precision", "NDCG@50 (truncated)"):
+        np.testing.assert_allclose(got[metric_key(m)], ref[metric_key(m)], atol=1e-12, err_msg=m)
+
+
+def test_evaluation_refuses_bad_input(spark, scored, evaluated, ml100k_prepared, tmp_path):
+    _, base, _ = scored
+    pd.DataFrame({"user_id": ["1"], "items": [["2"]]}).to_parquet(tmp_path / "nocol.parquet")
+    with pytest.raises(UsageError, match=r"nocol.parquet: missing column\(s\) item_ids"):
+        evaluate(spark, recs=[str(tmp_path / "nocol.parquet")], data=str(ml100k_prepared),
+                 output=str(tmp_path / "o"), use_mlflow=False)
+    pd.DataFrame({"user_id": ["nobody", "1"], "item_ids": [["2"], ["3"]]}).to_parquet(
+        tmp_path / "unknown.parquet")
+    with pytest.raises(UsageError, match=r"1 user\(s\) are not users of .* e.g. nobody"):
+        evaluate(spark, recs=[str(tmp_path / "unknown.parquet")], data=str(ml100k_prepared),
+                 output=str(tmp_path / "o"), use_mlflow=False)
+    with pytest.raises(UsageError, match="already exists; pass --overwrite"):
+        evaluate(spark, recs=[str(base / "recs")], data=str(ml100k_prepared),
+                 output=str(base / "eval"), use_mlflow=False)
+    # a prepared directory whose split has no test positives
+    import shutil
+    empty = tmp_path / "no-test"
+    shutil.copytree(ml100k_prepared, empty)
+    split = pd.read_parquet(empty / S.SPLIT_DIR)
+    shutil.rmtree(empty / S.SPLIT_DIR)
+    (empty / S.SPLIT_DIR).mkdir()
+    split[split[S.SPLIT] != "test"].to_parquet(empty / S.SPLIT_DIR / "part-0.parquet")
+    with pytest.raises(UsageError, match="no warm user has a test item"):
+        evaluate(spark, recs=[str(base / "recs")], data=str(empty), output=str(tmp_path / "o"),
+                 use_mlflow=False)
+    assert not (tmp_path / "o").exists()
+
+
+def test_two_models_compared_and_logged_into_their_mlflow_runs(spark, ml100k_prepared, mlflow_server,
+                                                               tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from training.tracking import log_final
+
+    client = MlflowClient(mlflow_server.url)
+    exp = client.create_experiment("scoring-test")
+    run_a = client.create_run(exp, run_name="a").info.run_id
+    save_model(tmp_path / "a", ml100k_prepared,
+               run={"mlflow_run_id": run_a, "mlflow_uri": mlflow_server.url})
+    # the second model comes from MLflow, as logged by training
+    run_b = client.create_run(exp, run_name="b").info.run_id
+    model_b = save_model(tmp_path / "b", ml100k_prepared)
+    with torch.no_grad():
+        model_b.heads["predict"].weight.mul_(3)
+    torch.save(model_b.state_dict(), tmp_path / "weights.pt")
+    uri_b = log_final(mlflow_server.url, run_b, weights=tmp_path / "weights.pt",
+                      model_args=model_b.model_args(), recommend_head="predict",
+                      model_info={"model": "nce-autorec", "train_splits": "train"},
+                      manifest={}, history=[{"epoch": 1, "loss_nce": 1.0}], summary={},
+                      title="b")
+    score(spark, model=str(tmp_path / "a"), data=str(ml100k_prepared), output=str(tmp_path / "ra"))
+    mb = score(spark, model=uri_b, data=str(ml100k_prepared), output=str(tmp_path / "rb"),
+               mlflow_uri=mlflow_server.url)
+    assert mb["mlflow_run_id"] == run_b and mb["model_args"]["width"] == 16
+    m = evaluate(spark, recs=[str(tmp_path / "ra"), str(tmp_path / "rb")], data=str(ml100k_prepared),
+                 output=str(tmp_path / "eval"), labels=["A", "B"])
+    assert m["mlflow_runs"] == {"A": run_a, "B": run_b}
+    assert (tmp_path / "eval" / "cold_start.png").read_bytes()[:4] == b"\x89PNG"
+    for run_id, label in ((run_a, "A"), (run_b, "B")):
+        data = client.get_run(run_id).data
+        want = next(r for r in m["rows"] if r["label"] == label and r["group"] == "warm"
+                    and r["metric"] == "NDCG")
+        assert data.metrics["test_ndcg"] == pytest.approx(want["mean"])
+        assert data.metrics["test_ndcg_ci95"] == pytest.approx(want["ci95"])
+        assert {"cold_ndcg", "test_recall_at_50", "test_popularity_median_popularity"} <= \
+            set(data.metrics)
+        names = {a.path for a in client.list_artifacts(run_id, "evaluation-test")}
+        assert {"evaluation-test/metrics.csv", "evaluation-test/popularity.png",
+                "evaluation-test/cold_start.png"} <= names
