@@ -9,11 +9,14 @@ TORCH_SPEC ?= torch==2.13.0
 VAR ?= var
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv java-check clean help
+.PHONY: demo test venv java-check clean help stack status stop
 
 help:
 	@echo "make demo   - set up $(VENV) and run the main job on data/ml-latest-small"
 	@echo "make test   - set up $(VENV) and run the test suite"
+	@echo "make stack  - start the local MLflow server and Ray head (make demo does it too)"
+	@echo "make status - show whether they are up"
+	@echo "make stop   - stop them; nothing is left running"
 	@echo "make clean  - remove $(VAR)/ (prepared data, runs); keeps $(VENV)"
 
 $(VENV)/.installed: pyproject.toml
@@ -44,6 +47,15 @@ demo: venv java-check
 test: venv java-check
 	$(PY) -m ruff check etl training evaluation infra tests benchmarks
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+stack: venv
+	$(PY) -m infra.stack start
+
+status: venv
+	$(PY) -m infra.stack status
+
+stop: venv
+	$(PY) -m infra.stack stop
 
 clean:
 	rm -rf $(VAR)

@@ -314,12 +314,11 @@ def evaluate(spark, *, recs: list[str], data: str, output: str, target: str = "t
                     "recs": {f.label: f.path for f in files}, "mlflow_runs": runs,
                     "users_without_recommendations": missing, "popularity": pop,
                     "files": sorted(out_files) + ["per_user/"],
-                    "seconds": round(time.perf_counter() - t0, 1)}
+                    "seconds": round(time.perf_counter() - t0, 1),
+                    "labels": [f.label for f in files], "rows": rows}
         publisher.write_json(f"{tmp}/manifest.json", manifest)
     truth.unpersist()
     users_df.unpersist()
-    manifest["rows"] = rows
-    manifest["labels"] = [f.label for f in files]
     return manifest
 
 

@@ -33,6 +33,7 @@ import datetime as dt
 import json
 import logging
 import time
+import uuid
 
 import numpy as np
 import pyarrow as pa
@@ -63,14 +64,17 @@ def parse_splits(text: str, flag: str) -> tuple[str, ...]:
 
 # ---- executor side ---------------------------------------------------------------------------
 
-_CACHE: dict = {}  # one model per Python worker and broadcast (workers are reused across tasks)
+_CACHE: dict = {}  # one model per Python worker and scoring job (workers are reused across tasks)
 
 
-def _model(bc_weights, model_args: dict):
+def _model(key: str, bc_weights, model_args: dict):
+    """The job's model, built once per Python worker. ``key`` is unique per ``score`` call: a
+    worker that served an earlier job must not reuse that job's model (broadcast objects carry no
+    id on the executors, and Python object ids are recycled)."""
     from evaluation.model_source import ModelSource
 
-    key = bc_weights.id if hasattr(bc_weights, "id") else id(bc_weights)
     if _CACHE.get("key") != key:
+        _CACHE.clear()  # drop the previous model before building the next
         src = ModelSource(uri="", weights=bc_weights.value, model_args=model_args,
                           recommend_head="", train_splits="", name="", run_id=None,
                           tracking_uri=None)
@@ -104,7 +108,7 @@ def union_rows(rb: pa.RecordBatch, cols: tuple[str, ...], cold: np.ndarray,
     return torch.from_numpy(np.concatenate(values)[order]), torch.from_numpy(offsets)
 
 
-def score_batches(batches, *, bc_weights, bc_item_ids, model_args: dict, head: str, k: int,
+def score_batches(batches, *, key: str, bc_weights, bc_item_ids, model_args: dict, head: str, k: int,
                   input_cols: tuple[str, ...], exclude_cols: tuple[str, ...],
                   cold_input_cols: tuple[str, ...], cold_exclude_cols: tuple[str, ...]):
     """mapInArrow body: Arrow batches of user rows -> (user_id, item_ids, scores) batches."""
@@ -115,7 +119,7 @@ def score_batches(batches, *, bc_weights, bc_item_ids, model_args: dict, head: s
 
     ctx = TaskContext.get()
     torch.set_num_threads(max(1, int(ctx.cpus())) if ctx else 1)
-    model = _model(bc_weights, model_args)
+    model = _model(key, bc_weights, model_args)
     item_ids = bc_item_ids.value
     n_items = model.n_items
     for rb in batches:
@@ -220,8 +224,8 @@ def score(spark, *, model: str, data: str, output: str, k: int = 50, users: str 
     # cold users: input train only, exclude train only (their valid+test parts are the truth)
     cold_in = tuple(c if c == S.TRAIN_ITEMS else "" for c in map(SPLIT_NAMES.get, input_splits))
     cold_ex = tuple(c if c == S.TRAIN_ITEMS else "" for c in map(SPLIT_NAMES.get, excl))
-    fn_kwargs = dict(bc_weights=bc_weights, bc_item_ids=bc_item_ids, model_args=src.model_args,
-                     head=src.recommend_head, k=k,
+    fn_kwargs = dict(key=uuid.uuid4().hex, bc_weights=bc_weights, bc_item_ids=bc_item_ids,
+                     model_args=src.model_args, head=src.recommend_head, k=k,
                      input_cols=tuple(SPLIT_NAMES[s] for s in input_splits),
                      exclude_cols=tuple(SPLIT_NAMES[s] for s in excl),
                      cold_input_cols=cold_in, cold_exclude_cols=cold_ex)

@@ -1,9 +1,19 @@
-"""The README's main job: the whole pipeline on the shipped ml-latest-small.
+"""The README's main job: the whole pipeline on the shipped ml-latest-small, through the real entry
+points, on a local stack.
 
-Today it runs the ETL through its real entry point (``spark-submit etl/prepare.py``), then trains
-NCE-AutoRec through ``training/train.py`` (Ray Train, 2 workers, tracked in MLflow); scoring and
-evaluation join as they land. A second run reuses a prepared directory whose manifest matches the
-input and parameters, and a finished training run of the same name; ``--redo`` does both again.
+    1. start the stack (MLflow server + Ray head, loopback; reused if already up)
+    2. spark-submit etl/prepare.py           -> var/data/ml-latest-small
+    3. ray job submit -- python training/train.py, for NCE-AutoRec and AutoRec
+    4. spark-submit evaluation/score.py      -> var/recs/ml-latest-small/RUN   (top 50, test users)
+    5. spark-submit evaluation/evaluate.py   -> var/eval/ml-latest-small       (table, plots, MLflow)
+
+then prints the results table, the popularity plot's path and the MLflow UI link comparing the two
+runs. A second run reuses every step whose output is current; ``--redo`` does them all again.
+The stack is left running (for the MLflow UI); ``make stop`` stops it.
+
+The models are selected on the validation split and evaluated on the test split with train+valid
+excluded from the candidates (``--exclude train,valid``); the protocol's final retraining on
+train+valid (``training/train.py --train-splits train,valid``) is left out to keep the job short.
 """
 
 from __future__ import annotations
@@ -11,90 +21,188 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
-from infra.submit import spark_submit
+from infra import stack
+from infra.submit import ray_job_submit, spark_submit
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = ROOT / "data" / "ml-latest-small" / "ratings.csv"
+MODELS = (("nce-autorec", "NCE-AutoRec"), ("autorec", "AutoRec"))
+
+
+def step(n: int, text: str) -> None:
+    print(f"\n== {n}/5 {text}", flush=True)
 
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def prepared_is_current(out: Path, seed: int) -> bool:
+def prepared_is_current(out: Path, dataset: Path, seed: int) -> bool:
     manifest = out / "manifest.json"
     if not manifest.exists():
         return False
     m = json.loads(manifest.read_text())
-    return (m.get("inputs", [{}])[0].get("sha256") == sha256(DATASET)
+    return (m.get("inputs", [{}])[0].get("sha256") == sha256(dataset)
             and m["parameters"]["seed"] == seed)
 
 
-def run_spark(script: str, *args: str) -> None:
-    """Run one of the project's Spark entry points as a user would, with this interpreter."""
-    cmd, env = spark_submit(script, *args)
-    print("$ spark-submit " + " ".join([script, *args]), flush=True)
-    subprocess.run(cmd, check=True, env=env, cwd=ROOT)
-
-
-def run_training(prepared: Path, var: Path, model: str, seed: int, redo: bool) -> dict:
-    """``python training/train.py`` as a user runs it; returns its summary line."""
-    name = f"demo-{model}-seed{seed}"
-    runs = var / "runs"
-    if redo and (runs / name).exists():
-        shutil.rmtree(runs / name)
-    cmd = [sys.executable, "training/train.py", "--data", str(prepared), "--model", model,
-           "--seed", str(seed), "--run-name", name, "--output", str(runs)]
-    print("$ python " + " ".join(cmd[1:]), flush=True)
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+def run_streaming(cmd: list[str], env: dict, what: str) -> str | None:
+    """Run ``cmd``, passing its output through indented; returns its SUMMARY line's JSON text."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     summary = None
-    for line in proc.stdout:  # pass the progress through as it comes
+    for line in proc.stdout:
         if line.startswith("SUMMARY "):
-            summary = json.loads(line[len("SUMMARY "):])
-        else:
+            summary = line[len("SUMMARY "):]
+        elif line.strip():
             print("   " + line, end="", flush=True)
-    if proc.wait() != 0 or summary is None:
-        raise SystemExit(f"training {model} failed (exit {proc.returncode}); see the lines above")
+    if proc.wait() != 0:
+        raise SystemExit(f"{what} failed (exit {proc.returncode}); see the lines above")
     return summary
 
 
+def run_spark(script: str, *args: str) -> None:
+    cmd, env = spark_submit(script, *args)
+    print("$ spark-submit " + " ".join([script, *args]), flush=True)
+    run_streaming(cmd, env, script)
+
+
+def finished_summary(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / "run.json").read_text()).get("summary")
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def train(model: str, prepared: Path, var: Path, seed: int, redo: bool, ray_url: str,
+          mlflow_url: str, epochs: int | None) -> dict:
+    """``ray job submit ... -- python training/train.py`` unless the run finished already."""
+    name = f"demo-{model}-seed{seed}"
+    run_dir = var / "runs" / name
+    if redo and run_dir.exists():
+        shutil.rmtree(run_dir)
+    done = finished_summary(run_dir)
+    if done:
+        print(f"   {name} finished already (best epoch {done['best_epoch']}); --redo to retrain")
+        return done
+    args = ["python", "training/train.py", "--data", str(prepared), "--model", model,
+            "--seed", str(seed), "--run-name", name, "--output", str(var / "runs"),
+            "--mlflow-uri", mlflow_url] + (["--epochs", str(epochs)] if epochs else [])
+    cmd, env = ray_job_submit(ray_url, args)
+    print("$ ray job submit --address " + ray_url + " --working-dir . -- " + " ".join(args),
+          flush=True)
+    summary = run_streaming(cmd, env, f"training {model}")
+    if summary is None:
+        raise SystemExit(f"training {model}: the job ended without its SUMMARY line")
+    return json.loads(summary)
+
+
+def recs_are_current(out: Path, model_uri: str) -> bool:
+    try:
+        return json.loads((out / "_manifest.json").read_text())["model"] == model_uri
+    except (OSError, json.JSONDecodeError, KeyError):
+        return False
+
+
+def evaluation_is_current(out: Path, recs: list[Path]) -> bool:
+    marker = out / "manifest.json"
+    return marker.exists() and all(
+        marker.stat().st_mtime > (r / "_manifest.json").stat().st_mtime for r in recs)
+
+
+def compare_url(mlflow_url: str, run_ids: list[str]) -> str:
+    from mlflow.tracking import MlflowClient
+
+    exp = MlflowClient(mlflow_url).get_run(run_ids[0]).info.experiment_id
+    q = urllib.parse.quote
+    return (f"{mlflow_url}/#/compare-runs?runs={q(json.dumps(run_ids))}"
+            f"&experiments={q(json.dumps([exp]))}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--var", default=str(ROOT / "var"), help="where runs write (default ./var)")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--var", default=str(ROOT / "var"), help="where outputs go (default ./var)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--redo", action="store_true", help="redo every step even if its output exists")
+    p.add_argument("--input", default=str(DATASET),
+                   help="ratings.csv in ml-latest-small's format (default: the shipped one)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="most training epochs per model (default: training's, with early stopping)")
+    p.add_argument("--stack-state", default=str(stack.STATE),
+                   help="where the stack's record lives (default var/stack)")
+    p.add_argument("--mlflow-config", default=str(stack.MLFLOW_CONFIG),
+                   help="the MLflow server's settings (default mlflow/server.json)")
     args = p.parse_args(argv)
+    dataset = Path(args.input).resolve()
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
     var = Path(args.var).resolve()
     prepared = var / "data" / "ml-latest-small"
     t0 = time.perf_counter()
 
-    print("== 1/2 ETL: ml-latest-small -> " + str(prepared), flush=True)
-    if not args.redo and prepared_is_current(prepared, args.seed):
+    step(1, "local stack: MLflow tracking server and Ray head (loopback)")
+    running = stack.start(state=Path(args.stack_state), mlflow_config=Path(args.mlflow_config),
+                          log=lambda s: print("   " + s, flush=True))
+    mlflow_url, ray_url = running["mlflow"].url, running["ray"].url
+
+    step(2, f"ETL on Spark: ml-latest-small -> {prepared}")
+    if not args.redo and prepared_is_current(prepared, dataset, args.seed):
         print("   already prepared (same input and seed); --redo to prepare again")
     else:
-        run_spark("etl/prepare.py", "--dataset", "ml-latest-small", "--input", str(DATASET),
-                     "--output", str(prepared), "--seed", str(args.seed), "--overwrite")
+        run_spark("etl/prepare.py", "--dataset", "ml-latest-small", "--input", str(dataset),
+                  "--output", str(prepared), "--seed", str(args.seed), "--overwrite")
+    c = json.loads((prepared / "manifest.json").read_text())["counts"]
+    print(f"   {c['users']:,} users ({c['cold_users']:,} cold-start), {c['items']:,} items, "
+          "positives " + ", ".join(f"{k} {v:,}" for k, v in c["positives"].items()))
 
-    m = json.loads((prepared / "manifest.json").read_text())
-    c = m["counts"]
-    print(f"\nPrepared {prepared}")
-    print(f"  users {c['users']:,} ({c['cold_users']:,} cold-start), items {c['items']:,}")
-    print("  positives " + ", ".join(f"{k} {v:,}" for k, v in c["positives"].items()))
-    print(f"  user rows: {m['layout']['shards']} Parquet shards in {prepared / m['layout']['rows']}")
+    step(3, "training on Ray Train (2 workers, ray job submit), tracked in MLflow")
+    summaries = {}
+    for model, label in MODELS:
+        s = train(model, prepared, var, args.seed, args.redo, ray_url, mlflow_url, args.epochs)
+        summaries[label] = s
+        print(f"   {label}: best epoch {s['best_epoch']} of {s['epochs_run']}, validation NDCG "
+              f"{s['best_valid_ndcg']:.4f}, model {s['model_uri']}", flush=True)
 
-    print("\n== 2/2 training NCE-AutoRec on Ray Train", flush=True)
-    s = run_training(prepared, var, "nce-autorec", args.seed, args.redo)
-    print(f"\nNCE-AutoRec: best epoch {s['best_epoch']} of {s['epochs_run']}, validation NDCG "
-          f"{s['best_valid_ndcg']:.4f}, Recall@50 {s['best_valid_recall_at_50']:.4f}")
-    print(f"  model {s['model_path']}\n  MLflow {s['mlflow_uri']} (run {s['mlflow_run_id']}); "
-          f"browse with: .venv/bin/mlflow ui --backend-store-uri {s['mlflow_uri']}")
-    print(f"done in {time.perf_counter() - t0:.0f}s")
+    step(4, "batch scoring on Spark: top 50 for every user, train+valid excluded")
+    recs = {}
+    for label, s in summaries.items():
+        out = var / "recs" / "ml-latest-small" / s["run_name"]
+        recs[label] = out
+        if not args.redo and recs_are_current(out, s["model_uri"]):
+            print(f"   {label}: already scored ({out})")
+            continue
+        run_spark("evaluation/score.py", "--model", s["model_uri"], "--mlflow-uri", mlflow_url,
+                  "--data", str(prepared), "--output", str(out), "--k", "50",
+                  "--exclude", "train,valid", "--overwrite", "-q")
+
+    step(5, "evaluation on Spark: metrics with 95% CIs, popularity, cold start -> MLflow")
+    evaluation = var / "eval" / "ml-latest-small"
+    if not args.redo and evaluation_is_current(evaluation, list(recs.values())):
+        print(f"   already evaluated ({evaluation})\n")
+        from evaluation.evaluate import report
+        print(report(json.loads((evaluation / "manifest.json").read_text()), str(evaluation)))
+    else:
+        run_spark("evaluation/evaluate.py", "--recs", *map(str, recs.values()),
+                  "--labels", *recs.keys(), "--data", str(prepared), "--output", str(evaluation),
+                  "--mlflow-uri", mlflow_url, "--overwrite", "-q")
+
+    run_ids = [s["mlflow_run_id"] for s in summaries.values()]
+    print(f"\npopularity plot: {evaluation / 'popularity.png'}")
+    print(f"cold-start plot: {evaluation / 'cold_start.png'}")
+    print(f"MLflow UI, the two runs side by side: {compare_url(mlflow_url, run_ids)}")
+    print(f"done in {time.perf_counter() - t0:.0f}s; the stack keeps running for the UI "
+          "(stop it with: make stop)")
+    print("SUMMARY " + json.dumps({"runs": dict(zip(summaries, run_ids)), "evaluation": str(evaluation),
+                                   "mlflow": mlflow_url}), flush=True)
     return 0
 
 

@@ -1,5 +1,6 @@
-"""How the project's own commands call its Spark entry points: ``spark-submit`` of this venv,
-this interpreter for the Python driver and workers, loopback networking, quiet JVM logs."""
+"""How the project's own commands call its entry points: ``spark-submit`` of this venv (this
+interpreter for the Python driver and workers, loopback networking, quiet JVM logs) and
+``ray job submit`` of the repository as the job's working directory."""
 
 from __future__ import annotations
 
@@ -20,4 +21,13 @@ def spark_submit(script: str, *args: str, master: str = "local[*]", driver_memor
            "--driver-memory", driver_memory,
            "--driver-java-options", f"-Dlog4j2.configurationFile=file:{LOG4J}",
            str(ROOT / script), *args]
+    return cmd, env
+
+
+def ray_job_submit(address: str, entrypoint: list[str]) -> tuple[list[str], dict[str, str]]:
+    """(command, environment) submitting ``entrypoint`` to the Ray job server at ``address``,
+    with the repository as working directory (uploaded; .gitignore'd paths stay behind)."""
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}  # Ray 2.60's head requires a token
+    cmd = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", address,
+           "--working-dir", str(ROOT), "--", *entrypoint]
     return cmd, env

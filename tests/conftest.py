@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -50,28 +52,38 @@ def ml100k_prepared(spark, shared_datasets, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """A real MLflow tracking server (SQLite backend) on loopback, shared by the session."""
-    from infra.services import free_port, start_mlflow, stop
+def local_stack(tmp_path_factory):
+    """The project's local stack (``infra.stack``: an MLflow server with SQLite and a Ray head with
+    its job server, loopback, free ports), started once per session by the real script; stopping
+    it at the end must leave no process behind."""
+    import ray
 
-    service = start_mlflow(tmp_path_factory.mktemp("mlflow"), free_port())
-    yield service
-    stop(service.proc)
+    from infra import services, stack
+
+    base = tmp_path_factory.mktemp("stack")
+    config = base / "server.json"
+    config.write_text(json.dumps({"port": services.free_port(), "state_dir": str(base / "mlflow")}))
+    state = base / "state"
+    record = stack.start(ray_port=services.free_port(), dashboard_port=services.free_port(),
+                         num_cpus=3, state=state, mlflow_config=config, log=lambda s: None)
+    try:
+        ray.init(address=record["ray"].address, log_to_driver=True)
+        yield SimpleNamespace(state=state, mlflow_config=config, services=record)
+    finally:
+        ray.shutdown()
+        stack.stop(state, log=lambda s: None)
+    left = [name for name, svc in record.items() if services.group_alive(svc.pgid)]
+    assert not left, f"stopping the stack left processes of {left} behind"
 
 
 @pytest.fixture(scope="session")
-def ray_head(tmp_path_factory):
-    """A Ray head with its job server (``ray start --head``) on loopback; this process joins it
-    as a driver. 3 logical CPUs: two 1-CPU training workers and one for Ray Data's reads."""
-    import ray
+def mlflow_server(local_stack):
+    """The stack's MLflow tracking server (``.url`` is its tracking URI)."""
+    return local_stack.services["mlflow"]
 
-    from infra.services import free_port, group_alive, start_ray_head, stop
 
-    service = start_ray_head(tmp_path_factory.mktemp("ray"), free_port(), free_port(), num_cpus=3)
-    try:
-        ray.init(address=service.address, log_to_driver=True)
-        yield service
-    finally:
-        ray.shutdown()
-        stop(service.proc, timeout=5)
-    assert not group_alive(service.proc.pid), "the Ray head left processes behind"
+@pytest.fixture(scope="session")
+def ray_head(local_stack):
+    """The stack's Ray head, which this process joined as a driver (``.url``: job server,
+    ``.address``: GCS). 3 logical CPUs: two 1-CPU training workers and one for Ray Data."""
+    return local_stack.services["ray"]

@@ -283,6 +283,13 @@ def test_two_models_compared_and_logged_into_their_mlflow_runs(spark, ml100k_pre
     mb = score(spark, model=uri_b, data=str(ml100k_prepared), output=str(tmp_path / "rb"),
                mlflow_uri=mlflow_server.url)
     assert mb["mlflow_run_id"] == run_b and mb["model_args"]["width"] == 16
+    # each job scores with its own model (Spark reuses Python workers across jobs)
+    rows = rows_of(ml100k_prepared)
+    for out, model in (("ra", None), ("rb", model_b)):
+        model = model or save_model(tmp_path / "a-again", ml100k_prepared)
+        vals, _ = direct_top(model, rows[:50], 50)
+        got = pd.read_parquet(tmp_path / out).set_index("user_id").loc[rows[S.USER_ID][:50]]
+        np.testing.assert_allclose(np.stack(got["scores"].to_numpy()), vals, rtol=1e-5, atol=1e-5)
     m = evaluate(spark, recs=[str(tmp_path / "ra"), str(tmp_path / "rb")], data=str(ml100k_prepared),
                  output=str(tmp_path / "eval"), labels=["A", "B"])
     assert m["mlflow_runs"] == {"A": run_a, "B": run_b}

@@ -16,6 +16,7 @@ from training.step import MODES
 NEGATIVES = ("etl", "resample")
 TRAIN_SPLITS = ("train", "train,valid")
 DATA_CACHE = ("auto", "memory", "stream")
+PLACEMENTS = ("PACK", "SPREAD")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class TrainConfig:
     num_workers: int = 2
     cpus_per_worker: float = 0.0    # 0 = share the local CPUs out
     use_gpu: bool = False
+    placement: str = "PACK"         # PACK: fill nodes in turn; SPREAD: one worker per node first
     run_name: str = ""
     experiment: str = ""            # MLflow experiment; "" = the dataset's name
     output: str = ""                # Ray Train storage (checkpoints); absolute path or URI

@@ -101,6 +101,7 @@ def next_state(p: dict, cfg: TrainConfig, n_phases: int, embed_loss: float | Non
 
 
 def train_loop(config: dict) -> None:
+    import ray
     import ray.train
     import ray.train.torch
 
@@ -127,6 +128,9 @@ def train_loop(config: dict) -> None:
         if rank == 0:
             say(f"resuming after epoch {progress['epoch']} (phase {progress['phase'] + 1})")
     device = ray.train.torch.get_device()
+    # where each rank runs: on a cluster, the first thing to check when placement matters
+    say(f"rank {rank}/{world} on node {ray.get_runtime_context().get_node_id()[:12]} "
+        f"({ray.util.get_node_ip_address()}), device {device}")
     net = ray.train.torch.prepare_model(model, parallel_strategy_kwargs={
         "find_unused_parameters": not uses_every_parameter(spec, cfg.mode)})
     logger = None

@@ -31,14 +31,15 @@ import time
 
 from etl.errors import UsageError
 from training import feed as F
-from training.config import DATA_CACHE, NEGATIVES, TRAIN_SPLITS, TrainConfig, check
+from training.config import DATA_CACHE, NEGATIVES, PLACEMENTS, TRAIN_SPLITS, TrainConfig, check
 from training.models import MODELS, model_spec
 from training.prepared import Prepared, filesystem, join, open_prepared
 from training.step import MODES
 
 ROOT = Path(__file__).resolve().parents[1]
 # fields that may change when a run resumes (where and how it runs, not what it trains)
-RESUMABLE_CHANGES = {"data_cache", "num_workers", "cpus_per_worker", "use_gpu", "max_failures",
+RESUMABLE_CHANGES = {"data_cache", "num_workers", "cpus_per_worker", "use_gpu", "placement",
+                     "max_failures",
                      "fault_kill_epoch", "output", "run_name", "experiment"}
 
 
@@ -89,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--use-gpu", action="store_true", help="one GPU per worker (NCCL)")
     g.add_argument("--cpus-per-worker", type=float, default=0.0,
                    help="CPUs (and torch threads) per worker; 0 = share the CPUs out (default)")
+    g.add_argument("--placement", choices=PLACEMENTS, default=d["placement"].default,
+                   help="PACK fills one node before the next (fast on one machine); SPREAD puts "
+                        "the workers on different nodes first (default: %(default)s)")
     g.add_argument("--max-failures", type=int, default=d["max_failures"].default,
                    help="worker-group restarts from the last checkpoint (%(default)s)")
     g.add_argument("--run-name", default="",
@@ -143,6 +147,7 @@ def config_from_args(args: argparse.Namespace, prep: Prepared) -> TrainConfig:
         batch_size=args.batch_size, epochs=args.epochs, pretrain_epochs=args.pretrain_epochs,
         patience=args.patience, seed=args.seed, train_splits=args.train_splits,
         num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker, use_gpu=args.use_gpu,
+        placement=args.placement,
         run_name=run_name, experiment=args.experiment or prep.dataset, output=output,
         max_failures=args.max_failures, data_cache=args.data_cache, fault_kill_epoch=args.fault_kill_epoch)
 
@@ -238,7 +243,8 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
                            "threads": max(1, int(cpw)), "mlflow": mlflow_cfg,
                            "fault_marker": run_dir + "/fault-injected.txt"},
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
-                                     resources_per_worker={"CPU": cpw}),
+                                     resources_per_worker={"CPU": cpw},
+                                     placement_strategy=cfg.placement),
         run_config=RunConfig(name=cfg.run_name, storage_path=cfg.output,
                              failure_config=FailureConfig(max_failures=cfg.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=2)),

@@ -1,0 +1,204 @@
+"""The local stack on loopback: an MLflow tracking server and a Ray head with its job server.
+
+    python -m infra.stack start     # start both (reuses what is already running and healthy)
+    python -m infra.stack status    # what runs where; exit 1 if something is down
+    python -m infra.stack stop      # stop both; nothing is left running
+
+MLflow's settings (port, SQLite file, artifact root) are in ``mlflow/server.json``; its state lives
+under ``mlflow/state/`` (git-ignored). The Ray head's ports and logical CPUs are flags. What runs is
+recorded in ``var/stack/stack.json`` (process groups, URLs), so ``stop`` and ``status`` work from
+any later shell, and a second ``start`` reuses a healthy stack instead of starting another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from infra import services
+
+ROOT = Path(__file__).resolve().parents[1]
+MLFLOW_CONFIG = ROOT / "mlflow" / "server.json"
+STATE = ROOT / "var" / "stack"
+
+
+@dataclass
+class Running:
+    name: str
+    pgid: int
+    url: str        # MLflow's tracking URI; Ray's dashboard / job server
+    address: str    # Ray's GCS address; MLflow's URL again
+    log: str
+
+
+def mlflow_settings(path: Path = MLFLOW_CONFIG) -> dict:
+    """``mlflow/server.json`` with its paths made absolute (relative ones are to ``mlflow/``)."""
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise services.ServiceError(f"{path}: cannot read the MLflow server settings ({e})") from None
+    for key in ("state_dir",):
+        p = Path(cfg[key])
+        cfg[key] = str(p if p.is_absolute() else (path.parent / p).resolve())
+    return cfg
+
+
+def _record_path(state: Path) -> Path:
+    return state / "stack.json"
+
+
+def read_record(state: Path = STATE) -> dict[str, Running]:
+    try:
+        raw = json.loads(_record_path(state).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {k: Running(**v) for k, v in raw.items()}
+
+
+def write_record(services_: dict[str, Running], state: Path = STATE) -> None:
+    state.mkdir(parents=True, exist_ok=True)
+    tmp = _record_path(state).with_suffix(".tmp")
+    tmp.write_text(json.dumps({k: asdict(v) for k, v in services_.items()}, indent=2))
+    tmp.replace(_record_path(state))  # atomic: a reader sees the old record or the new one
+
+
+def healthy(svc: Running) -> bool:
+    """The process group exists and the service answers over HTTP."""
+    if not services.group_alive(svc.pgid):
+        return False
+    url = svc.url + ("/health" if svc.name == "mlflow" else "/api/version")
+    try:
+        with urllib.request.urlopen(url, timeout=3) as r:
+            return r.status == 200
+    except urllib.error.HTTPError as e:
+        return e.code == 401  # Ray's token authentication: up and answering
+    except OSError:
+        return False
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status if ``pid`` is our own child (a stack started by this process):
+    an unreaped zombie would keep its process group looking alive."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # started by another process (the usual case): init reaps it
+        pass
+
+
+def stop_group(pgid: int, timeout: float) -> None:
+    """SIGTERM the process group (its leader's pid is ``pgid``), SIGKILL it after ``timeout``."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            _reap(pgid)
+            if not services.group_alive(pgid):
+                return
+            time.sleep(0.2)
+
+
+def ray_temp_dir(state: Path) -> Path:
+    """Ray's session directory for the stack recorded in ``state``: short (Ray's unix sockets live
+    under it and their paths must stay under ~107 characters) and distinct per stack."""
+    tag = hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:8]
+    return Path(tempfile.gettempdir()) / f"nce-ray-{os.getuid()}-{tag}"
+
+
+def start(*, ray_port: int = 6379, dashboard_port: int = 8265, num_cpus: int | None = None,
+          state: Path = STATE, mlflow_config: Path = MLFLOW_CONFIG, log=print) -> dict[str, Running]:
+    """Start whatever of the stack is not already running and healthy; returns both."""
+    record = read_record(state)
+    for name, svc in list(record.items()):
+        if healthy(svc):
+            log(f"{name}: already running at {svc.url} (process group {svc.pgid}); reusing it")
+        else:
+            log(f"{name}: recorded at {svc.url} but not answering; restarting it")
+            stop_group(svc.pgid, 5)
+            del record[name]
+    if "mlflow" not in record:
+        cfg = mlflow_settings(mlflow_config)
+        log(f"mlflow: starting on 127.0.0.1:{cfg['port']} (state in {cfg['state_dir']}) ...")
+        svc = services.start_mlflow(Path(cfg["state_dir"]), int(cfg["port"]))
+        record["mlflow"] = Running("mlflow", os.getpgid(svc.proc.pid), svc.url, svc.address,
+                                   str(svc.log))
+        write_record(record, state)
+        log(f"mlflow: up at {svc.url}")
+    if "ray" not in record:
+        cpus = num_cpus or max(3, (os.cpu_count() or 1) + 1)  # +1: Ray Data beside 2 workers
+        log(f"ray: starting a head on 127.0.0.1:{ray_port}, job server on :{dashboard_port}, "
+            f"{cpus} logical CPUs ...")
+        svc = services.start_ray_head(ray_temp_dir(state), ray_port, dashboard_port, cpus)
+        record["ray"] = Running("ray", os.getpgid(svc.proc.pid), svc.url, svc.address,
+                                str(svc.log))
+        write_record(record, state)
+        log(f"ray: up at {svc.url} (GCS {svc.address})")
+    return record
+
+
+def stop(state: Path = STATE, log=print) -> None:
+    record = read_record(state)
+    if not record:
+        log("nothing recorded as running (no var/stack/stack.json)")
+    for name, svc in record.items():
+        stop_group(svc.pgid, 5 if name == "ray" else 10)
+        log(f"{name}: stopped (process group {svc.pgid})")
+    _record_path(state).unlink(missing_ok=True)
+
+
+def status(state: Path = STATE, log=print) -> bool:
+    record = read_record(state)
+    ok = bool(record)
+    for name in ("mlflow", "ray"):
+        svc = record.get(name)
+        up = svc is not None and healthy(svc)
+        ok &= up
+        log(f"{name}: " + (f"up at {svc.url}" if up else
+                           f"DOWN (recorded at {svc.url})" if svc else "not started"))
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m infra.stack", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("command", choices=["start", "status", "stop"])
+    p.add_argument("--ray-port", type=int, default=6379, help="Ray GCS port (default 6379)")
+    p.add_argument("--dashboard-port", type=int, default=8265,
+                   help="Ray dashboard and job server port (default 8265)")
+    p.add_argument("--num-cpus", type=int, default=None,
+                   help="logical CPUs of the Ray head (default: cores + 1, at least 3)")
+    args = p.parse_args(argv)
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    try:
+        if args.command == "start":
+            record = start(ray_port=args.ray_port, dashboard_port=args.dashboard_port,
+                           num_cpus=args.num_cpus)
+            print(f"\nexport MLFLOW_TRACKING_URI={record['mlflow'].url}\n"
+                  f"export RAY_ADDRESS={record['ray'].url} RAY_AUTH_MODE=token\n"
+                  f"MLflow UI: {record['mlflow'].url}    Ray dashboard: {record['ray'].url}\n"
+                  "stop with: python -m infra.stack stop")
+        elif args.command == "stop":
+            stop()
+        else:
+            return 0 if status() else 1
+    except services.ServiceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

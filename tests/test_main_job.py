@@ -1,0 +1,79 @@
+"""The README's main job end to end, through the same entry points: the stack (the session's, so a
+second start must reuse it), spark-submit ETL on the shipped ml-latest-small, ray job submit
+training of NCE-AutoRec and AutoRec (2 epochs here), spark-submit scoring and evaluation; then the
+MLflow server holds both runs with their metrics, models and plots; a rerun redoes nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.spark, pytest.mark.ray]
+
+
+def main_job(local_stack, var: Path) -> tuple[str, dict]:
+    cmd = [sys.executable, "-m", "infra.demo", "--var", str(var), "--epochs", "2",
+           "--stack-state", str(local_stack.state), "--mlflow-config", str(local_stack.mlflow_config)]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-5000:]
+    return log, json.loads(log.split("SUMMARY ", 1)[1].splitlines()[0])
+
+
+@pytest.fixture(scope="module")
+def first_run(local_stack, tmp_path_factory):
+    var = tmp_path_factory.mktemp("main-job")
+    return var, *main_job(local_stack, var)
+
+
+def test_main_job_runs_every_stage_and_prints_the_results(first_run, local_stack):
+    var, log, summary = first_run
+    assert log.count("already running") == 2  # the stack was reused, not started twice
+    for stage in ("== 1/5", "== 2/5", "== 3/5", "== 4/5", "== 5/5"):
+        assert stage in log
+    assert "$ spark-submit etl/prepare.py" in log and "$ ray job submit" in log
+    assert "$ spark-submit evaluation/score.py" in log and "$ spark-submit evaluation/evaluate.py" in log
+    assert "epoch   2" in log  # training progress streamed from the Ray job
+    table = log.split("Test metrics (ml-latest-small", 1)[1]
+    assert "R-Precision" in table and "NCE-AutoRec" in table and "AutoRec" in table
+    assert f"popularity plot: {var / 'eval' / 'ml-latest-small' / 'popularity.png'}" in log
+    assert "MLflow UI, the two runs side by side: " + local_stack.services["mlflow"].url in log
+    assert (var / "eval" / "ml-latest-small" / "popularity.png").read_bytes()[:4] == b"\x89PNG"
+    assert (var / "eval" / "ml-latest-small" / "cold_start.png").exists()
+
+
+def test_mlflow_holds_both_runs_with_metrics_models_and_plots(first_run, mlflow_server):
+    from mlflow.tracking import MlflowClient
+
+    _, _, summary = first_run
+    client = MlflowClient(mlflow_server.url)
+    assert set(summary["runs"]) == {"NCE-AutoRec", "AutoRec"}
+    for run_id in summary["runs"].values():
+        run = client.get_run(run_id)
+        assert run.info.status == "FINISHED"
+        assert len(client.get_metric_history(run_id, "valid_ndcg")) == 2
+        assert 0 < run.data.metrics["test_ndcg"] < 1 and run.data.metrics["test_ndcg_ci95"] > 0
+        assert "cold_ndcg" in run.data.metrics and "test_popularity_coverage" in run.data.metrics
+        top = {a.path for a in client.list_artifacts(run_id)}
+        assert "learning_curves.png" in top
+        ev = {a.path for a in client.list_artifacts(run_id, "evaluation-test")}
+        assert {"evaluation-test/popularity.png", "evaluation-test/cold_start.png",
+                "evaluation-test/metrics.csv"} <= ev
+        models = client.search_logged_models(experiment_ids=[run.info.experiment_id],
+                                             filter_string=f"source_run_id = '{run_id}'")
+        assert len(models) == 1
+
+
+def test_a_second_run_redoes_nothing(first_run, local_stack):
+    var, _, summary = first_run
+    log, again = main_job(local_stack, var)
+    assert again["runs"] == summary["runs"]
+    assert "already prepared" in log and log.count("finished already") == 2
+    assert log.count("already scored") == 2 and "already evaluated" in log
+    assert "$ spark-submit" not in log and "$ ray job submit" not in log
+    assert "R-Precision" in log  # the table is printed again from the stored results
