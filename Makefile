@@ -17,7 +17,7 @@ help:
 	@echo "make stack  - start the local MLflow server and Ray head (make demo does it too)"
 	@echo "make status - show whether they are up"
 	@echo "make stop   - stop them; nothing is left running"
-	@echo "make clean  - remove $(VAR)/ (prepared data, runs); keeps $(VENV)"
+	@echo "make clean  - stop the stack, remove $(VAR)/ (prepared data, runs); keeps $(VENV) and mlflow/state"
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is required (found " + sys.version.split()[0] + "); set PYTHON=python3.11")'
@@ -58,4 +58,5 @@ stop: venv
 	$(PY) -m infra.stack stop
 
 clean:
+	@if [ -f $(VAR)/stack/stack.json ]; then $(PY) -m infra.stack stop; fi
 	rm -rf $(VAR)

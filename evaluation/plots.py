@@ -59,7 +59,8 @@ def cold_start_scatter(reference: str, ndcg: dict[str, np.ndarray], title: str):
     panel each; points above the diagonal are users the other model serves better."""
     plt = _plt()
     others = [k for k in ndcg if k != reference]
-    fig, axes = plt.subplots(1, len(others), figsize=(4.5 * len(others), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(others), figsize=(max(6.0, 4.8 * len(others)), 5.2),
+                             squeeze=False)
     x = ndcg[reference]
     for ax, label in zip(axes[0], others):
         y = ndcg[label]
@@ -67,9 +68,9 @@ def cold_start_scatter(reference: str, ndcg: dict[str, np.ndarray], title: str):
         ax.plot([0, 1], [0, 1], color="grey", lw=1)
         ax.set(xlim=(-0.02, 1.02), ylim=(-0.02, 1.02), xlabel=f"{reference} NDCG",
                ylabel=f"{label} NDCG", aspect="equal")
-        ax.set_title(f"{(y > x).sum()} users above, {(y < x).sum()} below, {(y == x).sum()} tied",
-                     fontsize=9)
-    fig.suptitle(title)
+        ax.set_title(f"{label} better for {(y > x).sum()} users, worse for {(y < x).sum()}, "
+                     f"tied {(y == x).sum()}", fontsize=9)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
 

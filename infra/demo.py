@@ -62,8 +62,9 @@ def run_streaming(cmd: list[str], env: dict, what: str) -> str | None:
     for line in proc.stdout:
         if line.startswith("SUMMARY "):
             summary = line[len("SUMMARY "):]
-        elif line.strip():
-            print("   " + line, end="", flush=True)
+        else:
+            print(("   " + line) if line.strip() else "", end="" if line.strip() else "\n",
+                  flush=True)
     if proc.wait() != 0:
         raise SystemExit(f"{what} failed (exit {proc.returncode}); see the lines above")
     return summary
@@ -90,6 +91,11 @@ def train(model: str, prepared: Path, var: Path, seed: int, redo: bool, ray_url:
     if redo and run_dir.exists():
         shutil.rmtree(run_dir)
     done = finished_summary(run_dir)
+    if done and done.get("mlflow_uri") != mlflow_url:
+        print(f"   {name} was trained against another tracking store ({done.get('mlflow_uri')}); "
+              f"training it again under the stack's MLflow ({mlflow_url})")
+        shutil.rmtree(run_dir)
+        done = None
     if done:
         print(f"   {name} finished already (best epoch {done['best_epoch']}); --redo to retrain")
         return done
@@ -123,8 +129,9 @@ def compare_url(mlflow_url: str, run_ids: list[str]) -> str:
 
     exp = MlflowClient(mlflow_url).get_run(run_ids[0]).info.experiment_id
     q = urllib.parse.quote
-    return (f"{mlflow_url}/#/compare-runs?runs={q(json.dumps(run_ids))}"
-            f"&experiments={q(json.dumps([exp]))}")
+    compact = lambda x: json.dumps(x, separators=(",", ":"))  # as the UI's own links
+    return (f"{mlflow_url}/#/compare-runs?runs={q(compact(run_ids))}"
+            f"&experiments={q(compact([exp]))}")
 
 
 def main(argv: list[str] | None = None) -> int:

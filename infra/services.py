@@ -43,7 +43,10 @@ def free_port() -> int:
 
 
 def port_is_free(port: int) -> bool:
+    """Whether a server could listen on ``port``: connections of a server that just stopped
+    (TIME_WAIT) do not count, as servers bind with SO_REUSEADDR too."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
             return True
@@ -114,6 +117,15 @@ def start_mlflow(state: Path, port: int, timeout: float = 120.0) -> Service:
     return Service("mlflow", proc, url, url, log)
 
 
+def ray_side_ports(head: bool = True) -> list[str]:
+    """Flags giving a Ray node's auxiliary servers free ports on loopback."""
+    return (["--ray-client-server-port", str(free_port())] if head else []) + [
+            "--dashboard-agent-listen-port", str(free_port()),
+            "--dashboard-agent-grpc-port", str(free_port()),
+            "--metrics-export-port", str(free_port()),
+            "--runtime-env-agent-port", str(free_port())]
+
+
 def start_ray_head(temp_dir: Path, port: int, dashboard_port: int, num_cpus: int,
                    timeout: float = 180.0) -> Service:
     """A Ray head on 127.0.0.1 with the dashboard (the job server) on ``dashboard_port``.
@@ -128,13 +140,45 @@ def start_ray_head(temp_dir: Path, port: int, dashboard_port: int, num_cpus: int
     cmd = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
            "--port", str(port), "--dashboard-host", "127.0.0.1", "--dashboard-port",
            str(dashboard_port), "--num-cpus", str(num_cpus), "--temp-dir", str(temp_dir),
-           "--ray-client-server-port", str(free_port()),
+           # every port free, not Ray's defaults: a second Ray on this machine (a test's, a
+           # user's) would otherwise take the agent's port and the job server would never get one
+           *ray_side_ports(),
            "--include-dashboard", "true", "--disable-usage-stats"]
     # the job server runs `python ...` entry points: this venv's python first on PATH
     env = {"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "token"}
     url = f"http://127.0.0.1:{dashboard_port}"
     proc = _start(cmd, log, url + "/api/version", timeout, env)
+    try:
+        wait_job_agent(f"127.0.0.1:{port}", timeout)
+    except ServiceError as e:
+        stop(proc, timeout=5)
+        raise ServiceError(f"{e}; see {log}") from None
     return Service("ray", proc, url, f"127.0.0.1:{port}", log)
+
+
+_AGENT_PROBE = """
+import sys, time
+from ray._raylet import GcsClient
+gcs, deadline = GcsClient(address=sys.argv[1]), time.monotonic() + float(sys.argv[2])
+while time.monotonic() < deadline:
+    if gcs.internal_kv_keys(b"DASHBOARD_AGENT_ADDR_NODE_ID_PREFIX:", namespace=b"dashboard"):
+        sys.exit(0)
+    time.sleep(0.5)
+sys.exit(1)
+"""
+
+
+def wait_job_agent(gcs_address: str, timeout: float) -> None:
+    """Wait until the head's dashboard agent has registered: the job server answers before it,
+    and a job submitted in between fails with "No available agent to submit job" (the server
+    waits only 10 s for the agent; on a busy 2-core machine it takes longer)."""
+    out = subprocess.run([sys.executable, "-c", _AGENT_PROBE, gcs_address, str(timeout)],
+                         env={**os.environ, "RAY_AUTH_MODE": "token"}, capture_output=True,
+                         text=True, timeout=timeout + 60)
+    if out.returncode != 0:
+        raise ServiceError(f"the Ray head at {gcs_address} started, but its job agent did not "
+                           f"register within {timeout:.0f}s (its log, dashboard_agent.log in the "
+                           f"head's session logs, says why) {out.stderr.strip()[-300:]}")
 
 
 def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:

@@ -47,6 +47,7 @@ class TrainConfig:
     experiment: str = ""            # MLflow experiment; "" = the dataset's name
     output: str = ""                # Ray Train storage (checkpoints); absolute path or URI
     max_failures: int = 3
+    mlflow_wait: float = 60.0       # seconds the end of a run waits for a tracking server that is down
     data_cache: str = "auto"        # auto | memory | stream (see feed.fits_in_object_store)
     fault_kill_epoch: int = -1      # test only: rank 1 exits hard once at the start of this epoch
 

@@ -92,12 +92,23 @@ def log_params(uri: str, run_id: str, params: dict) -> None:
 
 
 class EpochLogger:
-    """Per-epoch metrics into an existing run (used by rank 0 inside the Ray worker)."""
+    """Per-epoch metrics into an existing run (used by rank 0 inside the Ray worker).
+
+    A tracking outage must neither stop nor stall a long training: requests give up after two
+    short retries (MLflow's defaults retry for minutes), epochs that could not be sent are kept and
+    sent with the next one that can, and the driver backfills from the checkpoint's history at
+    the end (``backfill``), so an epoch is never silently missing from the run."""
 
     def __init__(self, uri: str, run_id: str):
         from mlflow.tracking import MlflowClient
 
-        self.client, self.run_id = MlflowClient(uri), run_id
+        for var, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"),
+                           ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
+                           ("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")):
+            os.environ.setdefault(var, value)  # this worker process only
+        self.client, self.run_id, self.uri = MlflowClient(uri), run_id, uri
+        self.pending: list = []
+        self.down_since: int | None = None
 
     def log(self, record: dict, step: int) -> None:
         import time
@@ -105,12 +116,72 @@ class EpochLogger:
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        metrics = [Metric(k, float(v), ts, step) for k, v in record.items()
-                   if isinstance(v, int | float) and k not in ("epoch",)]
+        self.pending += [Metric(k, float(v), ts, step) for k, v in record.items()
+                         if isinstance(v, int | float) and k not in ("epoch",)]
         try:
-            self.client.log_batch(self.run_id, metrics=metrics)
-        except Exception as e:  # a tracking hiccup must not kill a long training
-            print(f"warning: MLflow logging of epoch {step} failed: {e}", flush=True)
+            for i in range(0, len(self.pending), 500):
+                self.client.log_batch(self.run_id, metrics=self.pending[i:i + 500])
+        except Exception as e:
+            if self.down_since is None:
+                self.down_since = step
+                print(f"warning: MLflow at {self.uri} failed at epoch {step} "
+                      f"({str(e).splitlines()[0][:160]}); training goes on, the metrics are kept "
+                      "and sent when it answers again", flush=True)
+            return
+        if self.down_since is not None:
+            print(f"MLflow answers again: sent the metrics of epochs {self.down_since}..{step}",
+                  flush=True)
+            self.down_since = None
+        self.pending = []
+
+
+def backfill(uri: str, run_id: str, history: list[dict]) -> int:
+    """Log every epoch of ``history`` that the run lacks (an outage the worker could not bridge);
+    returns how many epochs were added."""
+    import time
+
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    keys = [k for k in (history[0] if history else {}) if k != "epoch"]
+    if not keys:
+        return 0
+    have = {m.step for m in client.get_metric_history(run_id, keys[0])}
+    ts = int(time.time() * 1000)
+    missing = [r for r in history if r["epoch"] not in have]
+    metrics = [Metric(k, float(v), ts, r["epoch"]) for r in missing for k, v in r.items()
+               if isinstance(v, int | float) and k != "epoch"]
+    for i in range(0, len(metrics), 500):
+        client.log_batch(run_id, metrics=metrics[i:i + 500])
+    return len(missing)
+
+
+def mark_failed(uri: str, run_id: str) -> None:
+    """Mark the run FAILED if the server answers; never hides the error being reported."""
+    from mlflow.tracking import MlflowClient
+
+    try:
+        check_reachable(uri, timeout=3)
+        MlflowClient(uri).set_terminated(run_id, status="FAILED")
+    except Exception as e:
+        print(f"warning: could not mark MLflow run {run_id} FAILED ({str(e).splitlines()[0]})",
+              flush=True)
+
+
+def wait_reachable(uri: str, seconds: float) -> bool:
+    """Whether the tracking server answers within ``seconds`` (a restart in progress)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            check_reachable(uri, timeout=3)
+            return True
+        except UsageError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(2)
 
 
 def learning_curves(history: list[dict], title: str):

@@ -39,7 +39,7 @@ from training.step import MODES
 ROOT = Path(__file__).resolve().parents[1]
 # fields that may change when a run resumes (where and how it runs, not what it trains)
 RESUMABLE_CHANGES = {"data_cache", "num_workers", "cpus_per_worker", "use_gpu", "placement",
-                     "max_failures",
+                     "max_failures", "mlflow_wait",
                      "fault_kill_epoch", "output", "run_name", "experiment"}
 
 
@@ -102,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mlflow-uri", default=None,
                    help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite under "
                         "./mlflow/state)")
+    g.add_argument("--mlflow-wait", type=float, default=d["mlflow_wait"].default,
+                   help="seconds the end of a run waits for a tracking server that stopped "
+                        "answering; then it stops, with the model saved, and a rerun logs it "
+                        "(%(default)s)")
     g.add_argument("--output", default="",
                    help="checkpoint storage, absolute path or URI (default: ./var/runs, absolute)")
     g.add_argument("--data-cache", choices=DATA_CACHE, default="auto",
@@ -149,7 +153,8 @@ def config_from_args(args: argparse.Namespace, prep: Prepared) -> TrainConfig:
         num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker, use_gpu=args.use_gpu,
         placement=args.placement,
         run_name=run_name, experiment=args.experiment or prep.dataset, output=output,
-        max_failures=args.max_failures, data_cache=args.data_cache, fault_kill_epoch=args.fault_kill_epoch)
+        max_failures=args.max_failures, mlflow_wait=args.mlflow_wait, data_cache=args.data_cache,
+        fault_kill_epoch=args.fault_kill_epoch)
 
 
 # -- run directory: OUTPUT/RUN_NAME/run.json records the configuration and the MLflow run ----------
@@ -282,6 +287,8 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
                                       "etl_beta": prep.beta(), "etl_negatives": prep.negatives(),
                                       "users": prep.manifest["counts"]["users"]})
     run_record = {"config": cfg.to_dict(), "mlflow_uri": uri, "mlflow_run_id": run_id}
+    if record and "trained" in record:
+        run_record["trained"] = record["trained"]
     write_file(join(join(cfg.output, cfg.run_name), "run.json"),
                json.dumps(run_record, indent=2).encode())
     print(f"run {cfg.run_name}: {cfg.model}{' ' + cfg.mode if cfg.mode else ''} on {prep.dataset} "
@@ -289,14 +296,53 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
           f"{cfg.num_workers} worker(s); checkpoints in {join(cfg.output, cfg.run_name)}; "
           f"MLflow {uri} run {run_id}", flush=True)
 
+    model_path = join(join(cfg.output, cfg.run_name), "model.pt")
+    if "trained" in run_record:  # an earlier call trained it; MLflow was down at the end
+        print(f"run {cfg.run_name}: training finished already (best epoch "
+              f"{run_record['trained']['best_epoch']}); logging its results to MLflow", flush=True)
+        saved = read_model_file(model_path)
+        summary, history = run_record["trained"], saved["history"]
+        best, model_args = saved["state_dict"], saved["model_args"]
+    else:
+        summary, history, best, model_args = train_run(cfg, prep, uri, run_id, ray_address)
+        buf = io.BytesIO()
+        torch.save({"state_dict": best, "model_args": model_args,
+                    "recommend_head": model_spec(cfg.model).recommend_head,
+                    "config": cfg.to_dict(), "summary": summary, "history": history}, buf)
+        write_file(model_path, buf.getvalue())
+        run_record["trained"] = summary  # the model is safe: a rerun only logs, never retrains
+        write_file(join(join(cfg.output, cfg.run_name), "run.json"),
+                   json.dumps(run_record, indent=2).encode())
+    model_uri = log_results(cfg, prep, uri, run_id, summary, history, best, model_args, model_path)
+    summary = {**summary, "model_path": model_path, "model_uri": model_uri,
+               "mlflow_run_id": run_id, "mlflow_uri": uri, "run_name": cfg.run_name}
+    # written last: a run directory with a summary is a finished run
+    write_file(join(join(cfg.output, cfg.run_name), "run.json"),
+               json.dumps({**run_record, "summary": summary}, indent=2).encode())
+    return summary
+
+
+def read_model_file(path: str) -> dict:
+    import torch
+
+    fs, p = filesystem(path)
+    with fs.open_input_stream(p) as f:
+        return torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=False)
+
+
+def train_run(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, ray_address: str | None):
+    """Train on Ray; returns (summary, per-epoch history, best weights, model arguments)."""
+    import torch
+
+    from training import tracking
+
     t0 = time.perf_counter()
     cpw = start_ray(cfg, ray_address)
     from ray.train import TrainingFailedError
     try:
         result = fit(cfg, prep, {"uri": uri, "run_id": run_id}, cpw)
     except TrainingFailedError as e:
-        from mlflow.tracking import MlflowClient
-        MlflowClient(uri).set_terminated(run_id, status="FAILED")
+        tracking.mark_failed(uri, run_id)
         raise TrainingError(
             f"training failed after {cfg.max_failures} restart(s) of the worker group: "
             f"{str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}. "
@@ -311,13 +357,11 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
             if (Path(d) / "best.pt").exists() else None
     progress, history = state["progress"], state["progress"]["history"]
     if progress["diverged"]:
-        from mlflow.tracking import MlflowClient
-        MlflowClient(uri).set_terminated(run_id, status="FAILED")
+        tracking.mark_failed(uri, run_id)
         raise TrainingError(
             f"the training loss became NaN or infinite in epoch {progress['diverged']}: lower "
             f"--lr (now {cfg.lr:g}) or raise --lam (now {cfg.lam:g}); the checkpoints up to "
             f"epoch {progress['diverged'] - 1} are in {join(cfg.output, cfg.run_name)}")
-    spec = model_spec(cfg.model)
     valid_hist = [r for r in history if "valid_ndcg" in r]
     summary = {"best_epoch": progress["best_epoch"], "epochs_run": progress["epoch"],
                "phase_epochs": progress["phase_epochs"],
@@ -326,29 +370,40 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
                                                 if r["epoch"] == progress["best_epoch"]), None),
                "mean_users_per_second": sum(r["users_per_second"] for r in history) / len(history),
                "wall_seconds": time.perf_counter() - t0}
-    buf = io.BytesIO()
-    torch.save({"state_dict": best, "model_args": state["model_args"],
-                "recommend_head": spec.recommend_head, "config": cfg.to_dict(),
-                "summary": summary}, buf)
-    model_path = join(join(cfg.output, cfg.run_name), "model.pt")
-    write_file(model_path, buf.getvalue())
+    return summary, history, best, state["model_args"]
+
+
+def log_results(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, summary: dict,
+                history: list[dict], best: dict, model_args: dict, model_path: str) -> str:
+    """The end of a run in MLflow: missing epochs, the model, curves, summary; returns the model
+    URI. A server that is down gets a minute to come back, then the run stops with how to finish
+    it (the trained model is already saved; a rerun logs without training)."""
     import tempfile
+
+    import torch
+
+    from training import tracking
+
+    if not tracking.wait_reachable(uri, cfg.mlflow_wait):
+        raise TrainingError(
+            f"training finished (best epoch {summary['best_epoch']}, model saved at {model_path}), "
+            f"but the MLflow server {uri} does not answer, so the run's results are not logged "
+            f"yet. Start it again and rerun the same command (--run-name {cfg.run_name}): it logs "
+            "them without training again")
+    added = tracking.backfill(uri, run_id, history)
+    if added:
+        print(f"MLflow: logged {added} epoch(s) missed while the server was down", flush=True)
+    spec = model_spec(cfg.model)
     with tempfile.TemporaryDirectory() as d:
         weights = Path(d) / "weights.pt"
         torch.save(best, weights)
-        model_uri = tracking.log_final(
-            uri, run_id, weights=weights, model_args=state["model_args"],
+        return tracking.log_final(
+            uri, run_id, weights=weights, model_args=model_args,
             recommend_head=spec.recommend_head,
             model_info={"model": cfg.model, "train_splits": cfg.train_splits},
             manifest=prep.manifest, history=history,
             summary={k: v for k, v in summary.items() if k != "phase_epochs" and v is not None},
             title=f"{cfg.model} {cfg.mode or ''} on {prep.dataset} ({cfg.run_name})")
-    summary.update({"model_path": model_path, "model_uri": model_uri, "mlflow_run_id": run_id,
-                    "mlflow_uri": uri, "run_name": cfg.run_name})
-    # written last: a run directory with a summary is a finished run
-    write_file(join(join(cfg.output, cfg.run_name), "run.json"),
-               json.dumps({**run_record, "summary": summary}, indent=2).encode())
-    return summary
 
 
 def main(argv: list[str] | None = None) -> int:

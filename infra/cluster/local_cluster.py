@@ -127,7 +127,8 @@ def main() -> int:
         groups["ray-head"] = head.proc
         groups["ray-node2"] = spawn(
             [str(BIN / "ray"), "start", "--address", head.address, "--block", "--num-cpus", "2",
-             "--node-ip-address", "127.0.0.1", "--disable-usage-stats"], work / "node2.log",
+             "--node-ip-address", "127.0.0.1", "--disable-usage-stats",
+             *services.ray_side_ports(head=False)], work / "node2.log",
             {"RAY_AUTH_MODE": "token", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"})
 
         def nodes_alive() -> int:

@@ -1,0 +1,148 @@
+"""Faults of the services under a running training, through the real entry points:
+
+- the MLflow server killed mid-training: training goes on (metrics kept), the end of the run fails
+  with the model saved and how to finish; with the server back, a rerun logs every epoch and the
+  model without training again;
+- the Ray head killed mid-training: the `ray job submit` client fails; on a new head the same
+  command resumes from the last checkpoint and finishes the run in the same MLflow run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.spark, pytest.mark.ray]
+EPOCHS = 6
+
+
+class Streamed:
+    """A subprocess whose combined output is collected by a thread, so the test can wait for a
+    line while it runs."""
+
+    def __init__(self, cmd: list[str], env: dict | None = None):
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env={**os.environ, **(env or {})})
+        self.text = ""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.text += line
+
+    def wait_for(self, pattern: str, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.text):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"never saw {pattern!r}; output:\n{self.text[-4000:]}")
+            time.sleep(0.2)
+
+    def finish(self, timeout: float = 600) -> int:
+        rc = self.proc.wait(timeout)
+        self._reader.join(10)
+        return rc
+
+
+def train_cmd(data: Path, out: Path, name: str, mlflow_uri: str, *extra: str) -> list[str]:
+    return ["python", "training/train.py", "--data", str(data), "--model", "autorec", "--width",
+            "32", "--epochs", str(EPOCHS), "--patience", str(EPOCHS), "--output", str(out),
+            "--run-name", name, "--mlflow-uri", mlflow_uri, *extra]
+
+
+def test_mlflow_killed_during_training_loses_no_run(ml100k_prepared, ray_head, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from infra.services import free_port, start_mlflow, stop
+
+    port = free_port()
+    server = start_mlflow(tmp_path / "mlflow", port)
+    cmd = [sys.executable, *train_cmd(ml100k_prepared, tmp_path / "runs", "mlflow-fault",
+                                      server.url, "--num-workers", "1", "--mlflow-wait", "3",
+                                      "--ray-address", ray_head.address)[1:]]
+    try:
+        first = Streamed(cmd)
+        first.wait_for(r"epoch +2\b")
+        stop(server.proc)  # the tracking server dies mid-training
+        rc = first.finish()
+        assert rc == 1, first.text[-3000:]
+        assert re.search(r"warning: MLflow at .* failed at epoch \d", first.text)
+        assert f"epoch   {EPOCHS}" in first.text  # training went on to the end
+        assert "model saved at" in first.text and "does not answer" in first.text
+        assert "rerun the same command" in first.text
+        run_dir = tmp_path / "runs" / "mlflow-fault"
+        assert (run_dir / "model.pt").exists()
+        assert "summary" not in json.loads((run_dir / "run.json").read_text())
+
+        server = start_mlflow(tmp_path / "mlflow", port)  # back, same store
+        again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        log = again.stdout + again.stderr
+        assert again.returncode == 0, log[-3000:]
+        assert "training finished already" in log and "epoch   1" not in log  # not retrained
+        assert re.search(r"MLflow: logged [1-9]\d* epoch\(s\) missed", log)
+        summary = json.loads(log.split("SUMMARY ", 1)[1].splitlines()[0])
+        client = MlflowClient(server.url)
+        run = client.get_run(summary["mlflow_run_id"])
+        assert run.info.status == "FINISHED"
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "valid_ndcg")]
+        assert sorted(steps) == list(range(1, EPOCHS + 1))  # every epoch, once
+        assert client.search_logged_models(experiment_ids=[run.info.experiment_id])
+    finally:
+        stop(server.proc)
+
+
+def test_ray_head_killed_then_a_rerun_resumes_from_the_last_checkpoint(ml100k_prepared,
+                                                                       mlflow_server, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from infra.services import free_port, group_alive, start_ray_head, stop
+    from infra.submit import ray_job_submit
+
+    args = train_cmd(ml100k_prepared, tmp_path / "runs", "head-fault", mlflow_server.url)
+    # Ray's unix sockets live under its temp dir: keep the path short (107-byte limit)
+    short = Path(tempfile.mkdtemp(prefix="nce-rf-"))
+    head = start_ray_head(short / "r1", free_port(), free_port(), num_cpus=3)
+    cmd, env = ray_job_submit(head.url, args)
+    job = Streamed(cmd, env)
+    try:
+        job.wait_for(r"epoch +3\b")
+        time.sleep(3)  # let epoch 3's checkpoint register (Ray Train's controller polls every 2 s)
+        os.killpg(os.getpgid(head.proc.pid), signal.SIGKILL)  # the head crashes
+        rc = job.finish(timeout=300)
+    finally:
+        stop(head.proc, timeout=1)
+    assert rc != 0, job.text[-3000:]
+    assert not group_alive(head.proc.pid)
+    record = json.loads((tmp_path / "runs" / "head-fault" / "run.json").read_text())
+    assert "summary" not in record  # interrupted, not finished
+
+    head2 = start_ray_head(short / "r2", free_port(), free_port(), num_cpus=3)
+    try:
+        cmd, env = ray_job_submit(head2.url, args)
+        out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        stop(head2.proc, timeout=5)
+        shutil.rmtree(short, ignore_errors=True)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-3000:]
+    resumed = int(re.search(r"resuming after epoch (\d+)", log).group(1))
+    assert resumed >= 2, log[-3000:]
+    assert f"epoch   {resumed}" not in log.split("resuming after epoch")[1]  # not retrained
+    summary = json.loads(log.split("SUMMARY ", 1)[1].splitlines()[0])
+    assert summary["epochs_run"] == EPOCHS and summary["mlflow_run_id"] == record["mlflow_run_id"]
+    steps = {m.step for m in MlflowClient(mlflow_server.url).get_metric_history(
+        record["mlflow_run_id"], "valid_ndcg")}
+    assert steps == set(range(1, EPOCHS + 1))  # one MLflow run holds all epochs of both heads
+    assert not group_alive(head2.proc.pid)
