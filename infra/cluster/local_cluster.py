@@ -8,7 +8,8 @@ points run against them exactly as they would against remote ones.
    ``spark-submit --master spark://127.0.0.1:PORT etl/prepare.py`` on ml-latest-small.
 2. Ray: a head with 1 logical CPU and a second node with 2 (``ray start --address``); then
    ``ray job submit ... -- python training/train.py --num-workers 2 --placement SPREAD``: the
-   ranks report their node, and the check asserts they are on different nodes.
+   ranks report their node, and the check asserts they are on different nodes. (The code is on
+   PYTHONPATH rather than uploaded with --working-dir: see the comment at the submission.)
 3. ``spark-submit --master spark://...`` of ``evaluation/score.py`` and ``evaluation/evaluate.py``.
 4. Everything stopped; the check asserts no process group is left.
 
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from infra import services  # noqa: E402
-from infra.submit import ray_job_submit, spark_submit  # noqa: E402
+from infra.submit import spark_submit  # noqa: E402
 
 BIN = Path(sys.executable).parent
 OUT = ROOT / "infra" / "cluster" / "results" / "local_cluster.md"
@@ -145,12 +146,19 @@ def main() -> int:
         runs = work / "runs"
         mlflow_uri = f"sqlite:///{work / 'mlflow' / 'mlflow.db'}"
         (work / "mlflow").mkdir()
-        args = ["python", "training/train.py", "--data", str(prepared), "--model", "autorec",
-                "--epochs", "3", "--num-workers", "2", "--placement", "SPREAD", "--output",
-                str(runs), "--run-name", "two-nodes", "--mlflow-uri", mlflow_uri]
-        cmd, env = ray_job_submit(head.url, args)
-        text = run(cmd, env, log, "ray job submit --address " + head.url + " --working-dir . -- "
-                   + " ".join(args))
+        args = ["python", str(ROOT / "training" / "train.py"), "--data", str(prepared), "--model",
+                "autorec", "--epochs", "3", "--num-workers", "2", "--placement", "SPREAD",
+                "--output", str(runs), "--run-name", "two-nodes", "--mlflow-uri", mlflow_uri]
+        # The code reaches both nodes as installed code (PYTHONPATH; the cluster image does the
+        # same), not --working-dir: two nodes on one machine share Ray's session directory, and
+        # the second node's runtime-env agent deletes the shared working_dir copy when its
+        # workers finish, under the running driver (seen: its cwd vanished before MLflow logging)
+        runtime_env = json.dumps({"env_vars": {"PYTHONPATH": str(ROOT)}})
+        cmd = [str(BIN / "ray"), "job", "submit", "--address", head.url, "--runtime-env-json",
+               runtime_env, "--", *args]
+        env = {**os.environ, "RAY_AUTH_MODE": "token"}
+        text = run(cmd, env, log, f"ray job submit --address {head.url} --runtime-env-json "
+                   f"'{runtime_env}' -- " + " ".join(args))
         placed = sorted(set(re.findall(r"rank (\d)/2 on node (\w+)", text)))
         for rank, node in placed:
             log(f"  rank {rank} ran on node {node}")
