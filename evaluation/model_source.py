@@ -35,15 +35,19 @@ class ModelSource:
     tracking_uri: str | None
 
     def build(self) -> AutoRec:
-        a = self.model_args
-        model = AutoRec(int(a["n_items"]), int(a["width"]), tuple(a["heads"]))
-        model.load_state_dict(torch.load(io.BytesIO(self.weights), map_location="cpu",
-                                         weights_only=True))
-        return model.eval()
+        return build(self.weights, self.model_args)
 
     @property
     def n_items(self) -> int:
         return int(self.model_args["n_items"])
+
+
+def build(weights: bytes, model_args: dict) -> AutoRec:
+    """The model in eval mode from ``torch.save``d weights and its arguments (weights only: no
+    code is unpickled)."""
+    model = AutoRec(int(model_args["n_items"]), int(model_args["width"]), tuple(model_args["heads"]))
+    model.load_state_dict(torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True))
+    return model.eval()
 
 
 def _bytes(state_dict: dict) -> bytes:

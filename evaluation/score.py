@@ -71,14 +71,11 @@ def _model(key: str, bc_weights, model_args: dict):
     """The job's model, built once per Python worker. ``key`` is unique per ``score`` call: a
     worker that served an earlier job must not reuse that job's model (broadcast objects carry no
     id on the executors, and Python object ids are recycled)."""
-    from evaluation.model_source import ModelSource
+    from evaluation.model_source import build
 
     if _CACHE.get("key") != key:
         _CACHE.clear()  # drop the previous model before building the next
-        src = ModelSource(uri="", weights=bc_weights.value, model_args=model_args,
-                          recommend_head="", train_splits="", name="", run_id=None,
-                          tracking_uri=None)
-        _CACHE.update(key=key, model=src.build())
+        _CACHE.update(key=key, model=build(bc_weights.value, model_args))
     return _CACHE["model"]
 
 
@@ -126,7 +123,6 @@ def score_batches(batches, *, key: str, bc_weights, bc_item_ids, model_args: dic
         if rb.num_rows == 0:
             continue
         cold = rb.column(S.COLD).to_numpy(zero_copy_only=False)
-
         items, offsets = union_rows(rb, input_cols, cold, cold_input_cols)
         ex_items, ex_offsets = union_rows(rb, exclude_cols, cold, cold_exclude_cols)
         with torch.no_grad():

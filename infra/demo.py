@@ -83,7 +83,7 @@ def finished_summary(run_dir: Path) -> dict | None:
         return None
 
 
-def train(model: str, prepared: Path, var: Path, seed: int, redo: bool, ray_url: str,
+def train(model: str, prepared: Path, var: Path, seed: int, redo: bool, ray: stack.Running,
           mlflow_url: str, epochs: int | None) -> dict:
     """``ray job submit ... -- python training/train.py`` unless the run finished already."""
     name = f"demo-{model}-seed{seed}"
@@ -102,10 +102,18 @@ def train(model: str, prepared: Path, var: Path, seed: int, redo: bool, ray_url:
     args = ["python", "training/train.py", "--data", str(prepared), "--model", model,
             "--seed", str(seed), "--run-name", name, "--output", str(var / "runs"),
             "--mlflow-uri", mlflow_url] + (["--epochs", str(epochs)] if epochs else [])
-    cmd, env = ray_job_submit(ray_url, args)
-    print("$ ray job submit --address " + ray_url + " --working-dir . -- " + " ".join(args),
+    cmd, env = ray_job_submit(ray.url, args)
+    print("$ ray job submit --address " + ray.url + " --working-dir . -- " + " ".join(args),
           flush=True)
-    summary = run_streaming(cmd, env, f"training {model}")
+    try:
+        summary = run_streaming(cmd, env, f"training {model}")
+    except SystemExit:
+        if not stack.healthy(ray):
+            raise SystemExit(
+                f"training {model} stopped because the Ray head at {ray.url} is gone (its job "
+                f"server does not answer). Rerun this command: it restarts the stack and training "
+                f"resumes from the last checkpoint in {run_dir}") from None
+        raise
     if summary is None:
         raise SystemExit(f"training {model}: the job ended without its SUMMARY line")
     return json.loads(summary)
@@ -159,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     step(1, "local stack: MLflow tracking server and Ray head (loopback)")
     running = stack.start(state=Path(args.stack_state), mlflow_config=Path(args.mlflow_config),
                           log=lambda s: print("   " + s, flush=True))
-    mlflow_url, ray_url = running["mlflow"].url, running["ray"].url
+    mlflow_url = running["mlflow"].url
 
     step(2, f"ETL on Spark: ml-latest-small -> {prepared}")
     if not args.redo and prepared_is_current(prepared, dataset, args.seed):
@@ -174,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     step(3, "training on Ray Train (2 workers, ray job submit), tracked in MLflow")
     summaries = {}
     for model, label in MODELS:
-        s = train(model, prepared, var, args.seed, args.redo, ray_url, mlflow_url, args.epochs)
+        s = train(model, prepared, var, args.seed, args.redo, running["ray"], mlflow_url,
+                  args.epochs)
         summaries[label] = s
         print(f"   {label}: best epoch {s['best_epoch']} of {s['epochs_run']}, validation NDCG "
               f"{s['best_valid_ndcg']:.4f}, model {s['model_uri']}", flush=True)

@@ -202,7 +202,8 @@ def learning_curves(history: list[dict], title: str):
         if xs:
             b.plot(xs, [r[key] for r in history if key in r], marker=".", label=label)
     b.set(xlabel="epoch", title="validation", xlim=(0.5, max(epochs, default=1) + 0.5))
-    b.legend()
+    if b.lines:  # a final retraining has no validation curve
+        b.legend()
     fig.suptitle(title)
     fig.tight_layout()
     return fig
