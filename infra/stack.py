@@ -196,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if status() else 1
     except services.ServiceError as e:
         print(f"error: {e}", file=sys.stderr)
+        if read_record():
+            print("what did start is still running: python -m infra.stack status / stop",
+                  file=sys.stderr)
         return 1
     return 0
 

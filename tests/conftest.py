@@ -64,15 +64,16 @@ def local_stack(tmp_path_factory):
     config = base / "server.json"
     config.write_text(json.dumps({"port": services.free_port(), "state_dir": str(base / "mlflow")}))
     state = base / "state"
-    record = stack.start(ray_port=services.free_port(), dashboard_port=services.free_port(),
-                         num_cpus=3, state=state, mlflow_config=config, log=lambda s: None)
     try:
+        record = stack.start(ray_port=services.free_port(), dashboard_port=services.free_port(),
+                             num_cpus=3, state=state, mlflow_config=config, log=lambda s: None)
         ray.init(address=record["ray"].address, log_to_driver=True)
         yield SimpleNamespace(state=state, mlflow_config=config, services=record)
     finally:
         ray.shutdown()
+        started = stack.read_record(state)  # also what a failed start left running
         stack.stop(state, log=lambda s: None)
-    left = [name for name, svc in record.items() if services.group_alive(svc.pgid)]
+    left = [name for name, svc in started.items() if services.group_alive(svc.pgid)]
     assert not left, f"stopping the stack left processes of {left} behind"
 
 
