@@ -182,7 +182,7 @@ def wait_job_agent(gcs_address: str, timeout: float) -> None:
 
 
 def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
-    """SIGTERM the service's process group, SIGKILL what is left after ``timeout``.
+    """Stop the service ``proc`` leads (its whole process group): see ``stop_group``.
 
     A Ray head takes about 30 s to wind down gracefully on 2 cores; its callers pass a short
     timeout (what is lost is the session's scratch state, not data: checkpoints and MLflow live
@@ -191,6 +191,13 @@ def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
         pgid = os.getpgid(proc.pid)
     except ProcessLookupError:
         return
+    stop_group(pgid, timeout)
+    proc.poll()
+
+
+def stop_group(pgid: int, timeout: float = 10.0) -> None:
+    """SIGTERM the process group ``pgid`` (its leader's pid), SIGKILL what is left after
+    ``timeout``. Works from any process: ``infra.stack`` stops groups started by an earlier one."""
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(pgid, sig)
@@ -198,10 +205,19 @@ def stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
             return
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            proc.poll()
+            _reap(pgid)
             if not group_alive(pgid):
                 return
             time.sleep(0.2)
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status if ``pid`` is this process's own child: an unreaped zombie would
+    keep its process group looking alive."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # started by another process (the usual case): init reaps it
+        pass
 
 
 def group_alive(pgid: int) -> bool:

@@ -16,10 +16,8 @@ import argparse
 import hashlib
 import json
 import os
-import signal
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -86,30 +84,6 @@ def healthy(svc: Running) -> bool:
         return False
 
 
-def _reap(pid: int) -> None:
-    """Collect the exit status if ``pid`` is our own child (a stack started by this process):
-    an unreaped zombie would keep its process group looking alive."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:  # started by another process (the usual case): init reaps it
-        pass
-
-
-def stop_group(pgid: int, timeout: float) -> None:
-    """SIGTERM the process group (its leader's pid is ``pgid``), SIGKILL it after ``timeout``."""
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            _reap(pgid)
-            if not services.group_alive(pgid):
-                return
-            time.sleep(0.2)
-
-
 def ray_temp_dir(state: Path) -> Path:
     """Ray's session directory for the stack recorded in ``state``: short (Ray's unix sockets live
     under it and their paths must stay under ~107 characters) and distinct per stack."""
@@ -126,7 +100,7 @@ def start(*, ray_port: int = 6379, dashboard_port: int = 8265, num_cpus: int | N
             log(f"{name}: already running at {svc.url} (process group {svc.pgid}); reusing it")
         else:
             log(f"{name}: recorded at {svc.url} but not answering; restarting it")
-            stop_group(svc.pgid, 5)
+            services.stop_group(svc.pgid, 5)
             del record[name]
     if "mlflow" not in record:
         cfg = mlflow_settings(mlflow_config)
@@ -153,7 +127,7 @@ def stop(state: Path = STATE, log=print) -> None:
     if not record:
         log("nothing recorded as running (no var/stack/stack.json)")
     for name, svc in record.items():
-        stop_group(svc.pgid, 5 if name == "ray" else 10)
+        services.stop_group(svc.pgid, 5 if name == "ray" else 10)
         log(f"{name}: stopped (process group {svc.pgid})")
     _record_path(state).unlink(missing_ok=True)
 
