@@ -4,6 +4,12 @@ Under spark-submit the master, memory and cluster settings come from its flags a
 Under plain python a local session is started (``SPARK_MASTER`` or ``local[*]``; driver memory from
 ``SPARK_DRIVER_MEMORY``, default 4g). Either way the project's packages are shipped to the
 executors as a zip, so the same code runs on a laptop and on a cluster.
+
+In local mode nothing listens beyond this machine unless the user says so: the driver binds to
+127.0.0.1, and so does the web UI (Spark binds it to ``SPARK_LOCAL_IP``, else to every
+interface). Under plain python ``SPARK_LOCAL_IP`` is set before the JVM starts; a bare
+``spark-submit`` has started its JVM already, so there the UI is switched off unless
+``SPARK_LOCAL_IP`` or ``spark.ui.enabled`` is given (the log line says so).
 """
 
 from __future__ import annotations
@@ -60,12 +66,40 @@ def _quiet(spark, logger: str) -> None:
         pass
 
 
+def loopback_conf(master: str, submitted: dict[str, str]) -> dict[str, str]:
+    """Settings keeping a local-mode driver and UI on 127.0.0.1; ``submitted``: what the user
+    configured already (spark-submit's ``--conf``), which always wins. Empty for cluster masters,
+    whose executors must reach the driver from other machines."""
+    if not master.startswith("local"):
+        return {}
+    host = os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1"
+    conf = {k: host for k in ("spark.driver.bindAddress", "spark.driver.host") if k not in submitted}
+    if not os.environ.get("SPARK_LOCAL_IP") and "spark.ui.enabled" not in submitted:
+        if under_spark_submit():
+            conf["spark.ui.enabled"] = "false"
+            log.info("Spark UI off: under a bare spark-submit it would listen on every interface; "
+                     "run with SPARK_LOCAL_IP=127.0.0.1 (or --conf spark.ui.enabled=true) to have it")
+        else:
+            os.environ["SPARK_LOCAL_IP"] = host  # read by the JVM this process is about to start
+    return conf
+
+
 def get_spark(app_name: str, conf: dict[str, str] | None = None):
     """A SparkSession for ``app_name`` with ``conf`` applied (session-level settings only)."""
     java_check()
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
+    if under_spark_submit():
+        # spark-submit's settings live in its JVM; a SparkConf reads them only once connected
+        SparkContext._ensure_initialized()
+        submitted = dict(SparkConf().getAll())
+        master = submitted.get("spark.master", "")
+    else:
+        submitted, master = {}, os.environ.get("SPARK_MASTER", "local[*]")
+    for k, v in loopback_conf(master, submitted).items():
+        builder = builder.config(k, v)
     if not under_spark_submit():
         builder = (builder.master(os.environ.get("SPARK_MASTER", "local[*]"))
                    .config("spark.driver.memory", os.environ.get("SPARK_DRIVER_MEMORY", "4g"))

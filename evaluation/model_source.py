@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from etl.errors import UsageError
-from training.models import AutoRec
+from training.models import AutoRec, load_weights_only
 
 MLFLOW_SCHEMES = ("runs:/", "models:/", "mlflow-artifacts:/")
 
@@ -64,8 +64,8 @@ def from_checkpoint(path: str) -> ModelSource:
     if not p.exists():
         raise UsageError(f"--model {path}: no such file (a run's model.pt exists once its training "
                          "has finished; or pass an MLflow model URI such as runs:/RUN_ID/model)")
+    saved = load_weights_only(p, f"--model {path}")
     try:
-        saved = torch.load(p, map_location="cpu", weights_only=False)
         args, head, config = saved["model_args"], saved["recommend_head"], saved.get("config", {})
     except Exception as e:
         raise UsageError(f"--model {path}: not a model file written by training/train.py ({e})") from None

@@ -102,7 +102,7 @@ def train(model: str, prepared: Path, var: Path, seed: int, redo: bool, ray: sta
     args = ["python", "training/train.py", "--data", str(prepared), "--model", model,
             "--seed", str(seed), "--run-name", name, "--output", str(var / "runs"),
             "--mlflow-uri", mlflow_url] + (["--epochs", str(epochs)] if epochs else [])
-    cmd, env = ray_job_submit(ray.url, args)
+    cmd, env = ray_job_submit(ray.url, args, stack.client_env({"ray": ray}))
     print("$ ray job submit --address " + ray.url + " --working-dir . -- " + " ".join(args),
           flush=True)
     try:
@@ -159,7 +159,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="the MLflow server's settings (default mlflow/server.json)")
     args = p.parse_args(argv)
     dataset = Path(args.input).resolve()
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
     var = Path(args.var).resolve()
     prepared = var / "data" / "ml-latest-small"
     t0 = time.perf_counter()
@@ -168,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     running = stack.start(state=Path(args.stack_state), mlflow_config=Path(args.mlflow_config),
                           log=lambda s: print("   " + s, flush=True))
     mlflow_url = running["mlflow"].url
+    os.environ.update(stack.client_env(running))  # this process and what it starts talk to the head
 
     step(2, f"ETL on Spark: ml-latest-small -> {prepared}")
     if not args.redo and prepared_is_current(prepared, dataset, args.seed):

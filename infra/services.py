@@ -10,6 +10,7 @@ children of the one we started, not daemons only ``ray stop`` could find.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -17,10 +18,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 BIN = Path(sys.executable).parent  # the venv's console scripts: mlflow, ray, spark-submit
+TOKEN_FILE = "ray_auth_token"
 
 
 class ServiceError(RuntimeError):
@@ -34,6 +36,7 @@ class Service:
     url: str       # what clients use: MLflow's tracking URI, Ray's dashboard / job server URL
     address: str   # Ray's GCS address (host:port); the URL again for MLflow
     log: Path
+    env: dict[str, str] = field(default_factory=dict)  # what a client needs (Ray's token auth)
 
 
 def free_port() -> int:
@@ -126,9 +129,40 @@ def ray_side_ports(head: bool = True) -> list[str]:
             "--runtime-env-agent-port", str(free_port())]
 
 
+def ray_token(folder: Path) -> dict[str, str]:
+    """The environment that puts a Ray head and its clients in token-authentication mode with one
+    token, provisioned here rather than left to whatever a home directory holds.
+
+    Ray 2.60's ``ray start --head`` refuses to start in token mode without a token and never
+    creates one (only a local ``ray.init()`` does, in ``~/.ray``), so a fresh machine fails where
+    an old one passes. A token the user already gives (``RAY_AUTH_TOKEN``, or a file named by
+    ``RAY_AUTH_TOKEN_PATH``) is used as it is; otherwise ``folder/ray_auth_token`` (mode 0600,
+    under the git-ignored ``var/``) is created once and reused.
+    """
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": os.environ["RAY_AUTH_TOKEN"]}
+    given = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if given:
+        if not Path(given).is_file() or not Path(given).read_text().strip():
+            raise ServiceError(f"RAY_AUTH_TOKEN_PATH={given} names no token file; create one "
+                               f"(python -c 'import secrets; print(secrets.token_hex(32))' > {given}; "
+                               f"chmod 600 {given}) or unset it to let the stack make its own")
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(Path(given).resolve())}
+    path = folder.resolve() / TOKEN_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # O_EXCL: two starts racing make one token, not two; 0600 from birth, never readable
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))  # what `ray get-auth-token --generate` writes
+    except FileExistsError:
+        pass
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}
+
+
 def start_ray_head(temp_dir: Path, port: int, dashboard_port: int, num_cpus: int,
-                   timeout: float = 180.0) -> Service:
-    """A Ray head on 127.0.0.1 with the dashboard (the job server) on ``dashboard_port``.
+                   auth: dict[str, str], timeout: float = 180.0) -> Service:
+    """A Ray head on 127.0.0.1 with the dashboard (the job server) on ``dashboard_port``, in
+    token-authentication mode with the token of ``auth`` (from ``ray_token``).
 
     ``num_cpus`` may exceed the real cores: Ray Data needs a logical CPU beside the training
     workers' (platform.md), and the workers' torch threads are set from their own share.
@@ -144,16 +178,17 @@ def start_ray_head(temp_dir: Path, port: int, dashboard_port: int, num_cpus: int
            # user's) would otherwise take the agent's port and the job server would never get one
            *ray_side_ports(),
            "--include-dashboard", "true", "--disable-usage-stats"]
-    # the job server runs `python ...` entry points: this venv's python first on PATH
-    env = {"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "token"}
+    # the job server runs `python ...` entry points: this venv's python first on PATH; the jobs'
+    # drivers inherit the head's token settings
+    env = {**auth, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     url = f"http://127.0.0.1:{dashboard_port}"
     proc = _start(cmd, log, url + "/api/version", timeout, env)
     try:
-        wait_job_agent(f"127.0.0.1:{port}", timeout)
+        wait_job_agent(f"127.0.0.1:{port}", auth, timeout)
     except ServiceError as e:
         stop(proc, timeout=5)
         raise ServiceError(f"{e}; see {log}") from None
-    return Service("ray", proc, url, f"127.0.0.1:{port}", log)
+    return Service("ray", proc, url, f"127.0.0.1:{port}", log, dict(auth))
 
 
 _AGENT_PROBE = """
@@ -168,12 +203,12 @@ sys.exit(1)
 """
 
 
-def wait_job_agent(gcs_address: str, timeout: float) -> None:
+def wait_job_agent(gcs_address: str, auth: dict[str, str], timeout: float) -> None:
     """Wait until the head's dashboard agent has registered: the job server answers before it,
     and a job submitted in between fails with "No available agent to submit job" (the server
     waits only 10 s for the agent; on a busy 2-core machine it takes longer)."""
     out = subprocess.run([sys.executable, "-c", _AGENT_PROBE, gcs_address, str(timeout)],
-                         env={**os.environ, "RAY_AUTH_MODE": "token"}, capture_output=True,
+                         env={**os.environ, **auth}, capture_output=True,
                          text=True, timeout=timeout + 60)
     if out.returncode != 0:
         raise ServiceError(f"the Ray head at {gcs_address} started, but its job agent did not "

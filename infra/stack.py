@@ -20,7 +20,7 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from infra import services
@@ -37,6 +37,20 @@ class Running:
     url: str        # MLflow's tracking URI; Ray's dashboard / job server
     address: str    # Ray's GCS address; MLflow's URL again
     log: str
+    # what a client needs in its environment (Ray's token mode and token file; an inline
+    # RAY_AUTH_TOKEN of the user's environment is not written here)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def client_env(record: dict[str, Running]) -> dict[str, str]:
+    """The variables a client of this stack needs (``ray job submit``, ``ray.init``, the Ray jobs'
+    own Spark and MLflow calls need none): Ray's token mode and where its token is."""
+    if "ray" not in record:
+        return {}
+    env = dict(record["ray"].env) or {"RAY_AUTH_MODE": "token"}  # a record of an older version
+    if env and "RAY_AUTH_TOKEN_PATH" not in env and os.environ.get("RAY_AUTH_TOKEN"):
+        env["RAY_AUTH_TOKEN"] = os.environ["RAY_AUTH_TOKEN"]
+    return env
 
 
 def mlflow_settings(path: Path = MLFLOW_CONFIG) -> dict:
@@ -93,7 +107,10 @@ def ray_temp_dir(state: Path) -> Path:
 
 def start(*, ray_port: int = 6379, dashboard_port: int = 8265, num_cpus: int | None = None,
           state: Path = STATE, mlflow_config: Path = MLFLOW_CONFIG, log=print) -> dict[str, Running]:
-    """Start whatever of the stack is not already running and healthy; returns both."""
+    """Start whatever of the stack is not already running and healthy; returns both.
+
+    A start that fails part-way stops what this call started (a service that was already running
+    is left alone) and records only what still runs."""
     record = read_record(state)
     for name, svc in list(record.items()):
         if healthy(svc):
@@ -102,23 +119,40 @@ def start(*, ray_port: int = 6379, dashboard_port: int = 8265, num_cpus: int | N
             log(f"{name}: recorded at {svc.url} but not answering; restarting it")
             services.stop_group(svc.pgid, 5)
             del record[name]
-    if "mlflow" not in record:
-        cfg = mlflow_settings(mlflow_config)
-        log(f"mlflow: starting on 127.0.0.1:{cfg['port']} (state in {cfg['state_dir']}) ...")
-        svc = services.start_mlflow(Path(cfg["state_dir"]), int(cfg["port"]))
-        record["mlflow"] = Running("mlflow", os.getpgid(svc.proc.pid), svc.url, svc.address,
-                                   str(svc.log))
-        write_record(record, state)
-        log(f"mlflow: up at {svc.url}")
-    if "ray" not in record:
-        cpus = num_cpus or max(3, (os.cpu_count() or 1) + 1)  # +1: Ray Data beside 2 workers
-        log(f"ray: starting a head on 127.0.0.1:{ray_port}, job server on :{dashboard_port}, "
-            f"{cpus} logical CPUs ...")
-        svc = services.start_ray_head(ray_temp_dir(state), ray_port, dashboard_port, cpus)
-        record["ray"] = Running("ray", os.getpgid(svc.proc.pid), svc.url, svc.address,
-                                str(svc.log))
-        write_record(record, state)
-        log(f"ray: up at {svc.url} (GCS {svc.address})")
+    write_record(record, state)
+    started: list[str] = []
+    try:
+        if "mlflow" not in record:
+            cfg = mlflow_settings(mlflow_config)
+            log(f"mlflow: starting on 127.0.0.1:{cfg['port']} (state in {cfg['state_dir']}) ...")
+            svc = services.start_mlflow(Path(cfg["state_dir"]), int(cfg["port"]))
+            record["mlflow"] = Running("mlflow", os.getpgid(svc.proc.pid), svc.url, svc.address,
+                                       str(svc.log))
+            started.append("mlflow")
+            write_record(record, state)
+            log(f"mlflow: up at {svc.url}")
+        if "ray" not in record:
+            cpus = num_cpus or max(3, (os.cpu_count() or 1) + 1)  # +1: Ray Data beside 2 workers
+            auth = services.ray_token(state)
+            log(f"ray: starting a head on 127.0.0.1:{ray_port}, job server on :{dashboard_port}, "
+                f"{cpus} logical CPUs, token authentication "
+                f"({auth.get('RAY_AUTH_TOKEN_PATH', 'RAY_AUTH_TOKEN of this environment')}) ...")
+            svc = services.start_ray_head(ray_temp_dir(state), ray_port, dashboard_port, cpus, auth)
+            record["ray"] = Running("ray", os.getpgid(svc.proc.pid), svc.url, svc.address,
+                                    str(svc.log), {k: v for k, v in auth.items()
+                                                   if k != "RAY_AUTH_TOKEN"})
+            started.append("ray")
+            write_record(record, state)
+            log(f"ray: up at {svc.url} (GCS {svc.address})")
+    except BaseException:
+        for name in started:  # nothing this call started is left running after it failed
+            services.stop_group(record.pop(name).pgid, 5)
+            log(f"{name}: stopped again, as the start failed")
+        if record:
+            write_record(record, state)
+        else:
+            _record_path(state).unlink(missing_ok=True)
+        raise
     return record
 
 
@@ -154,25 +188,30 @@ def main(argv: list[str] | None = None) -> int:
                    help="Ray dashboard and job server port (default 8265)")
     p.add_argument("--num-cpus", type=int, default=None,
                    help="logical CPUs of the Ray head (default: cores + 1, at least 3)")
+    p.add_argument("--state", type=Path, default=STATE,
+                   help="where the record of what runs and the Ray token live (default var/stack)")
+    p.add_argument("--mlflow-config", type=Path, default=MLFLOW_CONFIG,
+                   help="the MLflow server's settings (default mlflow/server.json)")
     args = p.parse_args(argv)
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
     try:
         if args.command == "start":
             record = start(ray_port=args.ray_port, dashboard_port=args.dashboard_port,
-                           num_cpus=args.num_cpus)
-            print(f"\nexport MLFLOW_TRACKING_URI={record['mlflow'].url}\n"
-                  f"export RAY_ADDRESS={record['ray'].url} RAY_AUTH_MODE=token\n"
-                  f"MLflow UI: {record['mlflow'].url}    Ray dashboard: {record['ray'].url}\n"
+                           num_cpus=args.num_cpus, state=args.state, mlflow_config=args.mlflow_config)
+            exports = {"MLFLOW_TRACKING_URI": record["mlflow"].url, "RAY_ADDRESS": record["ray"].url,
+                       **{k: v for k, v in client_env(record).items() if k != "RAY_AUTH_TOKEN"}}
+            print("\nTo use the stack from another shell:\n"
+                  + "".join(f"export {k}={v}\n" for k, v in exports.items())
+                  + f"MLflow UI: {record['mlflow'].url}    Ray dashboard: {record['ray'].url}\n"
                   "stop with: python -m infra.stack stop")
         elif args.command == "stop":
-            stop()
+            stop(args.state)
         else:
-            return 0 if status() else 1
+            return 0 if status(args.state) else 1
     except services.ServiceError as e:
         print(f"error: {e}", file=sys.stderr)
-        if read_record():
-            print("what did start is still running: python -m infra.stack status / stop",
-                  file=sys.stderr)
+        if read_record(args.state):
+            print("the services that were running before are still running: "
+                  "python -m infra.stack status / stop", file=sys.stderr)
         return 1
     return 0
 

@@ -24,10 +24,12 @@ def spark_submit(script: str, *args: str, master: str = "local[*]", driver_memor
     return cmd, env
 
 
-def ray_job_submit(address: str, entrypoint: list[str]) -> tuple[list[str], dict[str, str]]:
+def ray_job_submit(address: str, entrypoint: list[str], auth: dict[str, str]
+                   ) -> tuple[list[str], dict[str, str]]:
     """(command, environment) submitting ``entrypoint`` to the Ray job server at ``address``,
-    with the repository as working directory (uploaded; .gitignore'd paths stay behind)."""
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}  # Ray 2.60's head requires a token
+    with the repository as working directory (uploaded; .gitignore'd paths stay behind).
+    ``auth``: the head's token settings (``Service.env``, ``stack.client_env``)."""
+    env = {**os.environ, **auth}
     cmd = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", address,
            "--working-dir", str(ROOT), "--", *entrypoint]
     return cmd, env

@@ -11,7 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # Ray 2.60's head enables token authentication; a driver joining it must be in token mode before
-# ray is first imported (the mode is read into Ray's config at import)
+# ray is first imported (the mode is read into Ray's config at import). The token itself is the
+# session stack's (``local_stack``), never one from the home directory.
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 SHARED = Path(os.environ.get("NCE_SHARED_DATASETS", ROOT.parent / "shared" / "datasets"))
 
@@ -67,6 +68,8 @@ def local_stack(tmp_path_factory):
     try:
         record = stack.start(ray_port=services.free_port(), dashboard_port=services.free_port(),
                              num_cpus=3, state=state, mlflow_config=config, log=lambda s: None)
+        # the session's clients (this driver, ray job submit in tests) use the stack's own token
+        os.environ.update(stack.client_env(record))
         ray.init(address=record["ray"].address, log_to_driver=True)
         yield SimpleNamespace(state=state, mlflow_config=config, services=record)
     finally:

@@ -35,6 +35,7 @@ def test_spark_submit_ml_100k(shared_datasets, tmp_path):
     """The issue's acceptance command, through spark-submit itself."""
     spark_submit = Path(PY).parent / "spark-submit"
     env = {**os.environ, "PYSPARK_PYTHON": PY, "PYSPARK_DRIVER_PYTHON": PY}
+    env.pop("SPARK_LOCAL_IP", None)  # a bare spark-submit, as the README shows it
     out = subprocess.run([str(spark_submit), "--master", "local[2]", "--driver-memory", "1g",
                           "etl/prepare.py", "--dataset", "ml-100k", "--input",
                           str(shared_datasets / "ml-100k" / "u.data"), "--output", str(tmp_path / "p")],
@@ -46,3 +47,41 @@ def test_spark_submit_ml_100k(shared_datasets, tmp_path):
     log = out.stdout + out.stderr  # spark-submit merges the Python driver's stderr into stdout
     for step in ("read", "dedup", "split", "write-rows"):  # a progress line per step
         assert f"[etl] {step}" in log
+    # its JVM started without SPARK_LOCAL_IP, so the UI would listen on every interface: off
+    assert "Spark UI off" in log and "SPARK_LOCAL_IP=127.0.0.1" in log
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp{,6} writes them) listening on ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            addr, p = local.rsplit(":", 1)
+            if int(p, 16) == port and state == "0A":  # LISTEN
+                found.add(addr)
+    return found
+
+
+@pytest.mark.spark
+def test_local_spark_binds_driver_and_ui_to_loopback(spark):
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.driver.bindAddress") == "127.0.0.1"
+    assert conf.get("spark.driver.host") == "127.0.0.1"
+    ui_port = int(spark.sparkContext.uiWebUrl.rsplit(":", 1)[1])
+    assert listening_addresses(ui_port) == {"0100007F"}  # 127.0.0.1 only, not 0.0.0.0 or ::
+
+
+def test_loopback_settings_leave_what_the_user_configured(monkeypatch):
+    from etl.spark import loopback_conf
+
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")  # as under spark-submit
+    assert loopback_conf("spark://master:7077", {}) == {}  # executors elsewhere must reach it
+    assert loopback_conf("local[2]", {"spark.driver.host": "10.0.0.5"}) == {
+        "spark.driver.bindAddress": "127.0.0.1", "spark.ui.enabled": "false"}
+    assert loopback_conf("local[*]", {"spark.ui.enabled": "true"}) == {
+        "spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.2")
+    assert loopback_conf("local", {}) == {"spark.driver.bindAddress": "127.0.0.2",
+                                          "spark.driver.host": "127.0.0.2"}

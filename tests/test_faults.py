@@ -107,14 +107,15 @@ def test_ray_head_killed_then_a_rerun_resumes_from_the_last_checkpoint(ml100k_pr
                                                                        mlflow_server, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from infra.services import free_port, group_alive, start_ray_head, stop
+    from infra.services import free_port, group_alive, ray_token, start_ray_head, stop
     from infra.submit import ray_job_submit
 
     args = train_cmd(ml100k_prepared, tmp_path / "runs", "head-fault", mlflow_server.url)
     # Ray's unix sockets live under its temp dir: keep the path short (107-byte limit)
     short = Path(tempfile.mkdtemp(prefix="nce-rf-"))
-    head = start_ray_head(short / "r1", free_port(), free_port(), num_cpus=3)
-    cmd, env = ray_job_submit(head.url, args)
+    auth = ray_token(short)
+    head = start_ray_head(short / "r1", free_port(), free_port(), num_cpus=3, auth=auth)
+    cmd, env = ray_job_submit(head.url, args, auth)
     job = Streamed(cmd, env)
     try:
         job.wait_for(r"epoch +3\b")
@@ -128,9 +129,9 @@ def test_ray_head_killed_then_a_rerun_resumes_from_the_last_checkpoint(ml100k_pr
     record = json.loads((tmp_path / "runs" / "head-fault" / "run.json").read_text())
     assert "summary" not in record  # interrupted, not finished
 
-    head2 = start_ray_head(short / "r2", free_port(), free_port(), num_cpus=3)
+    head2 = start_ray_head(short / "r2", free_port(), free_port(), num_cpus=3, auth=auth)
     try:
-        cmd, env = ray_job_submit(head2.url, args)
+        cmd, env = ray_job_submit(head2.url, args, auth)
         out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     finally:
         stop(head2.proc, timeout=5)

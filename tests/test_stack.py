@@ -5,11 +5,18 @@ is asserted when the session's ``local_stack`` fixture ends.)"""
 from __future__ import annotations
 
 import json
+import os
+import re
 import socket
+import stat
+import subprocess
+import sys
 
 import pytest
 
 from infra import services, stack
+
+ROOT = stack.ROOT
 
 pytestmark = pytest.mark.ray
 
@@ -53,3 +60,59 @@ def test_bad_mlflow_settings_name_the_file(tmp_path):
     bad.write_text("{port: 5000")
     with pytest.raises(services.ServiceError, match=rf"{bad}: cannot read the MLflow server settings"):
         stack.mlflow_settings(bad)
+
+
+def test_the_stack_starts_on_a_fresh_machine_with_an_empty_home(tmp_path):
+    """What a newcomer has: no ~/.ray, no RAY_* / MLFLOW_* variables. The stack provisions its own
+    Ray token (0600, under its state), and a client in another shell needs only what `start`
+    prints to submit a job; nothing is written into the home directory."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
+    env["HOME"] = str(home)
+    state, config = tmp_path / "state", tmp_path / "server.json"
+    config.write_text(json.dumps({"port": services.free_port(), "state_dir": str(tmp_path / "m")}))
+    cli = [sys.executable, "-m", "infra.stack"]
+    where = ["--state", str(state), "--mlflow-config", str(config)]
+    try:
+        out = subprocess.run([*cli, "start", *where, "--ray-port", str(services.free_port()),
+                              "--dashboard-port", str(services.free_port()), "--num-cpus", "1"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+        assert out.returncode == 0, out.stdout + out.stderr
+        token = state / services.TOKEN_FILE
+        assert stat.S_IMODE(token.stat().st_mode) == 0o600 and len(token.read_text()) == 64
+        exports = dict(re.findall(r"^export (\w+)=(\S+)$", out.stdout, re.M))
+        assert exports["RAY_AUTH_TOKEN_PATH"] == str(token) and exports["RAY_AUTH_MODE"] == "token"
+        assert subprocess.run([*cli, "status", *where], cwd=ROOT, env=env).returncode == 0
+
+        client = {**env, **exports}  # "another shell" that exported what start printed
+        job = subprocess.run(
+            [str(services.BIN / "ray"), "job", "submit", "--address", exports["RAY_ADDRESS"], "--",
+             "python", "-c", "import ray; ray.init(); print('CPUS', ray.cluster_resources()['CPU'])"],
+            cwd=tmp_path, env=client, capture_output=True, text=True, timeout=300)
+        assert job.returncode == 0 and "CPUS 1.0" in job.stdout, job.stdout[-2000:] + job.stderr
+        denied = subprocess.run(  # without the token the job server refuses the client
+            [str(services.BIN / "ray"), "job", "list", "--address", exports["RAY_ADDRESS"]],
+            cwd=tmp_path, env={**env, "RAY_AUTH_MODE": "token"}, capture_output=True, text=True,
+            timeout=120)
+        assert denied.returncode != 0
+    finally:
+        subprocess.run([*cli, "stop", *where], cwd=ROOT, env=env, timeout=120)
+    assert not [p.name for p in home.iterdir() if p.name == ".ray"]
+    assert not stack.read_record(state)
+
+
+def test_a_start_that_fails_part_way_stops_what_it_started(tmp_path):
+    port = services.free_port()
+    config = tmp_path / "server.json"
+    config.write_text(json.dumps({"port": port, "state_dir": str(tmp_path / "m")}))
+    said = []
+    with socket.socket() as taken:  # the Ray head's port is in use: MLflow starts, Ray cannot
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(services.ServiceError, match="wanted for the Ray head"):
+            stack.start(ray_port=taken.getsockname()[1], dashboard_port=services.free_port(),
+                        state=tmp_path / "state", mlflow_config=config, log=said.append)
+    assert f"mlflow: up at http://127.0.0.1:{port}" in said  # it did start ...
+    assert said[-1] == "mlflow: stopped again, as the start failed"  # ... and was stopped
+    assert services.port_is_free(port) and not stack.read_record(tmp_path / "state")

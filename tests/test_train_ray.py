@@ -178,7 +178,7 @@ def test_more_workers_than_the_cluster_has_fails_at_start(ml100k_prepared, ray_h
 
 def test_ray_job_submit(ml100k_prepared, ray_head, mlflow_server, tmp_path):
     """The README's command: ray job submit --working-dir . -- python training/train.py ..."""
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    env = {**os.environ, **ray_head.env}  # the stack's token, as `infra.stack start` prints it
     cmd = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", ray_head.url,
            "--working-dir", ".", "--", "python", "training/train.py", "--data", str(ml100k_prepared),
            "--model", "autorec", "--epochs", "2", "--width", "32", "--mlflow-uri", mlflow_server.url,

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from training.config import TrainConfig
 from training.feed import BatchMaker, valid_batch
-from training.models import build_model, model_spec
+from training.models import build_model, load_weights_only, model_spec
 from training.step import make_optimizers, phases, train_batch, unwrap, uses_every_parameter
 from training.validate import batch_metrics
 
@@ -120,11 +120,11 @@ def train_loop(config: dict) -> None:
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
-            saved = torch.load(Path(d) / STATE, map_location="cpu", weights_only=False)
+            saved = load_weights_only(Path(d) / STATE, f"checkpoint {Path(d) / STATE}")
             model.load_state_dict(saved["model"])
             progress, opt_states = saved["progress"], saved["optimizers"]
             if (Path(d) / BEST).exists():
-                best_state = torch.load(Path(d) / BEST, map_location="cpu", weights_only=True)
+                best_state = load_weights_only(Path(d) / BEST, f"checkpoint {Path(d) / BEST}")
         if rank == 0:
             say(f"resuming after epoch {progress['epoch']} (phase {progress['phase'] + 1})")
     device = ray.train.torch.get_device()

@@ -14,11 +14,13 @@ linear with bias and identity output, ``W h + b``, shape (B, n_items) float32.
 from __future__ import annotations
 
 import math
+import pickle
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from etl.errors import UsageError
 from training.losses import row_ids
 
 
@@ -101,9 +103,24 @@ def build_model(name: str, n_items: int, width: int) -> AutoRec:
     return AutoRec(n_items, width, model_spec(name).heads)
 
 
+def load_weights_only(source, what: str):
+    """``torch.load`` of tensors and plain data only (``weights_only=True``): everything this
+    project writes (models, checkpoints, optimizer states, progress) loads so. A file whose pickle
+    would build other objects, and so could run code when loaded, is refused in one line."""
+    try:
+        return torch.load(source, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = next((ln.strip() for ln in str(e).splitlines() if "GLOBAL" in ln), "")
+        raise UsageError(
+            f"{what}: refused: it holds Python objects other than tensors and plain data, and "
+            f"loading them could run code{f' ({found})' if found else ''}. Only files written by "
+            "this project's training load; retrain, or pass a file you trust that holds a plain "
+            "dict of tensors") from None
+
+
 def load_model_file(path: str) -> tuple[AutoRec, str]:
     """(model in eval mode, the head it recommends with) from a run's ``model.pt``."""
-    saved = torch.load(path, map_location="cpu", weights_only=False)
+    saved = load_weights_only(path, path)
     a = saved["model_args"]
     model = AutoRec(a["n_items"], a["width"], tuple(a["heads"]))
     model.load_state_dict(saved["state_dict"])

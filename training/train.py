@@ -32,7 +32,7 @@ import time
 from etl.errors import UsageError
 from training import feed as F
 from training.config import DATA_CACHE, NEGATIVES, PLACEMENTS, TRAIN_SPLITS, TrainConfig, check
-from training.models import MODELS, model_spec
+from training.models import MODELS, load_weights_only, model_spec
 from training.prepared import Prepared, filesystem, join, open_prepared
 from training.step import MODES
 
@@ -274,6 +274,8 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
               f"its model is {record['summary']['model_path']}. Pass another --run-name to train "
               "again", flush=True)
         return record["summary"]
+    if record is not None:
+        check_saved_files(cfg)
     uri = tracking.tracking_uri(mlflow_uri)
     tracking.check_reachable(uri)
     run_id = tracking.open_run(uri, cfg.experiment, cfg.run_name,
@@ -323,16 +325,26 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
 
 
 def read_model_file(path: str) -> dict:
-    import torch
-
     fs, p = filesystem(path)
     with fs.open_input_stream(p) as f:
-        return torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=False)
+        return load_weights_only(io.BytesIO(f.read()), path)
+
+
+def check_saved_files(cfg: TrainConfig) -> None:
+    """Before Ray starts a resume: every ``.pt`` file of the run (model, checkpoints) must load
+    weights-only, so that a tampered file is refused here in one line rather than unpickled, or
+    failed on, by every worker restart."""
+    from pyarrow import fs as pafs
+
+    run_dir = join(cfg.output, cfg.run_name)
+    fs, path = filesystem(run_dir)
+    for info in fs.get_file_info(pafs.FileSelector(path, recursive=True)):
+        if info.is_file and info.path.endswith(".pt"):
+            read_model_file(join(run_dir, info.path[len(path):].lstrip("/")))
 
 
 def train_run(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, ray_address: str | None):
     """Train on Ray; returns (summary, per-epoch history, best weights, model arguments)."""
-    import torch
 
     from training import tracking
 
@@ -352,8 +364,8 @@ def train_run(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, ray_addre
     if result.checkpoint is None:
         raise TrainingError(f"run {cfg.run_name} ended without a checkpoint: {result.error}")
     with result.checkpoint.as_directory() as d:
-        state = torch.load(Path(d) / "state.pt", map_location="cpu", weights_only=False)
-        best = torch.load(Path(d) / "best.pt", map_location="cpu", weights_only=True) \
+        state = load_weights_only(Path(d) / "state.pt", "the last checkpoint")
+        best = load_weights_only(Path(d) / "best.pt", "the last checkpoint") \
             if (Path(d) / "best.pt").exists() else None
     progress, history = state["progress"], state["progress"]["history"]
     if progress["diverged"]:

@@ -121,21 +121,22 @@ def main() -> int:
         assert manifest["spark"]["master"] == master
 
         # 2. Ray: head (1 CPU) + a second node (2 CPUs)
-        os.environ["RAY_AUTH_MODE"] = "token"
+        auth = services.ray_token(work)  # one token for both nodes and every client
+        os.environ.update(auth)
         gcs, dash = services.free_port(), services.free_port()
         head = services.start_ray_head(Path(tempfile.gettempdir()) / f"nce-rc-{os.getpid()}", gcs,
-                                       dash, num_cpus=1)
+                                       dash, num_cpus=1, auth=auth)
         groups["ray-head"] = head.proc
         groups["ray-node2"] = spawn(
             [str(BIN / "ray"), "start", "--address", head.address, "--block", "--num-cpus", "2",
              "--node-ip-address", "127.0.0.1", "--disable-usage-stats",
              *services.ray_side_ports(head=False)], work / "node2.log",
-            {"RAY_AUTH_MODE": "token", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"})
+            {**auth, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"})
 
         def nodes_alive() -> int:
             out = subprocess.run([str(BIN / "ray"), "list", "nodes", "--address", head.address,
                                   "--format", "json"], capture_output=True, text=True,
-                                 env={**os.environ, "RAY_AUTH_MODE": "token"})
+                                 env={**os.environ, **auth})
             try:
                 return sum(n["state"] == "ALIVE" for n in json.loads(out.stdout))
             except (json.JSONDecodeError, KeyError, TypeError):
@@ -156,7 +157,7 @@ def main() -> int:
         runtime_env = json.dumps({"env_vars": {"PYTHONPATH": str(ROOT)}})
         cmd = [str(BIN / "ray"), "job", "submit", "--address", head.url, "--runtime-env-json",
                runtime_env, "--", *args]
-        env = {**os.environ, "RAY_AUTH_MODE": "token"}
+        env = {**os.environ, **auth}
         text = run(cmd, env, log, f"ray job submit --address {head.url} --runtime-env-json "
                    f"'{runtime_env}' -- " + " ".join(args))
         placed = sorted(set(re.findall(r"rank (\d)/2 on node (\w+)", text)))
