@@ -204,7 +204,7 @@ def run(cfg: ETLConfig, spark=None) -> dict:
                 "spark": {"version": spark.version, "master": spark.sparkContext.master,
                           "shuffle_partitions": partitions},
             }
-            publisher.write_json(f"{tmp}/{S.MANIFEST}", manifest)  # last: marks completeness
+            manifest = publisher.write_manifest(manifest)  # last: lists every file, marks completeness
     finally:
         for df in cached:
             df.unpersist()

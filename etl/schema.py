@@ -3,7 +3,8 @@
 Every later stage (training, scoring, evaluation) and outside tools read a prepared directory
 through these names. Bump ``SCHEMA_VERSION`` on any incompatible change.
 
-    DIR/manifest.json   written last: its presence means the directory is complete
+    DIR/manifest.json   written last; names every file with its size ("files"): the directory is
+                        complete when it holds the manifest and exactly those files
     DIR/items/          Parquet, one row per item:  item_index int32, item_id string,
                         pop_train int64, pop_train_valid int64          (sorted by item_index)
     DIR/users/          Parquet, one row per user:  user_index int32, user_id string, cold bool
@@ -20,7 +21,7 @@ Cold users have train items (their fold-in input) but no negatives; their R* val
 like everyone's but are not used for training.
 """
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the manifest lists every file with its size (etl/publish.py)
 
 MANIFEST = "manifest.json"
 ITEMS_DIR = "items"

@@ -67,7 +67,7 @@ def read_recs(spark, path: str, label: str | None) -> Recs:
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, StringType
 
-    from etl.publish import qualify, read_text
+    from etl.publish import FILES, Publisher, check_files, qualify, read_text
 
     path = qualify(path)
     jvm = spark.sparkContext._jvm
@@ -78,6 +78,13 @@ def read_recs(spark, path: str, label: str | None) -> Recs:
                          "spark-submit evaluation/score.py --model MODEL --data DIR --output RECS")
     text = read_text(spark, f"{path}/{RECS_MARKER}")
     manifest = json.loads(text) if text else {}
+    if manifest:  # written by evaluation/score.py: exactly the files it lists, or incomplete
+        if FILES not in manifest:
+            raise UsageError(f"--recs {path}: written by an older version (its {RECS_MARKER} lists "
+                             "no files); score it again with evaluation/score.py")
+        found = Publisher(spark, path).listing(path)
+        found.pop(RECS_MARKER, None)
+        check_files(f"--recs {path}", manifest[FILES], found)
     try:
         df = spark.read.parquet(path)
     except Exception as e:
@@ -313,10 +320,9 @@ def evaluate(spark, *, recs: list[str], data: str, output: str, target: str = "t
                     "data": prep.uri, "dataset": prep.dataset, "target": target,
                     "recs": {f.label: f.path for f in files}, "mlflow_runs": runs,
                     "users_without_recommendations": missing, "popularity": pop,
-                    "files": sorted(out_files) + ["per_user/"],
                     "seconds": round(time.perf_counter() - t0, 1),
                     "labels": [f.label for f in files], "rows": rows}
-        publisher.write_json(f"{tmp}/manifest.json", manifest)
+        manifest = publisher.write_manifest(manifest)  # last: lists every file
     truth.unpersist()
     users_df.unpersist()
     return manifest

@@ -244,7 +244,7 @@ def score(spark, *, model: str, data: str, output: str, k: int = 50, users: str 
                 "columns": {"user_id": "string", "item_ids": "list<string>",
                             "scores": "list<float>"},
             }
-            publisher.write_json(f"{tmp}/{MARKER}", manifest)  # last: marks completeness
+            manifest = publisher.write_manifest(manifest)  # last: lists every file, marks completeness
     finally:
         bc_weights.unpersist()
         bc_item_ids.unpersist()

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from etl import schema as S
 from etl.config import ETLConfig
 from etl.prepare import run
 
@@ -120,3 +121,12 @@ def check_prepared(p: Prepared, pos: pd.DataFrame, expected_split: pd.DataFrame 
         else:
             assert sum(row.neg_counts) == negatives
             assert all(pop_by_index[j] > 0 for j in row.neg_items)
+
+
+def relist_files(prepared: Path) -> None:
+    """After a test edits a prepared directory by hand: its manifest lists the files as they now
+    are (what the ETL's publisher writes), so that readers take the edit for a whole output."""
+    manifest = json.loads((prepared / S.MANIFEST).read_text())
+    manifest["files"] = {str(f.relative_to(prepared)): f.stat().st_size
+                         for f in sorted(prepared.rglob("*")) if f.is_file() and f.name != S.MANIFEST}
+    (prepared / S.MANIFEST).write_text(json.dumps(manifest))

@@ -19,6 +19,7 @@ from evaluation.evaluate import evaluate
 from evaluation.score import score
 from evaluation.spark_metrics import METRICS, metric_key
 from training.data import sparse_rows
+from tests.etl_helpers import relist_files
 from training.models import AutoRec
 
 pytestmark = pytest.mark.spark
@@ -251,8 +252,25 @@ def test_evaluation_refuses_bad_input(spark, scored, evaluated, ml100k_prepared,
     shutil.rmtree(empty / S.SPLIT_DIR)
     (empty / S.SPLIT_DIR).mkdir()
     split[split[S.SPLIT] != "test"].to_parquet(empty / S.SPLIT_DIR / "part-0.parquet")
+    relist_files(empty)
     with pytest.raises(UsageError, match="no warm user has a test item"):
         evaluate(spark, recs=[str(base / "recs")], data=str(empty), output=str(tmp_path / "o"),
+                 use_mlflow=False)
+    assert not (tmp_path / "o").exists()
+
+
+def test_evaluation_refuses_recommendations_that_differ_from_their_manifest(spark, scored,
+                                                                         ml100k_prepared, tmp_path):
+    import shutil
+    _, base, _ = scored
+    copy = tmp_path / "recs"
+    shutil.copytree(base / "recs", copy)
+    listed = json.loads((copy / "_manifest.json").read_text())["files"]
+    part = next(f for f in listed if f.endswith(".parquet"))
+    (copy / part).unlink()  # e.g. caught while an S3A rename copies the files
+    with pytest.raises(UsageError, match=rf"--recs {copy} is incomplete: 1 file\(s\) its manifest "
+                                         rf"lists are missing \(e.g. {part}\)"):
+        evaluate(spark, recs=[str(copy)], data=str(ml100k_prepared), output=str(tmp_path / "o"),
                  use_mlflow=False)
     assert not (tmp_path / "o").exists()
 

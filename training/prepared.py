@@ -1,6 +1,7 @@
 """A prepared directory (the ETL's output, ``etl/schema.py``) as training sees it.
 
-Opening one checks that it is complete and of the schema version this code reads, and loads the
+Opening one checks that it is complete (its manifest and exactly the files the manifest lists, with
+their sizes: ``etl/publish.py``) and of the schema version this code reads, and loads the
 small per-item tables (popularity, hence R* for any beta and the negative-sampling distribution).
 User rows stay on storage: Ray Data streams them (``training/feed.py``).
 """
@@ -18,6 +19,7 @@ import pyarrow.fs as pafs
 from etl import protocol
 from etl import schema as S
 from etl.errors import UsageError
+from etl.publish import FILES, check_files
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,13 @@ def open_prepared(uri: str) -> Prepared:
     hint = ("prepare one with: spark-submit etl/prepare.py --dataset NAME --input RAW --output "
             f"{uri}")
     if info.type == pafs.FileType.NotFound:
+        parent, name = path.rsplit("/", 1)
+        aside = [i.path for i in fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True))
+                 if i.base_name.startswith(f".{name}.old-")]
+        if aside:
+            raise UsageError(f"--data {uri}: an overwrite of it was interrupted; the previous "
+                             f"output is whole in {aside[0]}, and the next etl/prepare.py run for "
+                             f"this --output restores it first")
         raise UsageError(f"--data {uri}: no such directory; {hint}")
     if info.type != pafs.FileType.Directory:
         raise UsageError(f"--data {uri}: not a directory; pass the ETL's --output directory")
@@ -90,6 +99,10 @@ def open_prepared(uri: str) -> Prepared:
     if version != S.SCHEMA_VERSION:
         raise UsageError(f"--data {uri}: schema version {version}, but this code reads version "
                          f"{S.SCHEMA_VERSION}; prepare it again with this code's etl/prepare.py")
+    found = {i.path[len(path):].lstrip("/"): i.size
+             for i in fs.get_file_info(pafs.FileSelector(path, recursive=True)) if i.is_file}
+    found.pop(S.MANIFEST, None)
+    check_files(f"--data {uri}", manifest[FILES], found)
     items = pds.dataset(join(path, manifest["layout"]["items"]), filesystem=fs,
                         format="parquet").to_table(columns=[S.ITEM_INDEX, S.POP_TRAIN,
                                                             S.POP_TRAIN_VALID])

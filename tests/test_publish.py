@@ -1,0 +1,113 @@
+"""Publishing holds where renames are not atomic: the manifest lists every file with its size and
+readers verify it; an ETL killed in each window of publishing leaves either the previous output or
+the new one readable, and the next run restores what an interrupted overwrite moved aside."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from etl import schema as S
+from etl.errors import UsageError
+from etl.publish import check_files
+from training.prepared import open_prepared
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_check_files_names_what_is_wrong():
+    listed = {"rows/part-0.parquet": 100, "items/part-0.parquet": 20}
+    check_files("D", listed, {**listed, "_SUCCESS": 0, ".part-0.parquet.crc": 12})  # hidden: fine
+    with pytest.raises(UsageError, match=r"D is incomplete: 1 file\(s\) its manifest lists are "
+                                         r"missing \(e.g. rows/part-0.parquet\)"):
+        check_files("D", listed, {"items/part-0.parquet": 20})
+    with pytest.raises(UsageError, match=r"differ in size \(e.g. rows/part-0.parquet: 60 bytes, "
+                                         r"the manifest says 100\).*run the job that writes it again"):
+        check_files("D", listed, {**listed, "rows/part-0.parquet": 60})
+    with pytest.raises(UsageError, match=r"1 data file\(s\) are not in its manifest \(e.g. rows/x"):
+        check_files("D", listed, {**listed, "rows/x.parquet": 5})
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("damage", ["missing", "truncated", "extra"])
+def test_readers_refuse_a_prepared_directory_that_differs_from_its_manifest(ml100k_prepared,
+                                                                           tmp_path, damage):
+    copy = tmp_path / "p"
+    shutil.copytree(ml100k_prepared, copy)
+    manifest = json.loads((copy / S.MANIFEST).read_text())
+    shard = next(f for f in manifest["files"] if f.startswith(S.ROWS_DIR + "/"))
+    open_prepared(str(copy))  # whole: opens
+    if damage == "missing":  # e.g. an S3A rename (a copy) caught half-way
+        (copy / shard).unlink()
+    elif damage == "truncated":
+        (copy / shard).write_bytes((copy / shard).read_bytes()[:100])
+    else:
+        shutil.copy(copy / shard, copy / S.ROWS_DIR / "stray.parquet")
+    with pytest.raises(UsageError, match=rf"--data {copy} is incomplete"):
+        open_prepared(str(copy))
+
+
+def etl(out: Path, seed: int, failpoint: str | None = None) -> subprocess.CompletedProcess:
+    """The real ETL job (a small synthetic set), killed at ``failpoint`` if one is named."""
+    env = {**os.environ, "SPARK_MASTER": "local[1]", "SPARK_DRIVER_MEMORY": "1g"}
+    env.pop("NCE_FAILPOINT", None)
+    if failpoint:
+        env["NCE_FAILPOINT"] = failpoint
+    return subprocess.run(
+        [sys.executable, "etl/prepare.py", "--dataset", "synthetic", "--users", "300", "--items",
+         "60", "--positives", "3000", "--negatives", "20", "--seed", str(seed), "--output", str(out),
+         "--overwrite"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def seed_of(out: Path) -> int:
+    return open_prepared(str(out)).manifest["parameters"]["seed"]
+
+
+def hidden(out: Path, kind: str) -> list[Path]:
+    return sorted(out.parent.glob(f".{out.name}.{kind}-*"))
+
+
+@pytest.mark.spark
+def test_an_etl_killed_in_each_window_of_publishing_loses_nothing(tmp_path):
+    out = tmp_path / "prepared"
+    first = etl(out, seed=1)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert seed_of(out) == 1
+
+    # killed while staging (before its manifest): the previous output is untouched
+    killed = etl(out, seed=2, failpoint="before-manifest")
+    assert killed.returncode == 137 and seed_of(out) == 1
+    (left,) = hidden(out, "tmp")
+
+    # killed between the two renames: no output at the path; the previous one is whole aside,
+    # and a reader says so
+    killed = etl(out, seed=3, failpoint="moved-aside")
+    assert killed.returncode == 137 and not out.exists()
+    assert left not in hidden(out, "tmp")  # this run removed the last one's leftover staging
+    (aside,) = hidden(out, "old")
+    with pytest.raises(UsageError, match=rf"an overwrite of it was interrupted; the previous output "
+                                         rf"is whole in {aside}, and the next etl/prepare.py run"):
+        open_prepared(str(out))
+
+    # the next run restores it first, then is killed after publishing, before deleting the old
+    killed = etl(out, seed=4, failpoint="published")
+    assert killed.returncode == 137
+    assert "restored the previous" in killed.stderr and str(aside) in killed.stderr
+    assert seed_of(out) == 4 and len(hidden(out, "old")) == 1  # the new output is in place
+
+    # an output caught half-copied (S3A renames copy file by file, manifest possibly first),
+    # with the previous one still aside: refused by readers, replaced by the old on the next run
+    manifest = json.loads((out / S.MANIFEST).read_text())
+    (out / next(f for f in manifest["files"] if f.startswith("rows/"))).unlink()
+    with pytest.raises(UsageError, match="is incomplete"):
+        open_prepared(str(out))
+    last = etl(out, seed=5)
+    assert last.returncode == 0, last.stderr[-3000:]
+    assert "restored the previous" in last.stderr
+    assert seed_of(out) == 5 and not hidden(out, "old") and not hidden(out, "tmp")
