@@ -1,4 +1,5 @@
-"""Quality check on real data: NCE-AutoRec against AutoRec on ml-100k, through the real stack.
+"""Quality check on real data: NCE-AutoRec against AutoRec on ml-100k, through the real entry points
+(the ETL under spark-submit; training's ``run`` on a local Ray, tracked in a local SQLite MLflow).
 
     .venv/bin/python benchmarks/quality_ml100k.py [--shared ../shared/datasets]
 

@@ -8,7 +8,9 @@ points, on a local stack.
     5. spark-submit evaluation/evaluate.py   -> var/eval/ml-latest-small       (table, plots, MLflow)
 
 then prints the results table, the popularity plot's path and the MLflow UI link comparing the two
-runs. A second run reuses every step whose output is current; ``--redo`` does them all again.
+runs, and writes what it found (test metrics with CIs, popularity, each step's time, the machine,
+the code's commit) to ``var/results/demo.{json,md}``: the README quotes a committed copy.
+A second run reuses every step whose output is current; ``--redo`` does them all again.
 The stack is left running (for the MLflow UI); ``make stop`` stops it.
 
 The models are selected on the validation split and evaluated on the test split with train+valid
@@ -142,6 +144,63 @@ def compare_url(mlflow_url: str, run_ids: list[str]) -> str:
             f"&experiments={q(compact([exp]))}")
 
 
+def machine() -> dict:
+    import platform
+
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"cores": os.cpu_count(), "memory_gib": round(mem, 1), "arch": platform.machine(),
+            "os": platform.system(), "python": platform.python_version()}
+
+
+def commit() -> str:
+    """The code's commit, ``+dirty`` when the work tree differs from it."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (sha or "unknown") + ("+dirty" if dirty else "")
+
+
+def write_results(folder: Path, evaluation: Path, summaries: dict, counts: dict,
+                  timings: dict, var: Path, args) -> Path:
+    """``demo.json`` and ``demo.md``: what this run found and what it took, with paths relative to
+    the project (no machine's directories in a file meant to be committed)."""
+    from evaluation.evaluate import report
+
+    m = json.loads((evaluation / "manifest.json").read_text())
+    local = lambda text: text.replace(str(var), "var").replace(str(ROOT), ".")
+    summary = {
+        "command": "make demo" + (f" (--epochs {args.epochs})" if args.epochs else ""),
+        "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit(), "machine": machine(),
+        "dataset": {"name": "ml-latest-small", "seed": args.seed, **counts},
+        "training": {label: {k: s.get(k) for k in ("best_epoch", "epochs_run", "best_valid_ndcg",
+                                                    "best_valid_recall_at_50")}
+                     for label, s in summaries.items()},
+        "test": [r for r in m["rows"] if r["group"] in ("warm", "cold")],
+        "popularity": m["popularity"], "seconds": timings,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
+    md = [f"# The main job (`{summary['command']}`)", "",
+          f"Date: {summary['date']}; commit {summary['commit']}; machine: "
+          + ", ".join(f"{k} {v}" for k, v in summary["machine"].items()) + ".", "",
+          f"Data: ml-latest-small, {counts['users']:,} users ({counts['cold_users']:,} cold-start), "
+          f"{counts['items']:,} items; models selected on validation (early stopping), evaluated "
+          "on test with train and valid items excluded.", "",
+          "| model | best epoch | epochs run | validation NDCG |", "|---|---|---|---|"]
+    md += [f"| {label} | {t['best_epoch']} | {t['epochs_run']} | {t['best_valid_ndcg']:.4f} |"
+           for label, t in summary["training"].items()]
+    md += ["", "```", local(report(m, str(evaluation))), "```", "",
+           "Seconds per step (a reused step takes about none):", "",
+           "| " + " | ".join(timings) + " |", "|" + "---|" * len(timings),
+           "| " + " | ".join(f"{v:.0f}" for v in timings.values()) + " |", ""]
+    (folder / "demo.md").write_text("\n".join(md))
+    return folder / "demo.md"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -162,12 +221,20 @@ def main(argv: list[str] | None = None) -> int:
     var = Path(args.var).resolve()
     prepared = var / "data" / "ml-latest-small"
     t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    clock = [time.perf_counter()]
+
+    def lap(name: str) -> None:  # seconds since the last lap, under ``name``
+        now = time.perf_counter()
+        timings[name] = round(now - clock[0], 1)
+        clock[0] = now
 
     step(1, "local stack: MLflow tracking server and Ray head (loopback)")
     running = stack.start(state=Path(args.stack_state), mlflow_config=Path(args.mlflow_config),
                           log=lambda s: print("   " + s, flush=True))
     mlflow_url = running["mlflow"].url
     os.environ.update(stack.client_env(running))  # this process and what it starts talk to the head
+    lap("stack")
 
     step(2, f"ETL on Spark: ml-latest-small -> {prepared}")
     if not args.redo and prepared_is_current(prepared, dataset, args.seed):
@@ -178,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     c = json.loads((prepared / "manifest.json").read_text())["counts"]
     print(f"   {c['users']:,} users ({c['cold_users']:,} cold-start), {c['items']:,} items, "
           "positives " + ", ".join(f"{k} {v:,}" for k, v in c["positives"].items()))
+    lap("etl")
 
     step(3, "training on Ray Train (2 workers, ray job submit), tracked in MLflow")
     summaries = {}
@@ -187,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         summaries[label] = s
         print(f"   {label}: best epoch {s['best_epoch']} of {s['epochs_run']}, validation NDCG "
               f"{s['best_valid_ndcg']:.4f}, model {s['model_uri']}", flush=True)
+        lap(f"train {label}")
 
     step(4, "batch scoring on Spark: top 50 for every user, train+valid excluded")
     recs = {}
@@ -195,30 +264,35 @@ def main(argv: list[str] | None = None) -> int:
         recs[label] = out
         if not args.redo and recs_are_current(out, s["model_uri"]):
             print(f"   {label}: already scored ({out})")
-            continue
-        run_spark("evaluation/score.py", "--model", s["model_uri"], "--mlflow-uri", mlflow_url,
-                  "--data", str(prepared), "--output", str(out), "--k", "50",
-                  "--exclude", "train,valid", "--overwrite", "-q")
+        else:
+            run_spark("evaluation/score.py", "--model", s["model_uri"], "--mlflow-uri", mlflow_url,
+                      "--data", str(prepared), "--output", str(out), "--k", "50",
+                      "--exclude", "train,valid", "--overwrite", "-q")
+        lap(f"score {label}")
 
     step(5, "evaluation on Spark: metrics with 95% CIs, popularity, cold start -> MLflow")
     evaluation = var / "eval" / "ml-latest-small"
+    from evaluation.evaluate import report
     if not args.redo and evaluation_is_current(evaluation, list(recs.values())):
         print(f"   already evaluated ({evaluation})\n")
-        from evaluation.evaluate import report
         print(report(json.loads((evaluation / "manifest.json").read_text()), str(evaluation)))
     else:
         run_spark("evaluation/evaluate.py", "--recs", *map(str, recs.values()),
                   "--labels", *recs.keys(), "--data", str(prepared), "--output", str(evaluation),
                   "--mlflow-uri", mlflow_url, "--overwrite", "-q")
+    lap("evaluate")
+    timings["total"] = round(time.perf_counter() - t0, 1)
 
     run_ids = [s["mlflow_run_id"] for s in summaries.values()]
+    results = write_results(var / "results", evaluation, summaries, c, timings, var, args)
     print(f"\npopularity plot: {evaluation / 'popularity.png'}")
     print(f"cold-start plot: {evaluation / 'cold_start.png'}")
     print(f"MLflow UI, the two runs side by side: {compare_url(mlflow_url, run_ids)}")
-    print(f"done in {time.perf_counter() - t0:.0f}s; the stack keeps running for the UI "
+    print(f"results (metrics, popularity, timings, machine, commit): {results}")
+    print(f"done in {timings['total']:.0f}s; the stack keeps running for the UI "
           "(stop it with: make stop)")
     print("SUMMARY " + json.dumps({"runs": dict(zip(summaries, run_ids)), "evaluation": str(evaluation),
-                                   "mlflow": mlflow_url}), flush=True)
+                                   "mlflow": mlflow_url, "results": str(results)}), flush=True)
     return 0
 
 

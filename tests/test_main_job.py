@@ -47,6 +47,22 @@ def test_main_job_runs_every_stage_and_prints_the_results(first_run, local_stack
     assert (var / "eval" / "ml-latest-small" / "cold_start.png").exists()
 
 
+def test_main_job_writes_its_results_file_without_machine_paths(first_run):
+    var, _, summary = first_run
+    results = json.loads((var / "results" / "demo.json").read_text())
+    assert summary["results"] == str(var / "results" / "demo.md")
+    assert set(results["training"]) == {"NCE-AutoRec", "AutoRec"}
+    assert results["training"]["AutoRec"]["epochs_run"] == 2 and results["commit"]
+    ndcg = [r for r in results["test"] if r["metric"] == "NDCG" and r["group"] == "warm"]
+    assert len(ndcg) == 2 and all(0 < r["mean"] < 1 and r["ci95"] > 0 for r in ndcg)
+    assert set(results["popularity"]) == {"NCE-AutoRec", "AutoRec"}
+    assert {"stack", "etl", "train AutoRec", "score AutoRec", "evaluate", "total"} <= set(
+        results["seconds"])
+    md = (var / "results" / "demo.md").read_text()
+    assert "R-Precision" in md and "var/eval/ml-latest-small/popularity.png" in md
+    assert str(var) not in md and str(ROOT) not in md and str(var) not in json.dumps(results)
+
+
 def test_mlflow_holds_both_runs_with_metrics_models_and_plots(first_run, mlflow_server):
     from mlflow.tracking import MlflowClient
 

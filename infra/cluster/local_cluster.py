@@ -48,6 +48,13 @@ class Log:
         self.lines.append(text)
 
 
+def without_machine_paths(text: str, work: Path) -> str:
+    """The committed log names no directory of this machine: the scratch directory as $WORK, the
+    checkout as ., the temp directory as $TMPDIR."""
+    return (text.replace(str(work), "$WORK").replace(str(ROOT), ".")
+            .replace(tempfile.gettempdir(), "$TMPDIR"))
+
+
 def spawn(cmd: list[str], log_file: Path, env: dict | None = None) -> subprocess.Popen:
     with open(log_file, "ab") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -191,7 +198,7 @@ def main() -> int:
         log("```")
         log(f"\nTotal {time.perf_counter() - log.t0:.0f}s.")
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text("\n".join(log.lines) + "\n")
+    OUT.write_text(without_machine_paths("\n".join(log.lines) + "\n", work))
     return 1 if left else 0
 
 
