@@ -93,7 +93,12 @@ def run(cmd: list[str], env: dict, log: Log, show: str) -> str:
 def main() -> int:
     log = Log()
     work = Path(tempfile.mkdtemp(prefix="nce-cluster-"))
-    env_spark = {"SPARK_LOCAL_IP": "127.0.0.1", "SPARK_WORKER_DIR": str(work / "spark-work")}
+    import pyspark
+    # SPARK_HOME named outright: spark-class otherwise looks for pyspark with whatever `python3`
+    # is first on PATH, which is not this venv's unless the venv is activated
+    env_spark = {"SPARK_LOCAL_IP": "127.0.0.1", "SPARK_WORKER_DIR": str(work / "spark-work"),
+                 "SPARK_HOME": str(Path(pyspark.__file__).parent),
+                 "PYSPARK_PYTHON": sys.executable}
     groups: dict[str, subprocess.Popen] = {}
     log("# Cluster paths on one machine: Spark standalone + a two-node Ray cluster")
     log()
