@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from etl import protocol
+from etl import schema as S
 from etl.errors import UsageError
 from evaluation.metrics import hit_matrix, per_user
 from training.config import TrainConfig, check
@@ -170,7 +171,8 @@ def test_open_prepared_explains_what_is_wrong(tmp_path):
         open_prepared(str(tmp_path / "half"))
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "manifest.json").write_text(json.dumps({"schema_version": 0}))
-    with pytest.raises(UsageError, match="schema version 0, but this code reads version 1"):
+    with pytest.raises(UsageError,
+                       match=f"schema version 0, but this code reads version {S.SCHEMA_VERSION}"):
         open_prepared(str(tmp_path / "old"))
 
 
