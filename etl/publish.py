@@ -128,13 +128,16 @@ class Publisher:
             found[path[len(base) + 1:]] = int(status.getLen())
         return found
 
+    def verify(self, folder: str, manifest: dict, where: str | None = None) -> None:
+        """Refuse ``folder`` unless it holds exactly the files ``manifest`` lists (``check_files``)."""
+        found = self.listing(folder)
+        found.pop(self.marker, None)
+        check_files(where or folder, manifest[FILES], found)
+
     def complete(self, folder: str) -> bool:
         """Whether ``folder`` holds a whole output: a readable manifest and the files it lists."""
         try:
-            manifest = json.loads(read_text(self.spark, f"{folder}/{self.marker}") or "null")
-            found = self.listing(folder)
-            found.pop(self.marker, None)
-            check_files(folder, manifest[FILES], found)
+            self.verify(folder, json.loads(read_text(self.spark, f"{folder}/{self.marker}") or "null"))
             return True
         except Exception:  # no manifest, unreadable, an older one without files, or incomplete
             return False

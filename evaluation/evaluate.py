@@ -67,7 +67,7 @@ def read_recs(spark, path: str, label: str | None) -> Recs:
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, StringType
 
-    from etl.publish import FILES, Publisher, check_files, qualify, read_text
+    from etl.publish import FILES, Publisher, qualify, read_text
 
     path = qualify(path)
     jvm = spark.sparkContext._jvm
@@ -82,9 +82,7 @@ def read_recs(spark, path: str, label: str | None) -> Recs:
         if FILES not in manifest:
             raise UsageError(f"--recs {path}: written by an older version (its {RECS_MARKER} lists "
                              "no files); score it again with evaluation/score.py")
-        found = Publisher(spark, path).listing(path)
-        found.pop(RECS_MARKER, None)
-        check_files(f"--recs {path}", manifest[FILES], found)
+        Publisher(spark, path, marker=RECS_MARKER).verify(path, manifest, f"--recs {path}")
     try:
         df = spark.read.parquet(path)
     except Exception as e:
