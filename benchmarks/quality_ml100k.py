@@ -34,8 +34,8 @@ from evaluation.metrics import hit_matrix, per_user  # noqa: E402
 from evaluation.popularity import popularity_summary  # noqa: E402
 from infra.submit import spark_submit  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
-from training.data import sparse_rows  # noqa: E402
-from training.models import load_model_file  # noqa: E402
+from models.batch import sparse_rows  # noqa: E402
+from models.registry import load_model_file  # noqa: E402
 from training.prepared import open_prepared  # noqa: E402
 from training.train import run  # noqa: E402
 
@@ -45,11 +45,11 @@ MODELS = ("autorec", "nce-autorec")
 def top50(model_path: Path, prepared: Path) -> tuple[np.ndarray, list[np.ndarray]]:
     """(U, 50) top-50 item indices of the warm users with a validation item, and their
     validation items."""
-    model, head = load_model_file(str(model_path))
+    model = load_model_file(str(model_path))
     rows = pq.read_table(prepared / "rows").to_pandas()
     rows = rows[~rows["cold"] & (rows["valid_items"].map(len) > 0)]
     items, offsets = sparse_rows(list(rows["train_items"]))
-    _, top = model.recommend(items, offsets, head, 50)
+    _, top = model.recommend(items, offsets, 50)
     return top.numpy(), [np.asarray(v) for v in rows["valid_items"]]
 
 

@@ -57,16 +57,14 @@ def prepare(shape: str, users: int, work: Path) -> Path:
 def save_model(data: Path, work: Path) -> Path:
     import torch
 
-    from training.models import build_model
+    from models.registry import build, save
     from training.prepared import open_prepared
 
     torch.manual_seed(0)
-    model = build_model("nce-autorec", open_prepared(str(data)).n_items, WIDTH)
+    model = build("nce-autorec", {"n_items": open_prepared(str(data)).n_items, "width": WIDTH})
     run = work / f"model-{data.name}"
     run.mkdir(exist_ok=True)
-    torch.save({"state_dict": model.state_dict(), "model_args": model.model_args(),
-                "recommend_head": "predict", "config": {"model": "nce-autorec"}, "summary": {}},
-               run / "model.pt")
+    torch.save(save(model, config={"model": "nce-autorec"}, summary={}), run / "model.pt")
     return run
 
 
@@ -76,18 +74,17 @@ def reference_users_per_second(data: Path, run: Path) -> tuple[float, int]:
     import torch
 
     from evaluation.score import batch_users
-    from training.data import sparse_rows
-    from training.losses import row_ids
-    from training.models import load_model_file
+    from models.batch import row_ids, sparse_rows
+    from models.registry import load_model_file
 
-    model, head = load_model_file(str(run / "model.pt"))
+    model = load_model_file(str(run / "model.pt"))
     rows = list(pd.read_parquet(data / "rows", columns=["train_items"])["train_items"])
     per_batch = batch_users(model.n_items)
     batches = [sparse_rows(rows[lo:lo + per_batch]) for lo in range(0, len(rows), per_batch)]
     t0 = time.perf_counter()
     with torch.no_grad():
         for items, offsets in batches:
-            scores = model(items, offsets, (head,))[head]
+            scores = model.score(items, offsets)
             scores[row_ids(offsets, len(items)), items] = -torch.inf
             torch.topk(scores, K, dim=1)
     return len(rows) / (time.perf_counter() - t0), torch.get_num_threads()

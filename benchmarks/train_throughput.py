@@ -96,24 +96,23 @@ def reference_users_per_second(data: Path, model: str, steps: int = 20) -> float
 
     from training import feed as F
     from training.config import TrainConfig
-    from training.models import build_model, model_spec
+    from models.registry import MODELS
     from training.prepared import open_prepared
-    from training.step import make_optimizers, phases, train_batch
+    from training.step import make_optimizers, train_batch
 
     torch.set_num_threads(os.cpu_count() or 1)
     prep = open_prepared(str(data))
     cfg = TrainConfig(data=str(data), model=model, width=WIDTH, batch_size=BATCH)
-    spec = model_spec(model)
     rows = pq.read_table(prep.rows_uri).slice(0, BATCH)
-    batch = F.BatchMaker(F.plan(spec, prep, cfg))(rows, 0)
-    net = build_model(model, prep.n_items, WIDTH)
-    steps_of_phase = phases(spec, None if len(spec.heads) == 1 else "joint")[0]
+    batch = F.BatchMaker(F.plan(MODELS[model], prep, cfg))(rows, 0)
+    net = MODELS[model].from_config(prep.n_items, {"width": WIDTH, "lam": 1e-4})
+    steps_of_phase = net.phases()[0]
     opts = make_optimizers(net, steps_of_phase, 1e-3)
     for _ in range(3):
-        train_batch(net, batch, steps_of_phase, opts, 1e-4)
+        train_batch(net, batch, steps_of_phase, opts)
     t0 = time.perf_counter()
     for _ in range(steps):
-        train_batch(net, batch, steps_of_phase, opts, 1e-4)
+        train_batch(net, batch, steps_of_phase, opts)
     return steps * BATCH / (time.perf_counter() - t0)
 
 

@@ -37,9 +37,9 @@ from etl import schema as S  # noqa: E402
 from training import feed as F  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.loop import new_progress, next_state  # noqa: E402
-from training.models import build_model, model_spec  # noqa: E402
+from models.registry import MODELS  # noqa: E402
 from training.prepared import open_prepared  # noqa: E402
-from training.step import make_optimizers, phases, train_batch  # noqa: E402
+from training.step import make_optimizers, train_batch  # noqa: E402
 from training.validate import batch_metrics  # noqa: E402
 
 # lambda multiplies mean(W^2) (protocol.md), so useful values are large: 1e-4..1 changed nothing
@@ -49,12 +49,12 @@ EPOCHS = 200  # a cap; early stopping (patience 5) ends every run of the grid be
 
 
 def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
-    """One run in this process; returns the best validation NDCG, its epoch and the time."""
+    """One run in this process; returns the best validation NDCG, its epoch, the time and the
+    model as it is at the end (``valid`` None: the final retraining, for ``cfg.epochs``)."""
     torch.manual_seed(cfg.seed)
-    spec = model_spec(cfg.model)
-    all_phases = phases(spec, cfg.mode)
-    make = F.BatchMaker(F.plan(spec, prep, cfg))
-    model = build_model(cfg.model, prep.n_items, cfg.width)
+    make = F.BatchMaker(F.plan(MODELS[cfg.model], prep, cfg))
+    model = MODELS[cfg.model].from_config(prep.n_items, cfg.hyperparameters())
+    all_phases = model.phases()
     opts = make_optimizers(model, all_phases[0], cfg.lr)
     p = new_progress()
     rng = np.random.default_rng(cfg.seed)
@@ -66,21 +66,21 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
         sums: dict[str, float] = {}
         for lo in range(0, rows.num_rows, cfg.batch_size):
             batch = make(rows.take(order[lo:lo + cfg.batch_size]), p["epoch"])
-            for h, v in train_batch(model, batch, all_phases[phase], opts, cfg.lam).items():
+            for h, v in train_batch(model, batch, all_phases[phase], opts).items():
                 sums[h] = sums.get(h, 0.0) + float(v) * len(batch)
         ndcg = None
-        if phase == len(all_phases) - 1:
+        if valid is not None and phase == len(all_phases) - 1:
             model.eval()
             with torch.no_grad():
-                scores = model(valid.train_items, valid.train_offsets,
-                               (spec.recommend_head,))[spec.recommend_head]
+                scores = model.score(valid.train_items, valid.train_offsets)
                 ndcg = float(batch_metrics(scores, valid)[0].mean())
-        embed = sums[spec.embed_head] / rows.num_rows if spec.embed_head in sums else None
+        embed = (model.monitor(phase, {h: v / rows.num_rows for h, v in sums.items()})
+                 if phase < len(all_phases) - 1 else None)
         _, switched = next_state(p, cfg, len(all_phases), embed, ndcg)
         if switched:
             opts = make_optimizers(model, all_phases[p["phase"]], cfg.lr)
     return {"best_ndcg": p["best_ndcg"], "best_epoch": p["best_epoch"], "epochs": p["epoch"],
-            "seconds": time.perf_counter() - t0}
+            "seconds": time.perf_counter() - t0, "net": model.eval()}
 
 
 def load(data: str):
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             for width, lr, lam in itertools.product(*GRID.values()):
                 cfg = replace(base, data=data, model=model, width=width, lr=lr, lam=lam, epochs=EPOCHS)
                 r = {"dataset": prep.dataset, "model": model, "width": width, "lr": lr, "lam": lam,
-                     **train_one(cfg, prep, rows, valid)}
+                     **{k: v for k, v in train_one(cfg, prep, rows, valid).items() if k != "net"}}
                 results.append(r)
                 print(json.dumps(r), flush=True)
     write(results, args, base)

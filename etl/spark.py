@@ -26,7 +26,7 @@ from pathlib import Path
 log = logging.getLogger("etl")
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("etl", "training", "evaluation")
+PACKAGES = ("etl", "models", "training", "evaluation")
 
 
 def java_check() -> None:

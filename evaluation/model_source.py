@@ -4,8 +4,8 @@
     var/runs/NAME/model.pt, or the run directory var/runs/NAME               (training's output)
 
 Either way the result is the same small record (weights as bytes, so Spark can broadcast them, the
-model's shape, the head it recommends with, the splits it was trained on and, where known, the
-MLflow run it came from, so evaluation can log into that run).
+model's name and arguments, from which ``models.registry`` rebuilds any model, the splits it was
+trained on and, where known, the MLflow run it came from, so evaluation can log into that run).
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 
 from etl.errors import UsageError
-from training.models import AutoRec, load_weights_only
+from models.base import Recommender
+from models.registry import build as build_model
+from models.registry import load_weights_only
 
 MLFLOW_SCHEMES = ("runs:/", "models:/", "mlflow-artifacts:/")
 
@@ -27,25 +29,25 @@ MLFLOW_SCHEMES = ("runs:/", "models:/", "mlflow-artifacts:/")
 class ModelSource:
     uri: str                  # as given
     weights: bytes            # torch.save(state_dict)
-    model_args: dict          # n_items, width, heads
-    recommend_head: str
+    model: str                # its name in models.registry.MODELS
+    model_args: dict          # the model's constructor arguments (n_items and its own)
     train_splits: str         # "train" or "train,valid": the model's input rows at scoring
     name: str                 # a label for tables and plots (model kind and run name)
     run_id: str | None        # the MLflow training run, when known
     tracking_uri: str | None
 
-    def build(self) -> AutoRec:
-        return build(self.weights, self.model_args)
+    def build(self) -> Recommender:
+        return build(self.weights, self.model, self.model_args)
 
     @property
     def n_items(self) -> int:
         return int(self.model_args["n_items"])
 
 
-def build(weights: bytes, model_args: dict) -> AutoRec:
-    """The model in eval mode from ``torch.save``d weights and its arguments (weights only: no
-    code is unpickled)."""
-    model = AutoRec(int(model_args["n_items"]), int(model_args["width"]), tuple(model_args["heads"]))
+def build(weights: bytes, name: str, model_args: dict) -> Recommender:
+    """The model in eval mode from ``torch.save``d weights, its name and arguments (weights only:
+    no code is unpickled)."""
+    model = build_model(name, model_args)
     model.load_state_dict(torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True))
     return model.eval()
 
@@ -66,19 +68,20 @@ def from_checkpoint(path: str) -> ModelSource:
                          "has finished; or pass an MLflow model URI such as runs:/RUN_ID/model)")
     saved = load_weights_only(p, f"--model {path}")
     try:
-        args, head, config = saved["model_args"], saved["recommend_head"], saved.get("config", {})
+        name, args, config = saved["model"], saved["model_args"], saved.get("config", {})
     except Exception as e:
-        raise UsageError(f"--model {path}: not a model file written by training/train.py ({e})") from None
+        raise UsageError(f"--model {path}: not a model file written by this version of "
+                         f"training/train.py (no {e} in it); train it again") from None
     record_path = p.parent / "run.json"
     record = json.loads(record_path.read_text()) if record_path.exists() else {}
-    return ModelSource(uri=path, weights=_bytes(saved["state_dict"]), model_args=args,
-                       recommend_head=head, train_splits=config.get("train_splits", "train"),
-                       name=f"{config.get('model', 'model')} {config.get('run_name') or p.parent.name}",
+    return ModelSource(uri=path, weights=_bytes(saved["state_dict"]), model=name, model_args=args,
+                       train_splits=config.get("train_splits", "train"),
+                       name=f"{name} {config.get('run_name') or p.parent.name}",
                        run_id=record.get("mlflow_run_id"), tracking_uri=record.get("mlflow_uri"))
 
 
 def from_mlflow(uri: str, tracking_uri: str) -> ModelSource:
-    """A model logged by training (the weights-only pyfunc of ``training/mlflow_model.py``)."""
+    """A model logged by training (the weights-only pyfunc of ``models/pyfunc.py``)."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -91,9 +94,9 @@ def from_mlflow(uri: str, tracking_uri: str) -> ModelSource:
                          f"({str(e).splitlines()[0]}); check the URI in the MLflow UI and pass "
                          "--mlflow-uri if the run lives elsewhere") from None
     wrapped = pyfunc.unwrap_python_model()
-    if not hasattr(wrapped, "model") or not isinstance(wrapped.model, AutoRec):
-        raise UsageError(f"--model {uri}: not a model logged by training/train.py")
-    model: AutoRec = wrapped.model
+    if not hasattr(wrapped, "model") or not isinstance(wrapped.model, Recommender):
+        raise UsageError(f"--model {uri}: not a model logged by this version of training/train.py")
+    model: Recommender = wrapped.model
     cfg = pyfunc.model_config or {}
     run_name = None
     if info.run_id:
@@ -103,10 +106,10 @@ def from_mlflow(uri: str, tracking_uri: str) -> ModelSource:
             splits = run.data.tags.get("train_splits")
         except MlflowException:
             splits = None
-    return ModelSource(uri=uri, weights=_bytes(model.state_dict()), model_args=model.model_args(),
-                       recommend_head=wrapped.head,
+    return ModelSource(uri=uri, weights=_bytes(model.state_dict()), model=model.name,
+                       model_args=model.model_args(),
                        train_splits=cfg.get("train_splits") or splits or "train",
-                       name=f"{cfg.get('model', 'model')} {run_name or info.run_id or uri}",
+                       name=f"{model.name} {run_name or info.run_id or uri}",
                        run_id=info.run_id, tracking_uri=tracking_uri)
 
 

@@ -67,7 +67,7 @@ def parse_splits(text: str, flag: str) -> tuple[str, ...]:
 _CACHE: dict = {}  # one model per Python worker and scoring job (workers are reused across tasks)
 
 
-def _model(key: str, bc_weights, model_args: dict):
+def _model(key: str, bc_weights, model: str, model_args: dict):
     """The job's model, built once per Python worker. ``key`` is unique per ``score`` call: a
     worker that served an earlier job must not reuse that job's model (broadcast objects carry no
     id on the executors, and Python object ids are recycled)."""
@@ -75,7 +75,7 @@ def _model(key: str, bc_weights, model_args: dict):
 
     if _CACHE.get("key") != key:
         _CACHE.clear()  # drop the previous model before building the next
-        _CACHE.update(key=key, model=build(bc_weights.value, model_args))
+        _CACHE.update(key=key, model=build(bc_weights.value, model, model_args))
     return _CACHE["model"]
 
 
@@ -86,12 +86,12 @@ def union_rows(rb: pa.RecordBatch, cols: tuple[str, ...], cold: np.ndarray,
     disjoint, so concatenating them is their union."""
     import torch
 
-    from training.data import _flat
+    from models.batch import flat
 
     n = rb.num_rows
     values, owners = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for col, cold_col in zip(cols, cold_cols):
-        v, off = _flat(rb.column(col))
+        v, off = flat(rb.column(col))
         owner = np.repeat(np.arange(n), np.diff(np.append(off, len(v))))
         if not cold_col:
             keep = ~cold[owner]
@@ -105,20 +105,20 @@ def union_rows(rb: pa.RecordBatch, cols: tuple[str, ...], cold: np.ndarray,
     return torch.from_numpy(np.concatenate(values)[order]), torch.from_numpy(offsets)
 
 
-def score_batches(batches, *, key: str, bc_weights, bc_item_ids, model_args: dict, head: str, k: int,
+def score_batches(batches, *, key: str, bc_weights, bc_item_ids, model: str, model_args: dict, k: int,
                   input_cols: tuple[str, ...], exclude_cols: tuple[str, ...],
                   cold_input_cols: tuple[str, ...], cold_exclude_cols: tuple[str, ...]):
     """mapInArrow body: Arrow batches of user rows -> (user_id, item_ids, scores) batches."""
     import torch
     from pyspark import TaskContext
 
-    from training.losses import row_ids
+    from models.batch import row_ids
 
     ctx = TaskContext.get()
     torch.set_num_threads(max(1, int(ctx.cpus())) if ctx else 1)
-    model = _model(key, bc_weights, model_args)
+    net = _model(key, bc_weights, model, model_args)
     item_ids = bc_item_ids.value
-    n_items = model.n_items
+    n_items = net.n_items
     for rb in batches:
         if rb.num_rows == 0:
             continue
@@ -126,7 +126,7 @@ def score_batches(batches, *, key: str, bc_weights, bc_item_ids, model_args: dic
         items, offsets = union_rows(rb, input_cols, cold, cold_input_cols)
         ex_items, ex_offsets = union_rows(rb, exclude_cols, cold, cold_exclude_cols)
         with torch.no_grad():
-            scores = model(items, offsets, (head,))[head]
+            scores = net.score(items, offsets)
             if len(ex_items):
                 scores[row_ids(ex_offsets, len(ex_items)), ex_items] = -torch.inf
             kk = min(k, n_items)
@@ -221,13 +221,13 @@ def score(spark, *, model: str, data: str, output: str, k: int = 50, users: str 
     cold_in = tuple(c if c == S.TRAIN_ITEMS else "" for c in map(SPLIT_NAMES.get, input_splits))
     cold_ex = tuple(c if c == S.TRAIN_ITEMS else "" for c in map(SPLIT_NAMES.get, excl))
     fn_kwargs = dict(key=uuid.uuid4().hex, bc_weights=bc_weights, bc_item_ids=bc_item_ids,
-                     model_args=src.model_args, head=src.recommend_head, k=k,
+                     model=src.model, model_args=src.model_args, k=k,
                      input_cols=tuple(SPLIT_NAMES[s] for s in input_splits),
                      exclude_cols=tuple(SPLIT_NAMES[s] for s in excl),
                      cold_input_cols=cold_in, cold_exclude_cols=cold_ex)
     recs = rows.mapInArrow(lambda it: score_batches(it, **fn_kwargs), OUT_SCHEMA)
-    log.info("scoring %s %s users of %s with %s (%s head, %s items, top %d, input %s, excluding %s); "
-             "%d users per batch", f"{n_users:,}", users, prep.dataset, src.name, src.recommend_head,
+    log.info("scoring %s %s users of %s with %s (%s, %s items, top %d, input %s, excluding %s); "
+             "%d users per batch", f"{n_users:,}", users, prep.dataset, src.name, src.model,
              f"{prep.n_items:,}", k, "+".join(input_splits), "+".join(excl), per_batch)
     started = dt.datetime.now(dt.timezone.utc)
     try:
@@ -236,8 +236,8 @@ def score(spark, *, model: str, data: str, output: str, k: int = 50, users: str 
             seconds = time.perf_counter() - t0
             manifest = {
                 "kind": "recommendations", "created": started.isoformat(timespec="seconds"),
-                "model": model, "model_name": src.name, "model_args": src.model_args,
-                "recommend_head": src.recommend_head, "mlflow_run_id": src.run_id,
+                "model": model, "model_name": src.name, "model_kind": src.model,
+                "model_args": src.model_args, "mlflow_run_id": src.run_id,
                 "mlflow_uri": src.tracking_uri, "data": prep.uri, "dataset": prep.dataset,
                 "k": k, "users": users, "input_splits": list(input_splits),
                 "exclude": list(excl), "scored_users": n_users, "seconds": round(seconds, 1),

@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
-from training.losses import densify, l2_penalty, mse_loss, ns_loss
-from training.models import AutoRec, build_model, model_spec
+from models.autorec import AutoRec
+from models.losses import densify, l2_penalty, mse_loss, ns_loss
+from models.registry import build
 
 ls = lambda x: math.log(1 / (1 + math.exp(-x)))  # log sigmoid
 SCORES = torch.tensor([[0.5, 0.0, 1.0], [0.0, 2.0, 0.0]])
@@ -49,20 +50,18 @@ def test_l2_is_lambda_times_mean_square_per_matrix():
 
 
 def test_models_registry_and_shapes():
-    with pytest.raises(ValueError, match="nce-autorec"):
-        model_spec("nce")
-    m = build_model("nce-autorec", n_items=7, width=4)
-    out = m(torch.tensor([0, 3, 6]), torch.tensor([0, 2]))
+    m = build("nce-autorec", {"n_items": 7, "width": 4})
+    out = m.head_scores(torch.tensor([0, 3, 6]), torch.tensor([0, 2]), ("nce", "predict"))
     assert set(out) == {"nce", "predict"} and out["predict"].shape == (2, 7)
-    assert len(m.weight_matrices()) == 3
+    torch.testing.assert_close(m.score(torch.tensor([0, 3, 6]), torch.tensor([0, 2])), out["predict"])
     # the encoder is a sum of item columns: same as a dense linear layer on the binary row
     dense = torch.zeros(2, 7)
     dense[0, [0, 3]] = 1
     dense[1, 6] = 1
     h = torch.relu(dense @ m.encoder.weight + m.encoder_bias)
     torch.testing.assert_close(m.encode(torch.tensor([0, 3, 6]), torch.tensor([0, 2])), h)
-    assert isinstance(m, AutoRec) and m.model_args() == {"n_items": 7, "width": 4,
-                                                         "heads": ["nce", "predict"]}
+    assert isinstance(m, AutoRec) and m.model_args() == {"n_items": 7, "width": 4, "lam": 30.0,
+                                                         "mode": "joint"}
 
 
 def test_rstar_recomputed_for_another_beta_from_popularity():
@@ -70,7 +69,7 @@ def test_rstar_recomputed_for_another_beta_from_popularity():
     import pyarrow as pa
 
     from etl.protocol import rstar_per_item
-    from training.data import batch_from_arrow, with_rstar
+    from training.feed import batch_from_arrow
 
     pop = np.array([50, 5, 1, 0])
     z = 100
@@ -82,8 +81,8 @@ def test_rstar_recomputed_for_another_beta_from_popularity():
                      "neg_items": pa.array([[], []], pa.list_(pa.int32())),
                      "neg_counts": pa.array([[], []], pa.list_(pa.int32()))})
     batch = batch_from_arrow(rows)
-    again = with_rstar(batch, torch.from_numpy(rstar_per_item(pop, z, 1.0)))
-    torch.testing.assert_close(again.train_rstar, batch.train_rstar)  # same beta: the stored values
-    other = with_rstar(batch, torch.from_numpy(rstar_per_item(pop, z, 1.3)))
+    # what the feed does for another beta (training.feed.BatchMaker): gather the per-item table
+    gather = lambda beta: torch.from_numpy(rstar_per_item(pop, z, beta)).float()[batch.train_items]
+    torch.testing.assert_close(gather(1.0), batch.train_rstar)  # same beta: the stored values
     expected = [max(math.log(z) - 1.3 * math.log(p), 0.0) for p in (50, 1, 5)]
-    torch.testing.assert_close(other.train_rstar, torch.tensor(expected, dtype=torch.float32))
+    torch.testing.assert_close(gather(1.3), torch.tensor(expected, dtype=torch.float32))

@@ -1,4 +1,10 @@
-"""Shared behaviour every model passes (implicit's test-mixin idea), and what each mode trains."""
+"""Shared behaviour every model passes (implicit's test-mixin idea), and what each mode trains.
+
+A model's test class subclasses ``ModelBehaviour`` and says how to build it; every model in
+``models.registry.MODELS`` must have one (``test_every_registered_model_has_behaviour_tests``).
+"""
+
+from __future__ import annotations
 
 import io
 
@@ -8,9 +14,11 @@ import pytest
 import torch
 
 from etl import protocol
-from training.data import batch_from_arrow
-from training.models import MODELS, build_model, model_spec
-from training.step import Step, make_optimizers, phases, train_batch
+from models.autorec import Step
+from models.batch import to_csr
+from models.registry import MODELS, build, load_weights_only, read, save
+from training.feed import batch_from_arrow
+from training.step import make_optimizers, train_batch
 
 N = 20  # users and items
 
@@ -36,58 +44,197 @@ def checkerboard(negatives=40, seed=0):
     return table, train, withheld
 
 
-def fit(name, mode=None, epochs=150, seed=0):
-    torch.manual_seed(seed)
-    table, train, withheld = checkerboard()
-    batch = batch_from_arrow(table)
-    model = build_model(name, N, width=4)  # a bottleneck: the model must learn the two groups
+def train_gradient(model, batch, epochs=150, lr=0.02):
+    """Full-batch training through the trainer's own step function; per-step loss terms."""
     history = []
-    for steps in phases(model_spec(name), mode):
-        opts = make_optimizers(model, steps, lr=0.02)
+    for steps in model.phases():
+        opts = make_optimizers(model, steps, lr=lr)
         for _ in range(epochs):
-            history.append(train_batch(model, batch, steps, opts, lam=1e-2))
-    return model, batch, train, withheld, history
+            history.append({k: float(v) for k, v in train_batch(model, batch, steps, opts).items()})
+    return history
 
 
-def scores(model, name, batch):
-    head = model_spec(name).recommend_head
+def reconstruction_error(model, batch) -> float:
+    """Squared error of the model's scores against the binary training rows."""
     with torch.no_grad():
-        return model(batch.train_items, batch.train_offsets, (head,))[head]
+        scores = model.score(batch.train_items, batch.train_offsets)
+    target = to_csr(batch.train_items, batch.train_offsets, model.n_items).toarray()
+    return float(((scores.numpy() - target) ** 2).sum())
 
 
-CASES = [(m, None) for m in ("autorec", "ohns-autorec")] + \
-        [(m, mode) for m in ("ns-autorec", "nce-autorec")
-         for mode in ("joint", "alternating", "limited-finetune", "full-finetune")]
+class ModelBehaviour:
+    """The tests every model passes. Subclasses set ``name`` and ``hp`` (hyperparameters small
+    enough for the 20 x 20 checkerboard: a bottleneck, so the model must learn the two groups)."""
+
+    name: str = ""
+    hp: dict = {}
+
+    @pytest.fixture(scope="class")
+    def trained(self):
+        torch.manual_seed(0)
+        table, train, withheld = checkerboard()
+        batch = batch_from_arrow(table)
+        model = MODELS[self.name].from_config(N, self.hp)
+        if model.kind == "closed-form":
+            before = reconstruction_error(model, batch)
+            model.fit(to_csr(batch.train_items, batch.train_offsets, N),
+                      to_csr(batch.train_items, batch.train_offsets, N, batch.train_rstar), seed=0)
+            history = [{"reconstruction": before}, {"reconstruction": reconstruction_error(model, batch)}]
+        else:
+            history = train_gradient(model, batch)
+        return model.eval(), batch, train, withheld, history
+
+    def test_checkerboard_withheld_item_ranks_first(self, trained):
+        model, batch, train, withheld, _ = trained
+        with torch.no_grad():
+            s = model.score(batch.train_items, batch.train_offsets)
+        for u in range(N):
+            s[u, train[u]] = -np.inf  # training items are excluded from recommendations
+        assert s.argmax(dim=1).tolist() == withheld
+        _, top = model.recommend(batch.train_items, batch.train_offsets, k=1)
+        assert top[:, 0].tolist() == withheld
+
+    def test_loss_falls(self, trained):
+        """Every loss term the model minimises (the regulariser aside) ends below where it began;
+        for a closed-form fit, the training reconstruction error against the unfitted model."""
+        *_, history = trained
+        terms = {k for h in history for k in h} - {"l2"}
+        first = {k: next(h[k] for h in history if k in h) for k in terms}
+        last = {k: next(h[k] for h in reversed(history) if k in h) for k in terms}
+        assert terms and all(last[k] < first[k] for k in terms), (first, last)
+
+    def test_batch_scores_equal_per_user_scores(self, trained):
+        model, batch, *_ = trained
+        with torch.no_grad():
+            whole = model.score(batch.train_items, batch.train_offsets)
+            for u in (0, 7, 19):
+                lo = int(batch.train_offsets[u])
+                hi = int(batch.train_offsets[u + 1]) if u + 1 < N else len(batch.train_items)
+                one = model.score(batch.train_items[lo:hi], torch.tensor([0]))
+                torch.testing.assert_close(one[0], whole[u])
+        assert whole.shape == (N, N) and whole.dtype == torch.float32
+
+    def test_save_load_round_trip(self, trained):
+        model, batch, *_ = trained
+        buf = io.BytesIO()
+        torch.save(save(model), buf)
+        buf.seek(0)
+        clone = read(load_weights_only(buf, "model.pt"), "model.pt")
+        assert type(clone) is type(model) and clone.model_args() == model.model_args()
+        with torch.no_grad():
+            assert torch.equal(clone.score(batch.train_items, batch.train_offsets),
+                               model.score(batch.train_items, batch.train_offsets))
+
+    def test_mlflow_pyfunc_scores_equal_score(self, trained, tmp_path):
+        """The pyfunc every training run logs (models/pyfunc.py), saved and loaded by MLflow,
+        recommends what ``recommend`` does, for any model."""
+        import mlflow.pyfunc
+        import pandas as pd
+        from mlflow.models import infer_signature
+
+        from training.tracking import ROOT
+
+        model, batch, train, *_ = trained
+        torch.save(model.state_dict(), tmp_path / "weights.pt")
+        mlflow.pyfunc.save_model(
+            tmp_path / "model", python_model=str(ROOT / "models" / "pyfunc.py"),
+            artifacts={"weights": str(tmp_path / "weights.pt")},
+            model_config={"model": model.name, "model_args": model.model_args()},
+            code_paths=[str(ROOT / "models"), str(ROOT / "etl")],
+            pip_requirements=["torch"],  # given: inferring them loads the model in a subprocess
+            signature=infer_signature(pd.DataFrame({"train_items": [[0, 1]]}),
+                                      pd.DataFrame({"items": [[3]], "scores": [[.5]]}),
+                                      params={"k": 50, "exclude_seen": True}))
+        loaded = mlflow.pyfunc.load_model(str(tmp_path / "model"))
+        out = loaded.predict(pd.DataFrame({"train_items": train}), params={"k": 3})
+        values, top = model.recommend(batch.train_items, batch.train_offsets, k=3)
+        assert [list(r) for r in out["items"]] == top.tolist()
+        np.testing.assert_allclose(np.array(out["scores"].tolist()), values.numpy(), rtol=1e-6)
 
 
-@pytest.mark.parametrize("name, mode", CASES)
-def test_checkerboard_withheld_item_ranks_first(name, mode):
-    model, batch, train, withheld, history = fit(name, mode)
-    s = scores(model, name, batch)
-    for u in range(N):
-        s[u, train[u]] = -np.inf  # training items are excluded from recommendations
-    assert s.argmax(dim=1).tolist() == withheld
-    first, last = history[0], history[-1]
-    assert all(last[k] < first[k] for k in last if k in first)  # every loss fell
+class TestAutoRec(ModelBehaviour):
+    name, hp = "autorec", {"width": 4, "lam": 1e-2}
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_batch_scores_equal_per_user_scores_and_save_load_round_trips(name):
-    model, batch, *_ = fit(name, None if name in ("autorec", "ohns-autorec") else "joint", epochs=5)
-    whole = scores(model, name, batch)
-    for u in (0, 7, 19):
-        lo = int(batch.train_offsets[u])
-        hi = int(batch.train_offsets[u + 1]) if u + 1 < N else len(batch.train_items)
-        one = model(batch.train_items[lo:hi], torch.tensor([0]), (model_spec(name).recommend_head,))
-        torch.testing.assert_close(one[model_spec(name).recommend_head][0], whole[u])
-    buf = io.BytesIO()
-    torch.save({"model_args": model.model_args(), "state": model.state_dict()}, buf)
-    buf.seek(0)
-    ckpt = torch.load(buf, weights_only=True)
-    clone = build_model(name, ckpt["model_args"]["n_items"], ckpt["model_args"]["width"])
-    clone.load_state_dict(ckpt["state"])
-    assert torch.equal(scores(clone, name, batch), whole)
+class TestOHNSAutoRec(ModelBehaviour):
+    name, hp = "ohns-autorec", {"width": 4, "lam": 1e-2}
 
+
+class TestNSAutoRecJoint(ModelBehaviour):
+    name, hp = "ns-autorec", {"width": 4, "lam": 1e-2, "mode": "joint"}
+
+
+class TestNSAutoRecAlternating(ModelBehaviour):
+    name, hp = "ns-autorec", {"width": 4, "lam": 1e-2, "mode": "alternating"}
+
+
+class TestNSAutoRecLimitedFinetune(ModelBehaviour):
+    name, hp = "ns-autorec", {"width": 4, "lam": 1e-2, "mode": "limited-finetune"}
+
+
+class TestNSAutoRecFullFinetune(ModelBehaviour):
+    name, hp = "ns-autorec", {"width": 4, "lam": 1e-2, "mode": "full-finetune"}
+
+
+class TestNCEAutoRecJoint(ModelBehaviour):
+    name, hp = "nce-autorec", {"width": 4, "lam": 1e-2, "mode": "joint"}
+
+
+class TestNCEAutoRecAlternating(ModelBehaviour):
+    name, hp = "nce-autorec", {"width": 4, "lam": 1e-2, "mode": "alternating"}
+
+
+class TestNCEAutoRecLimitedFinetune(ModelBehaviour):
+    name, hp = "nce-autorec", {"width": 4, "lam": 1e-2, "mode": "limited-finetune"}
+
+
+class TestNCEAutoRecFullFinetune(ModelBehaviour):
+    name, hp = "nce-autorec", {"width": 4, "lam": 1e-2, "mode": "full-finetune"}
+
+
+class TestPureSVD(ModelBehaviour):
+    name, hp = "puresvd", {"rank": 2}
+
+
+class TestNCEPLRec(ModelBehaviour):
+    name, hp = "nce-plrec", {"rank": 2, "lam": 1e-2}
+
+
+class TestEASE(ModelBehaviour):
+    name, hp = "ease", {"lam": 1.0}
+
+
+class TestPopularity(ModelBehaviour):
+    """It cannot personalise, so its own two tests replace the checkerboard and the loss."""
+
+    name, hp = "popularity", {}
+
+    def test_checkerboard_withheld_item_ranks_first(self, trained):
+        model, batch, train, *_ = trained
+        with torch.no_grad():
+            s = model.score(batch.train_items, batch.train_offsets)
+        counts = np.bincount(np.concatenate(train), minlength=N)
+        assert all(row.tolist() == counts.tolist() for row in s)  # the same counts for everyone
+
+    def test_loss_falls(self, trained):
+        model, batch, train, *_ = trained
+        assert model.counts.sum() == sum(len(t) for t in train)
+
+
+def test_the_readme_example_is_the_real_module():
+    from training.tracking import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("```python\n# models/popularity.py\n", 1)[1].split("```", 1)[0]
+    assert block == (ROOT / "models" / "popularity.py").read_text()
+
+
+def test_every_registered_model_has_behaviour_tests():
+    tested = {cls.name for cls in ModelBehaviour.__subclasses__()}
+    assert tested == set(MODELS), f"models without behaviour tests: {set(MODELS) - tested}"
+
+
+# -- what each mode of the two-headed models trains ------------------------------------------
 
 def _snapshot(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -97,45 +244,63 @@ def _changed(before, model, prefix):
     return any(not torch.equal(before[k], v) for k, v in model.state_dict().items() if k.startswith(prefix))
 
 
-def test_limited_finetune_freezes_the_encoder_in_phase_two():
+def _batch():
     table, *_ = checkerboard()
-    batch = batch_from_arrow(table)
-    model = build_model("nce-autorec", N, 8)
-    p1, p2 = phases(model_spec("nce-autorec"), "limited-finetune")
+    return batch_from_arrow(table)
+
+
+def test_limited_finetune_freezes_the_encoder_in_phase_two():
+    batch = _batch()
+    model = build("nce-autorec", {"n_items": N, "width": 8, "lam": 1e-3, "mode": "limited-finetune"})
+    p1, p2 = model.phases()
     assert p2 == [Step(("predict",), train_encoder=False)]
-    train_batch(model, batch, p1, make_optimizers(model, p1, 0.01), 1e-3)
+    train_batch(model, batch, p1, make_optimizers(model, p1, 0.01))
     before = _snapshot(model)
-    train_batch(model, batch, p2, make_optimizers(model, p2, 0.01), 1e-3)
+    train_batch(model, batch, p2, make_optimizers(model, p2, 0.01))
     assert not _changed(before, model, "encoder") and _changed(before, model, "heads.predict")
     assert not _changed(before, model, "heads.nce")
 
 
 def test_full_finetune_trains_the_encoder_in_phase_two():
-    table, *_ = checkerboard()
-    batch = batch_from_arrow(table)
-    model = build_model("nce-autorec", N, 8)
-    _, p2 = phases(model_spec("nce-autorec"), "full-finetune")
+    batch = _batch()
+    model = build("nce-autorec", {"n_items": N, "width": 8, "lam": 1e-3, "mode": "full-finetune"})
+    _, p2 = model.phases()
     before = _snapshot(model)
-    train_batch(model, batch, p2, make_optimizers(model, p2, 0.01), 1e-3)
+    train_batch(model, batch, p2, make_optimizers(model, p2, 0.01))
     assert _changed(before, model, "encoder") and _changed(before, model, "heads.predict")
     assert not _changed(before, model, "heads.nce")
 
 
 def test_alternating_updates_what_each_loss_touches():
-    table, *_ = checkerboard()
-    batch = batch_from_arrow(table)
-    model = build_model("ns-autorec", N, 8)
-    (embed, predict), = phases(model_spec("ns-autorec"), "alternating")
+    batch = _batch()
+    model = build("ns-autorec", {"n_items": N, "width": 8, "lam": 1e-3, "mode": "alternating"})
+    (embed, predict), = model.phases()
     opts = make_optimizers(model, [embed, predict], 0.01)
     before = _snapshot(model)
-    train_batch(model, batch, [embed], opts[:1], 1e-3)
+    train_batch(model, batch, [embed], opts[:1])
     assert _changed(before, model, "heads.ns") and _changed(before, model, "encoder")
     assert not _changed(before, model, "heads.predict")
     before = _snapshot(model)
-    train_batch(model, batch, [predict], opts[1:], 1e-3)
+    train_batch(model, batch, [predict], opts[1:])
     assert _changed(before, model, "heads.predict") and not _changed(before, model, "heads.ns")
 
 
 def test_mode_on_a_one_headed_model_is_an_error():
-    with pytest.raises(ValueError, match="two-headed"):
-        phases(model_spec("autorec"), "joint")
+    with pytest.raises(ValueError, match="one head"):
+        build("autorec", {"n_items": N, "width": 4, "mode": "joint"})
+
+
+def test_an_unknown_model_name_lists_the_names():
+    from etl.errors import UsageError
+
+    with pytest.raises(UsageError, match="no such model; choose one of autorec, .*ease"):
+        build("wmf", {"n_items": N})
+
+
+def test_ddp_needs_unused_parameter_search_only_where_a_step_skips_parameters():
+    def every(name, **hp):
+        return build(name, {"n_items": N, "width": 4, **hp}).uses_every_parameter()
+
+    assert every("autorec") and every("nce-autorec", mode="joint")
+    assert not every("nce-autorec", mode="alternating")  # each step trains one head
+    assert not every("ns-autorec", mode="limited-finetune")

@@ -26,7 +26,7 @@ class RunsCode:
 
 def tampered(path, marker) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"state_dict": {}, "model_args": {"n_items": 3}, "recommend_head": "predict",
+    torch.save({"model": "autorec", "state_dict": {}, "model_args": {"n_items": 3},
                 "config": RunsCode(marker)}, path)
 
 

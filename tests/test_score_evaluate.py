@@ -18,9 +18,10 @@ from evaluation import metrics as M
 from evaluation.evaluate import evaluate
 from evaluation.score import score
 from evaluation.spark_metrics import METRICS, metric_key
-from training.data import sparse_rows
+from models.autorec import AutoRec, NCEAutoRec
+from models.batch import sparse_rows
+from models.registry import save
 from tests.etl_helpers import relist_files
-from training.models import AutoRec
 
 pytestmark = pytest.mark.spark
 
@@ -34,20 +35,18 @@ def item_ids(prepared: Path) -> np.ndarray:
     return items[S.ITEM_ID].astype(str).to_numpy()
 
 
-def save_model(path: Path, prepared: Path, *, n_items: int | None = None, head: str = "predict",
+def save_model(path: Path, prepared: Path, *, n_items: int | None = None,
                train_splits: str = "train", run: dict | None = None) -> AutoRec:
     """A small NCE-AutoRec in training's model.pt format: random weights plus log-popularity
     biases, so that its lists are personal yet hit the truth often enough to test metrics."""
     pop = pd.read_parquet(prepared / S.ITEMS_DIR).sort_values(S.ITEM_INDEX)[S.POP_TRAIN].to_numpy()
     torch.manual_seed(0)
-    model = AutoRec(n_items or len(pop), 16, ("nce", "predict")).eval()
+    model = NCEAutoRec(n_items or len(pop), 16).eval()
     with torch.no_grad():
         model.heads["predict"].bias[:len(pop)] = torch.log1p(torch.from_numpy(pop[:model.n_items]))
     path.mkdir(parents=True, exist_ok=True)
-    torch.save({"state_dict": model.state_dict(), "model_args": model.model_args(),
-                "recommend_head": head, "config": {"model": "nce-autorec", "run_name": path.name,
-                                                   "train_splits": train_splits},
-                "summary": {}}, path / "model.pt")
+    torch.save(save(model, config={"model": "nce-autorec", "run_name": path.name,
+                                   "train_splits": train_splits}, summary={}), path / "model.pt")
     if run:
         (path / "run.json").write_text(json.dumps(run))
     return model
@@ -57,7 +56,7 @@ def direct_top(model: AutoRec, rows: pd.DataFrame, k: int, extra_exclude: tuple[
     """Each user's top k straight from the model: input = train items, exclude = input + extra."""
     items, offsets = sparse_rows(list(rows[S.TRAIN_ITEMS]))
     with torch.no_grad():
-        scores = model(items, offsets, ("predict",))["predict"]
+        scores = model.score(items, offsets)
     for u, row in enumerate(rows.itertuples()):
         seen = list(row.train_items) + [i for c in extra_exclude for i in getattr(row, c)]
         scores[u, seen] = -torch.inf
@@ -137,9 +136,12 @@ def test_scoring_refuses_bad_input_and_leaves_nothing_half_written(spark, scored
     with pytest.raises(UsageError, match="no such file"):
         score(spark, model=str(tmp_path / "missing"), data=str(ml100k_prepared),
               output=str(tmp_path / "x"))
-    # a job that fails on the executors (the model names a head it does not have)
-    save_model(tmp_path / "broken", ml100k_prepared, head="bogus")
-    with pytest.raises(Exception, match="bogus"):
+    # a job that fails on the executors (the weights do not fit the model's arguments)
+    save_model(tmp_path / "broken", ml100k_prepared)
+    saved = torch.load(tmp_path / "broken" / "model.pt", weights_only=True)
+    torch.save({**saved, "model_args": {**saved["model_args"], "width": 17}},
+               tmp_path / "broken" / "model.pt")
+    with pytest.raises(Exception, match="size mismatch"):
         score(spark, model=str(tmp_path / "broken"), data=str(ml100k_prepared),
               output=str(tmp_path / "out"))
     # neither the output nor its hidden staging directory is left behind
@@ -293,8 +295,8 @@ def test_two_models_compared_and_logged_into_their_mlflow_runs(spark, ml100k_pre
         model_b.heads["predict"].weight.mul_(3)
     torch.save(model_b.state_dict(), tmp_path / "weights.pt")
     uri_b = log_final(mlflow_server.url, run_b, weights=tmp_path / "weights.pt",
-                      model_args=model_b.model_args(), recommend_head="predict",
-                      model_info={"model": "nce-autorec", "train_splits": "train"},
+                      model="nce-autorec", model_args=model_b.model_args(),
+                      model_info={"train_splits": "train"},
                       manifest={}, history=[{"epoch": 1, "loss_nce": 1.0}], summary={},
                       title="b")
     score(spark, model=str(tmp_path / "a"), data=str(ml100k_prepared), output=str(tmp_path / "ra"))

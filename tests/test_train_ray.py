@@ -20,7 +20,8 @@ import torch
 from etl.errors import UsageError
 from evaluation.metrics import hit_matrix, per_user
 from training.config import TrainConfig
-from training.models import AutoRec, load_model_file
+from models.autorec import AutoRec
+from models.registry import load_model_file
 from training.train import TrainingError, run
 
 pytestmark = [pytest.mark.spark, pytest.mark.ray]
@@ -50,7 +51,7 @@ def two_workers(ml100k_prepared, ray_head, mlflow_server, runs_dir) -> dict:
 
 
 def load_model(path: str) -> AutoRec:
-    return load_model_file(path)[0]
+    return load_model_file(path)
 
 
 def warm_rows(prepared: Path) -> pd.DataFrame:
@@ -65,7 +66,7 @@ def reference_validation(model: AutoRec, rows: pd.DataFrame) -> tuple[float, flo
         flat = torch.from_numpy(np.concatenate(rows["train_items"].to_list()).astype(np.int64))
         lengths = rows["train_items"].map(len).to_numpy()
         offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64))
-        scores = model(flat, offsets, ("predict",))["predict"].numpy()
+        scores = model.score(flat, offsets).numpy()
     for u, train in enumerate(rows["train_items"]):
         scores[u, train] = -np.inf
     recs = np.argsort(-scores, axis=1, kind="stable")[:, :50]
@@ -118,11 +119,50 @@ def test_mlflow_holds_params_epoch_metrics_artifacts_and_a_loadable_model(two_wo
     model = load_model(two_workers["model_path"])
     for i, train in enumerate(rows["train_items"]):
         with torch.no_grad():
-            s = model(torch.tensor(train, dtype=torch.int64), torch.tensor([0]), ("predict",))
-        s = s["predict"][0]
+            s = model.score(torch.tensor(train, dtype=torch.int64), torch.tensor([0]))[0]
         s[torch.tensor(train, dtype=torch.int64)] = -torch.inf
         assert got["items"][i] == torch.topk(s, 10).indices.tolist()
         assert not set(got["items"][i]) & set(train)
+
+
+def test_a_closed_form_model_trains_logs_and_scores_like_autorec(ml100k_prepared, ray_head,
+                                                                mlflow_server, runs_dir, spark,
+                                                                tmp_path):
+    """PureSVD through the same entry point: fitted in a Ray task, its validation NDCG equal to a
+    one-process recomputation, one MLflow run with the same layout, scored by Spark unchanged."""
+    import mlflow.pyfunc
+    from mlflow.tracking import MlflowClient
+
+    from evaluation.score import score
+
+    cfg = config(ml100k_prepared, runs_dir, run_name="svd", model="puresvd", width=None, rank=32)
+    result = run(cfg, mlflow_server.url)
+    model = load_model(result["model_path"])
+    assert model.name == "puresvd" and model.model_args() == {"n_items": model.n_items, "rank": 32}
+    ndcg, recall = reference_validation(model, warm_rows(ml100k_prepared))
+    assert result["best_valid_ndcg"] == pytest.approx(ndcg, abs=1e-9) and ndcg > 0.15
+    assert result["best_valid_recall_at_50"] == pytest.approx(recall, abs=1e-9)
+
+    client = MlflowClient(mlflow_server.url)
+    r = client.get_run(result["mlflow_run_id"])
+    assert r.info.status == "FINISHED" and r.data.tags["model"] == "puresvd"
+    assert r.data.params["rank"] == "32" and r.data.params["width"] == "None"
+    assert [m.value for m in client.get_metric_history(r.info.run_id, "valid_ndcg")] == \
+        [pytest.approx(ndcg)]
+    assert "learning_curves.png" in {a.path for a in client.list_artifacts(r.info.run_id)}
+    rows = warm_rows(ml100k_prepared).head(5)
+    got = mlflow.pyfunc.load_model(result["model_uri"]).predict(
+        pd.DataFrame({"train_items": rows["train_items"].map(list)}), params={"k": 5})
+    for i, train in enumerate(rows["train_items"]):
+        _, top = model.recommend(torch.tensor(train, dtype=torch.int64), torch.tensor([0]), 5)
+        assert got["items"][i] == top[0].tolist()
+
+    recs = score(spark, model=result["model_uri"], data=str(ml100k_prepared),
+                 output=str(tmp_path / "recs"), users="warm", mlflow_uri=mlflow_server.url)
+    assert recs["model_kind"] == "puresvd" and recs["scored_users"] == len(warm_rows(ml100k_prepared))
+
+    with pytest.raises(UsageError, match="model was 'puresvd', now 'ease'"):
+        run(replace(cfg, model="ease", rank=None), mlflow_server.url)
 
 
 def test_a_killed_worker_costs_one_epoch_and_the_run_finishes(ml100k_prepared, ray_head,

@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from etl.errors import UsageError
-from training.models import MODELS
-from training.step import MODES
+from models.autorec import MODES
+from models.registry import MODELS
 
 NEGATIVES = ("etl", "resample")
 TRAIN_SPLITS = ("train", "train,valid")
@@ -19,16 +19,22 @@ DATA_CACHE = ("auto", "memory", "stream")
 PLACEMENTS = ("PACK", "SPREAD")
 
 
+# the model's hyperparameters: None = the model's own default (``hyperparameters`` of its class
+# in models/, the one place a model's default lives); a model refuses one it does not take
+MODEL_FIELDS = ("width", "lam", "mode", "rank")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    # Defaults: benchmarks/tune_defaults.py on ml-100k and ml-latest-small (results committed):
-    # width 200, lr 3e-4, lambda 30 has the best worst case (97.7% of the best NDCG of each model
-    # on each dataset).
+    # Training defaults: benchmarks/tune_defaults.py on ml-100k and ml-latest-small (results
+    # committed): for the AutoRec family width 200, lr 3e-4, lambda 30 has the best worst case
+    # (97.7% of the best NDCG of each model on each dataset).
     data: str                       # prepared directory (absolute path or URI)
     model: str = "nce-autorec"
-    mode: str | None = None         # two-headed models only; None = joint
-    width: int = 200                # latent width d
-    lam: float = 30.0               # L2 weight on mean(W^2) per matrix (so tens, not 1e-4)
+    mode: str | None = None         # two-headed AutoRecs: joint (default) | alternating | ...
+    width: int | None = None        # latent width d (AutoRec family)
+    lam: float | None = None        # regularisation weight; its meaning is the model's
+    rank: int | None = None         # closed-form low-rank models: factors kept
     beta: float | None = None       # None = the ETL's beta (R* as stored)
     negatives: str = "etl"          # etl: the ETL's counts; resample: new draws every epoch
     num_negatives: int | None = None  # draws per user when resampling; None = the ETL's N
@@ -62,6 +68,14 @@ class TrainConfig:
     def final_retraining(self) -> bool:
         return self.train_splits == "train,valid"
 
+    def hyperparameters(self) -> dict:
+        """The model's hyperparameters as given (None = its default: not in the dict)."""
+        return {k: getattr(self, k) for k in MODEL_FIELDS if getattr(self, k) is not None}
+
+    def resolved(self) -> dict:
+        """Every hyperparameter of the model, defaults filled in (what the run logs)."""
+        return {**MODELS[self.model].hyperparameters, **self.hyperparameters()}
+
 
 def check(cfg: TrainConfig) -> None:
     """Raise UsageError naming the flag, its value and what to pass instead."""
@@ -69,17 +83,23 @@ def check(cfg: TrainConfig) -> None:
         raise UsageError(f"--{flag} {value}: {want}")
 
     if cfg.model not in MODELS:
-        bad("model", cfg.model, "choose one of " + ", ".join(MODELS))
-    if cfg.mode is not None:
-        if cfg.mode not in MODES:
-            bad("mode", cfg.mode, "choose one of " + ", ".join(MODES))
-        if MODELS[cfg.model].embed_head is None or len(MODELS[cfg.model].heads) == 1:
-            bad("mode", cfg.mode, f"{cfg.model} has one head, so it has no mode; drop --mode "
-                "(modes apply to ns-autorec and nce-autorec)")
-    if cfg.width < 1 or cfg.width > 100_000:
+        bad("model", cfg.model, "no such model; choose one of " + ", ".join(MODELS))
+    cls = MODELS[cfg.model]
+    for field in cfg.hyperparameters():
+        if field not in cls.hyperparameters:
+            takes = ", ".join("--" + k for k in cls.hyperparameters) or "none"
+            what = ("has one head, so it has no mode (modes apply to ns-autorec and nce-autorec)"
+                    if field == "mode" else "does not take it")
+            bad(field.replace("_", "-"), getattr(cfg, field),
+                f"{cfg.model} {what}; its hyperparameters: {takes}. Drop the flag")
+    if cfg.mode is not None and cfg.mode not in MODES:
+        bad("mode", cfg.mode, "choose one of " + ", ".join(MODES))
+    if cfg.width is not None and not 1 <= cfg.width <= 100_000:
         bad("width", cfg.width, "the latent width must be in 1..100000 (the paper: 50..500)")
-    if not 0 <= cfg.lam < 1e3:
-        bad("lam", cfg.lam, "lambda must be >= 0 and < 1000")
+    if cfg.rank is not None and not 1 <= cfg.rank <= 100_000:
+        bad("rank", cfg.rank, "the rank must be in 1..100000")
+    if cfg.lam is not None and not 0 <= cfg.lam < 1e6:
+        bad("lam", cfg.lam, "lambda must be >= 0 and < 10^6")
     if cfg.beta is not None and not 0 <= cfg.beta <= 10:
         bad("beta", cfg.beta, "beta must be in 0..10 (the paper: 0.7..1.3)")
     if cfg.negatives not in NEGATIVES:

@@ -21,8 +21,8 @@ import torch
 
 from etl import protocol
 from etl import schema as S
-from training.data import Batch, _flat
-from training.models import ModelSpec
+from models.base import NEGATIVES, RSTAR
+from models.batch import Batch, flat
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,12 @@ class FeedPlan:
         return cols
 
 
-def plan(spec: ModelSpec, prep, cfg) -> FeedPlan:
-    """The FeedPlan of ``cfg`` (a TrainConfig) on ``prep`` (a Prepared)."""
+def plan(model_cls, prep, cfg) -> FeedPlan:
+    """The FeedPlan of ``cfg`` (a TrainConfig) for a model of class ``model_cls`` (what its
+    batches need: ``Recommender.needs``) on ``prep`` (a Prepared)."""
     tv = cfg.final_retraining
-    needs_rstar = "nce" in spec.heads
-    needs_negatives = "ns" in spec.heads
+    needs_rstar = RSTAR in model_cls.needs
+    needs_negatives = NEGATIVES in model_cls.needs
     rstar = None
     if needs_rstar and not prep.rstar_is_stored(cfg.beta, tv):
         rstar = prep.rstar_table(cfg.beta if cfg.beta is not None else prep.beta(), tv)
@@ -99,6 +100,20 @@ def valid_dataset(rows_uri: str):
     return _warm_rows(rows_uri, [S.USER_INDEX, S.TRAIN_ITEMS, S.VALID_ITEMS])
 
 
+def batch_from_arrow(rows: pa.Table | pa.RecordBatch) -> Batch:
+    """A Batch from user rows with the columns of ``etl.schema.ROW_COLUMNS`` (stored R* and
+    negatives), as the ETL wrote them."""
+    train, train_off = flat(rows.column(S.TRAIN_ITEMS))
+    rstar, _ = flat(rows.column(S.TRAIN_RSTAR))
+    neg, neg_off = flat(rows.column(S.NEG_ITEMS))
+    counts, _ = flat(rows.column(S.NEG_COUNTS))
+    t = lambda a, dt: torch.from_numpy(np.array(a, dtype=dt))  # a copy: Arrow buffers are read-only
+    return Batch(users=t(rows.column(S.USER_INDEX).to_numpy(zero_copy_only=False), np.int64),
+                 train_items=t(train, np.int64), train_offsets=t(train_off, np.int64),
+                 train_rstar=t(rstar, np.float32), neg_items=t(neg, np.int64),
+                 neg_counts=t(counts, np.int64), neg_offsets=t(neg_off, np.int64))
+
+
 def _union_sorted(a_vals, a_off, b_vals, b_off, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the sorted concatenation of two disjoint sparse rows (train and valid items)."""
     rows = np.concatenate([_rows(a_off, len(a_vals)), _rows(b_off, len(b_vals))])
@@ -132,16 +147,16 @@ class BatchMaker:
         f = self.feed
         t = lambda a, dt: torch.from_numpy(np.array(a, dtype=dt))  # a copy: Arrow memory is read-only
         users = rows.column(S.USER_INDEX).to_numpy(zero_copy_only=False).astype(np.int64)
-        items, off = _flat(rows.column(S.TRAIN_ITEMS))
+        items, off = flat(rows.column(S.TRAIN_ITEMS))
         if f.merge_valid:
-            v_items, v_off = _flat(rows.column(S.VALID_ITEMS))
+            v_items, v_off = flat(rows.column(S.VALID_ITEMS))
             items, off = _union_sorted(items, off, v_items, v_off, len(users))
         if not f.needs_rstar:
             rstar = np.zeros(0, np.float32)
         elif f.rstar_item is not None:
             rstar = f.rstar_item[items]
         else:
-            rstar, _ = _flat(rows.column(S.TRAIN_RSTAR))
+            rstar, _ = flat(rows.column(S.TRAIN_RSTAR))
         if not f.needs_negatives:
             neg, counts, neg_off = np.zeros(0), np.zeros(0), np.zeros(len(users))
         elif self.table is not None:
@@ -149,8 +164,8 @@ class BatchMaker:
                                                       epoch_seed(f.seed, epoch), self.table)
             neg_off = o[:-1]
         else:
-            neg, neg_off = _flat(rows.column(S.NEG_ITEMS))
-            counts, _ = _flat(rows.column(S.NEG_COUNTS))
+            neg, neg_off = flat(rows.column(S.NEG_ITEMS))
+            counts, _ = flat(rows.column(S.NEG_COUNTS))
         return Batch(users=t(users, np.int64), train_items=t(items, np.int64),
                      train_offsets=t(off, np.int64), train_rstar=t(rstar, np.float32),
                      neg_items=t(neg, np.int64), neg_counts=t(counts, np.int64),
@@ -182,6 +197,6 @@ def valid_batch(rows: pa.Table, rank: int, world: int) -> ValidBatch | None:
         return None
     rows = rows.filter(pa.array(keep))
     t = lambda a: torch.from_numpy(np.array(a, dtype=np.int64))
-    items, off = _flat(rows.column(S.TRAIN_ITEMS))
-    v_items, v_off = _flat(rows.column(S.VALID_ITEMS))
+    items, off = flat(rows.column(S.TRAIN_ITEMS))
+    v_items, v_off = flat(rows.column(S.VALID_ITEMS))
     return ValidBatch(t(items), t(off), t(v_items), t(v_off))

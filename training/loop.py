@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 from training.config import TrainConfig
 from training.feed import BatchMaker, valid_batch
-from training.models import build_model, load_weights_only, model_spec
-from training.step import make_optimizers, phases, train_batch, unwrap, uses_every_parameter
+from models.registry import MODELS, load_weights_only
+from training.step import make_optimizers, train_batch, unwrap
 from training.validate import batch_metrics
 
 STATE, BEST = "state.pt", "best.pt"
@@ -67,7 +67,7 @@ def all_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
-def next_state(p: dict, cfg: TrainConfig, n_phases: int, embed_loss: float | None,
+def next_state(p: dict, cfg: TrainConfig, n_phases: int, phase_loss: float | None,
                ndcg: float | None) -> tuple[bool, bool]:
     """Advance ``p`` after an epoch; returns (new best model, phase changed)."""
     last_phase = p["phase"] == n_phases - 1
@@ -76,9 +76,9 @@ def next_state(p: dict, cfg: TrainConfig, n_phases: int, embed_loss: float | Non
     improved = switched = False
     if not last_phase:  # fine-tune phase 1: a fixed length, or until its loss stops falling
         prev = p["last_loss"]
-        p["last_loss"] = embed_loss
+        p["last_loss"] = phase_loss
         fixed = cfg.pretrain_epochs
-        converged = prev is not None and prev - embed_loss < CONVERGED * abs(prev)
+        converged = prev is not None and prev - phase_loss < CONVERGED * abs(prev)
         if (fixed and p["phase_epoch"] >= fixed) or (not fixed and (converged
                                                                     or p["phase_epoch"] >= cfg.epochs)):
             p["phase_epochs"].append(p["phase_epoch"])
@@ -111,11 +111,9 @@ def train_loop(config: dict) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
-    spec = model_spec(cfg.model)
-    all_phases = phases(spec, cfg.mode)
-
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = build_model(cfg.model, n_items, cfg.width)
+    model = MODELS[cfg.model].from_config(n_items, cfg.hyperparameters())
+    all_phases = model.phases()
     progress, best_state, opt_states = new_progress(), None, None
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
@@ -132,7 +130,7 @@ def train_loop(config: dict) -> None:
     say(f"rank {rank}/{world} on node {ray.get_runtime_context().get_node_id()[:12]} "
         f"({ray.util.get_node_ip_address()}), device {device}")
     net = ray.train.torch.prepare_model(model, parallel_strategy_kwargs={
-        "find_unused_parameters": not uses_every_parameter(spec, cfg.mode)})
+        "find_unused_parameters": not model.uses_every_parameter()})
     logger = None
     if rank == 0 and config.get("mlflow"):
         from training.tracking import EpochLogger
@@ -173,22 +171,23 @@ def train_loop(config: dict) -> None:
                                              local_shuffle_seed=cfg.seed + epoch + 1,
                                              prefetch_batches=2):
             batch = make(rows, epoch).to(device)
-            losses = train_batch(net, batch, steps, optimizers, cfg.lam)
-            for head, value in losses.items():
-                sums[head] = sums.get(head, 0.0) + value * len(batch)
+            terms = train_batch(net, batch, steps, optimizers)
+            for name, value in terms.items():
+                sums[name] = sums.get(name, 0.0) + value * len(batch)
             users += len(batch)
-        heads = sorted({h for s in steps for h in s.heads})
-        totals = all_sum([float(sums.get(h, 0.0)) for h in heads] + [users], device)
+        # every rank runs the same steps, so every rank has the same term names (sorted alike)
+        names = sorted(sums)
+        totals = all_sum([float(sums[n]) for n in names] + [users], device)
         n_users = totals[-1]
-        loss = {h: v / max(n_users, 1) for h, v in zip(heads, totals[:-1])}
+        loss = {n: v / max(n_users, 1) for n, v in zip(names, totals[:-1])}
         train_s = time.perf_counter() - t0
 
         ndcg = recall = None
         if valid_rows is not None and last_phase:
-            ndcg, recall = evaluate(net, valid_rows, spec.recommend_head, rank, world, device,
+            ndcg, recall = evaluate(net, valid_rows, rank, world, device,
                                     batch_size=max(per_worker, 256))
         diverged = not all(math.isfinite(v) for v in loss.values())
-        embed_loss = loss.get(spec.embed_head) if spec.embed_head else None
+        phase_loss = None if last_phase else unwrap(net).monitor(phase, loss)
         record = {"epoch": epoch + 1, "phase": phase + 1, "train_seconds": train_s,
                   "users_per_second": n_users / train_s if train_s > 0 else 0.0,
                   **{f"loss_{h}": v for h, v in loss.items()}}
@@ -200,7 +199,7 @@ def train_loop(config: dict) -> None:
             progress["done"] = True
             improved = switched = False
         else:
-            improved, switched = next_state(progress, cfg, len(all_phases), embed_loss, ndcg)
+            improved, switched = next_state(progress, cfg, len(all_phases), phase_loss, ndcg)
         record["epoch_seconds"] = time.perf_counter() - t0
         progress["history"].append(record)
         times.append(record["epoch_seconds"])
@@ -229,7 +228,7 @@ def train_loop(config: dict) -> None:
 
 
 @torch.no_grad()
-def evaluate(net, valid_rows, head: str, rank: int, world: int, device: torch.device,
+def evaluate(net, valid_rows, rank: int, world: int, device: torch.device,
              batch_size: int) -> tuple[float, float]:
     """Mean validation NDCG and Recall@50 over all validation users (all ranks together)."""
     net.eval()
@@ -242,7 +241,7 @@ def evaluate(net, valid_rows, head: str, rank: int, world: int, device: torch.de
             continue
         vb = vb.to(device)
         # the wrapped module, not DDP: scoring needs no gradient synchronisation
-        scores = model(vb.train_items, vb.train_offsets, (head,))[head]
+        scores = model.score(vb.train_items, vb.train_offsets)
         ndcg, recall = batch_metrics(scores, vb)
         ndcg_sum += float(ndcg.sum())
         recall_sum += float(recall.sum())

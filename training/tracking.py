@@ -196,7 +196,8 @@ def learning_curves(history: list[dict], title: str):
         xs = [r["epoch"] for r in history if key in r]
         a.plot(xs, [r[key] for r in history if key in r], label=key[5:])
     a.set(xlabel="epoch", ylabel="training loss", yscale="log", title="losses")
-    a.legend()
+    if a.lines:  # a closed-form fit has no loss curve
+        a.legend()
     for key, label in (("valid_ndcg", "NDCG"), ("valid_recall_at_50", "Recall@50")):
         xs = [r["epoch"] for r in history if key in r]
         if xs:
@@ -209,10 +210,10 @@ def learning_curves(history: list[dict], title: str):
     return fig
 
 
-def log_final(uri: str, run_id: str, *, weights: Path, model_args: dict, recommend_head: str,
+def log_final(uri: str, run_id: str, *, weights: Path, model: str, model_args: dict,
               model_info: dict, manifest: dict, history: list[dict], summary: dict, title: str) -> str:
-    """Log the returned model (a pyfunc scoring user rows), manifest, curves; returns its URI.
-    ``model_info`` (model name, training splits) goes into the model's config for scoring."""
+    """Log the returned model (a pyfunc scoring user rows, ``models/pyfunc.py``), manifest, curves;
+    returns its URI. ``model_info`` (training splits) goes into the model's config for scoring."""
     import mlflow
     import pandas as pd
     from mlflow.models import infer_signature
@@ -231,9 +232,11 @@ def log_final(uri: str, run_id: str, *, weights: Path, model_args: dict, recomme
         signature = infer_signature(example, pd.DataFrame({"items": [[3, 4]], "scores": [[.5, .4]]}),
                                     params={"k": 50, "exclude_seen": True})
         info = mlflow.pyfunc.log_model(
-            name="model", python_model=str(ROOT / "training" / "mlflow_model.py"),
+            name="model", python_model=str(ROOT / "models" / "pyfunc.py"),
             artifacts={"weights": str(weights)},
-            model_config={**model_args, "recommend_head": recommend_head, **model_info},
-            code_paths=[str(ROOT / "training")], signature=signature, input_example=example,
-            pip_requirements=["torch", "numpy", "pandas"])
+            model_config={"model": model, "model_args": model_args, **model_info},
+            # the model code and the little of etl/ it imports (errors); no pickled objects
+            code_paths=[str(ROOT / "models"), str(ROOT / "etl")], signature=signature,
+            input_example=example, pip_requirements=["torch", "numpy", "pandas", "scipy",
+                                                     "scikit-learn", "pyarrow"])
     return info.model_uri

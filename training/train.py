@@ -1,4 +1,5 @@
-"""Train a model of the AutoRec family data-parallel on Ray Train, tracked in MLflow.
+"""Train a model (the AutoRec family data-parallel on Ray Train, or a closed-form baseline fitted
+in a Ray task), tracked in MLflow.
 
     python training/train.py --data var/data/ml-latest-small --model nce-autorec
     ray job submit --address http://127.0.0.1:8265 --working-dir . -- \\
@@ -32,9 +33,9 @@ import time
 from etl.errors import UsageError
 from training import feed as F
 from training.config import DATA_CACHE, NEGATIVES, PLACEMENTS, TRAIN_SPLITS, TrainConfig, check
-from training.models import MODELS, load_weights_only, model_spec
+from models.autorec import MODES
+from models.registry import MODELS, load_weights_only
 from training.prepared import Prepared, filesystem, join, open_prepared
-from training.step import MODES
 
 ROOT = Path(__file__).resolve().parents[1]
 # fields that may change when a run resumes (where and how it runs, not what it trains)
@@ -47,6 +48,12 @@ class TrainingError(RuntimeError):
     """Training ran but failed in a way the message explains (divergence, worker failures)."""
 
 
+def _defaults(field: str) -> str:
+    """The models' defaults of one hyperparameter, for --help."""
+    return ", ".join(f"{name} {cls.hyperparameters[field]}" for name, cls in MODELS.items()
+                     if field in cls.hyperparameters and cls.hyperparameters[field] is not None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="training/train.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -54,18 +61,24 @@ def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig.__dataclass_fields__
     g = p.add_argument_group("data and model")
     g.add_argument("--data", required=True, help="a prepared directory (etl/prepare.py --output)")
-    g.add_argument("--model", default=d["model"].default, choices=list(MODELS),
-                   help="default: %(default)s")
+    g.add_argument("--model", default=d["model"].default, choices=list(MODELS), metavar="MODEL",
+                   help=f"one of {', '.join(MODELS)} (default: %(default)s)")
     g.add_argument("--mode", choices=MODES, default=None,
                    help="how the two heads train (ns-autorec, nce-autorec only; default joint)")
     g.add_argument("--train-splits", choices=TRAIN_SPLITS, default=d["train_splits"].default,
                    help="train: select by validation NDCG with early stopping; train,valid: the "
                         "protocol's final retraining for exactly --epochs (default: %(default)s)")
-    g = p.add_argument_group("hyperparameters (defaults: chosen on the shared real datasets, see "
-                             "README)")
-    g.add_argument("--width", type=int, default=d["width"].default, help="latent width d (%(default)s)")
-    g.add_argument("--lam", type=float, default=d["lam"].default,
-                   help="L2 weight lambda, on mean(W^2) per matrix (%(default)s)")
+    g = p.add_argument_group("model hyperparameters (a model refuses one it does not take; "
+                             "defaults are the model's own)")
+    g.add_argument("--width", type=int, default=None,
+                   help="latent width d, AutoRec family (" + _defaults("width") + ")")
+    g.add_argument("--lam", type=float, default=None,
+                   help="regularisation lambda: AutoRec family on mean(W^2) per matrix, "
+                        "nce-plrec the ridge, ease the diagonal (" + _defaults("lam") + ")")
+    g.add_argument("--rank", type=int, default=None,
+                   help="factors kept, puresvd and nce-plrec (" + _defaults("rank") + ")")
+    g = p.add_argument_group("training (the AutoRec family; defaults: chosen on the shared real "
+                             "datasets, see README)")
     g.add_argument("--beta", type=float, default=None,
                    help="NCE popularity exponent; R* is recomputed from the stored popularity when "
                         "it differs from the ETL's (default: the ETL's beta)")
@@ -146,7 +159,7 @@ def config_from_args(args: argparse.Namespace, prep: Prepared) -> TrainConfig:
         output = str(Path(output).resolve())
     return TrainConfig(
         data=args.data if "://" in args.data else str(Path(args.data).resolve()),
-        model=args.model, mode=mode, width=args.width, lam=args.lam, beta=args.beta,
+        model=args.model, mode=mode, width=args.width, lam=args.lam, rank=args.rank, beta=args.beta,
         negatives=args.negatives, num_negatives=args.num_negatives, lr=args.lr,
         batch_size=args.batch_size, epochs=args.epochs, pretrain_epochs=args.pretrain_epochs,
         patience=args.patience, seed=args.seed, train_splits=args.train_splits,
@@ -232,8 +245,7 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
 
     from training.loop import train_loop
 
-    spec = model_spec(cfg.model)
-    plan = F.plan(spec, prep, cfg)
+    plan = F.plan(MODELS[cfg.model], prep, cfg)
     datasets = {"train": F.train_dataset(prep.rows_uri, plan)}
     if not cfg.final_retraining:
         datasets["valid"] = F.valid_dataset(prep.rows_uri)
@@ -281,10 +293,9 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
     run_id = tracking.open_run(uri, cfg.experiment, cfg.run_name,
                                (record or {}).get("mlflow_run_id"),
                                tags={"dataset": prep.dataset, "model": cfg.model,
-                                     "mode": cfg.mode or ("joint" if len(MODELS[cfg.model].heads) > 1
-                                                          else "-"),
+                                     "mode": cfg.resolved().get("mode") or "-",
                                      "train_splits": cfg.train_splits})
-    tracking.log_params(uri, run_id, {**cfg.to_dict(), "n_items": prep.n_items,
+    tracking.log_params(uri, run_id, {**cfg.to_dict(), **cfg.resolved(), "n_items": prep.n_items,
                                       "dataset": prep.dataset,
                                       "etl_beta": prep.beta(), "etl_negatives": prep.negatives(),
                                       "users": prep.manifest["counts"]["users"]})
@@ -308,8 +319,8 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
     else:
         summary, history, best, model_args = train_run(cfg, prep, uri, run_id, ray_address)
         buf = io.BytesIO()
-        torch.save({"state_dict": best, "model_args": model_args,
-                    "recommend_head": model_spec(cfg.model).recommend_head,
+        # the layout of models.registry.save, plus what the run learnt
+        torch.save({"model": cfg.model, "model_args": model_args, "state_dict": best,
                     "config": cfg.to_dict(), "summary": summary, "history": history}, buf)
         write_file(model_path, buf.getvalue())
         run_record["trained"] = summary  # the model is safe: a rerun only logs, never retrains
@@ -350,6 +361,11 @@ def train_run(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, ray_addre
 
     t0 = time.perf_counter()
     cpw = start_ray(cfg, ray_address)
+    if MODELS[cfg.model].kind == "closed-form":
+        from training import closed_form
+
+        # one task with the CPUs the workers would have had (a closed-form fit is one process)
+        return closed_form.fit(cfg, prep, cpus=cpw * cfg.num_workers)
     from ray.train import TrainingFailedError
     try:
         result = fit(cfg, prep, {"uri": uri, "run_id": run_id}, cpw)
@@ -372,7 +388,8 @@ def train_run(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, ray_addre
         tracking.mark_failed(uri, run_id)
         raise TrainingError(
             f"the training loss became NaN or infinite in epoch {progress['diverged']}: lower "
-            f"--lr (now {cfg.lr:g}) or raise --lam (now {cfg.lam:g}); the checkpoints up to "
+            f"--lr (now {cfg.lr:g}) or raise --lam (now {cfg.resolved().get('lam')}); the "
+            f"checkpoints up to "
             f"epoch {progress['diverged'] - 1} are in {join(cfg.output, cfg.run_name)}")
     valid_hist = [r for r in history if "valid_ndcg" in r]
     summary = {"best_epoch": progress["best_epoch"], "epochs_run": progress["epoch"],
@@ -405,14 +422,12 @@ def log_results(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, summary
     added = tracking.backfill(uri, run_id, history)
     if added:
         print(f"MLflow: logged {added} epoch(s) missed while the server was down", flush=True)
-    spec = model_spec(cfg.model)
     with tempfile.TemporaryDirectory() as d:
         weights = Path(d) / "weights.pt"
         torch.save(best, weights)
         return tracking.log_final(
-            uri, run_id, weights=weights, model_args=model_args,
-            recommend_head=spec.recommend_head,
-            model_info={"model": cfg.model, "train_splits": cfg.train_splits},
+            uri, run_id, weights=weights, model=cfg.model, model_args=model_args,
+            model_info={"train_splits": cfg.train_splits},
             manifest=prep.manifest, history=history,
             summary={k: v for k, v in summary.items() if k != "phase_epochs" and v is not None},
             title=f"{cfg.model} {cfg.mode or ''} on {prep.dataset} ({cfg.run_name})")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from models.batch import row_ids
 from training.feed import ValidBatch
-from training.losses import row_ids
 
 TOP_K = 50
 

@@ -1,11 +1,12 @@
-"""The trained model as an MLflow pyfunc ("models from code"): weights only, no pickled code.
+"""A trained model as an MLflow pyfunc ("models from code"): weights only, no pickled code.
 
     model = mlflow.pyfunc.load_model("models:/m-...")
     top = model.predict(pd.DataFrame({"train_items": [[3, 17, 42], [5]]}), params={"k": 10})
     # top["items"][i]: the user's k best item indices (training items excluded), top["scores"][i]
 
-Input rows are users' training item indices (``train_items`` of the prepared ``rows/``), so a
-batch of user rows is scored exactly as training's validation does.
+Input rows are users' input item indices (``train_items`` of the prepared ``rows/``), so a batch of
+user rows is scored exactly as training's validation and Spark scoring do, for any model of
+``models.registry``.
 """
 
 from __future__ import annotations
@@ -14,30 +15,31 @@ import mlflow.pyfunc
 import pandas as pd
 import torch
 
-from training.data import sparse_rows
-from training.models import AutoRec
+from models.batch import sparse_rows
+from models.registry import build
+
+CHUNK = 1024  # users scored at once: bounded memory, CHUNK x n_items scores
 
 
-class AutoRecRecommender(mlflow.pyfunc.PythonModel):
+class Recommender(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         cfg = context.model_config
-        self.model = AutoRec(int(cfg["n_items"]), int(cfg["width"]), tuple(cfg["heads"]))
+        self.model = build(cfg["model"], cfg["model_args"])
         state = torch.load(context.artifacts["weights"], map_location="cpu", weights_only=True)
         self.model.load_state_dict(state)
         self.model.eval()
-        self.head = cfg["recommend_head"]
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         params = params or {}
         k, exclude_seen = int(params.get("k", 50)), bool(params.get("exclude_seen", True))
         rows = list(model_input["train_items"])
         items_out, scores_out = [], []
-        for lo in range(0, len(rows), 1024):  # bounded memory: 1024 x n_items scores at a time
-            items, offsets = sparse_rows(rows[lo:lo + 1024])
-            scores, top = self.model.recommend(items, offsets, self.head, k, exclude_seen)
+        for lo in range(0, len(rows), CHUNK):
+            items, offsets = sparse_rows(rows[lo:lo + CHUNK])
+            scores, top = self.model.recommend(items, offsets, k, exclude_seen)
             items_out += top.tolist()
             scores_out += scores.tolist()
         return pd.DataFrame({"items": items_out, "scores": scores_out})
 
 
-mlflow.models.set_model(AutoRecRecommender())
+mlflow.models.set_model(Recommender())

@@ -1,6 +1,6 @@
 """The paper's losses as pure functions of scores and sparse targets (protocol.md, "Models").
 
-Sparse targets use the EmbeddingBag layout of ``training.models``: values for user i are
+Sparse targets use the EmbeddingBag layout of ``models.batch``: values for user i are
 ``idx[offsets[i]:offsets[i+1]]`` (the last user runs to the end).
 """
 
@@ -9,11 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
-def row_ids(offsets: torch.Tensor, nnz: int) -> torch.Tensor:
-    """(nnz,) int64 row of each sparse entry."""
-    lengths = torch.diff(offsets, append=torch.tensor([nnz], device=offsets.device))
-    return torch.repeat_interleave(torch.arange(len(offsets), device=offsets.device), lengths)
+from models.batch import row_ids
 
 
 def densify(idx: torch.Tensor, offsets: torch.Tensor, values: torch.Tensor | None,

@@ -1,0 +1,168 @@
+"""The AutoRec family of the paper (protocol.md, "Models"): one encoder and named linear heads.
+
+Input is a batch of users' binary training rows in sparse form (``models.batch``): the encoder
+computes ``h = ReLU(W_e r + b_e)`` as a sum of W_e's columns for the user's items, so the
+(B, n_items) input is never formed. Each head is linear with bias and identity output, ``W h + b``.
+
+    autorec       encoder + predict head (MSE against r)
+    ohns-autorec  encoder + ns head (negative sampling); it also recommends with that head
+    ns-autorec    encoder + ns head + predict head; recommends with the predict head
+    nce-autorec   encoder + nce head (MSE against R*) + predict head; recommends with predict
+
+Modes of the two-headed models (protocol.md, "Modes"), as this model's phases of steps:
+
+    joint             one optimizer, loss = embedding-head loss + MSE loss
+    alternating       per batch: a step on the embedding head's loss (encoder + that head),
+                      then a step on the MSE loss (encoder + predict head)
+    limited-finetune  phase 1: encoder + embedding head on its loss until it converges;
+                      phase 2: predict head alone on MSE, the encoder frozen
+    full-finetune     phase 1 as above; phase 2: encoder + predict head on MSE
+
+L2 (``lam`` * mean(W^2) per matrix; biases are not regularised) covers the matrices a step trains;
+it is its own loss term, ``l2``. (protocol.md asks for a normalisation under which one lambda
+transfers across datasets; that change belongs to the tuning issue and is not made here.)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from models.base import NEGATIVES, RSTAR, Recommender
+from models.batch import Batch
+from models.losses import l2_penalty, mse_loss, ns_loss
+
+MODES = ("joint", "alternating", "limited-finetune", "full-finetune")
+
+
+@dataclass(frozen=True)
+class Step:
+    """Heads whose losses are summed, and whether the encoder is trained by this step."""
+
+    heads: tuple[str, ...]
+    train_encoder: bool = True
+
+
+class AutoRec(Recommender):
+    """Encoder (n_items -> width, ReLU) and one linear head (width -> n_items) per name in
+    ``heads``; the subclasses below fix the heads."""
+
+    name = "autorec"
+    heads_trained: ClassVar[tuple[str, ...]] = ("predict",)
+    embed_head: ClassVar[str | None] = None   # the de-popularising head (nce | ns), if any
+    recommend_head: ClassVar[str] = "predict"
+    hyperparameters = {"width": 200, "lam": 30.0}
+
+    def __init__(self, n_items: int, width: int = 200, lam: float = 30.0, mode: str | None = None):
+        super().__init__()
+        if n_items < 1 or width < 1:
+            raise ValueError(f"need n_items >= 1 and width >= 1; got {n_items}, {width}")
+        two_headed = len(self.heads_trained) > 1
+        if mode is not None and not two_headed:
+            raise ValueError(f"{self.name} has one head, so it has no mode; modes apply to the "
+                             "two-headed models (ns-autorec, nce-autorec)")
+        if two_headed and (mode or "joint") not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        self.n_items, self.width, self.lam = n_items, width, float(lam)
+        self.mode = (mode or "joint") if two_headed else None
+        self.encoder = nn.EmbeddingBag(n_items, width, mode="sum")
+        self.encoder_bias = nn.Parameter(torch.zeros(width))
+        self.heads = nn.ModuleDict({h: nn.Linear(width, n_items) for h in self.heads_trained})
+        # the encoder initialised as nn.Linear(n_items, width) would be (EmbeddingBag's N(0, 1)
+        # summed over hundreds of items saturates the first steps)
+        bound = 1.0 / math.sqrt(n_items)
+        nn.init.uniform_(self.encoder.weight, -bound, bound)
+
+    def model_args(self) -> dict:
+        args = {"n_items": self.n_items, "width": self.width, "lam": self.lam}
+        return {**args, "mode": self.mode} if self.mode else args
+
+    def encode(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """(B, width) user codes from sparse binary rows."""
+        return torch.relu(self.encoder(items, offsets) + self.encoder_bias)
+
+    def head_scores(self, items: torch.Tensor, offsets: torch.Tensor, heads: tuple[str, ...],
+                    frozen_encoder: bool = False) -> dict[str, torch.Tensor]:
+        """(B, n_items) scores of the named heads. ``frozen_encoder`` computes the code without
+        autograd (limited fine-tune's phase 2) inside the same forward, so DDP sees every step."""
+        if frozen_encoder:
+            with torch.no_grad():
+                h = self.encode(items, offsets)
+        else:
+            h = self.encode(items, offsets)
+        return {name: self.heads[name](h) for name in heads}
+
+    def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        head = self.recommend_head
+        return self.head_scores(items, offsets, (head,))[head]
+
+    # -- training ----------------------------------------------------------------------------
+
+    def phases(self) -> list[list[Step]]:
+        if self.mode is None:
+            return [[Step(self.heads_trained)]]
+        e = self.embed_head
+        return {"joint": [[Step((e, "predict"))]],
+                "alternating": [[Step((e,)), Step(("predict",))]],
+                "limited-finetune": [[Step((e,))], [Step(("predict",), train_encoder=False)]],
+                "full-finetune": [[Step((e,))], [Step(("predict",))]]}[self.mode]
+
+    def step_parameters(self, step: Step) -> list[nn.Parameter]:
+        params = [p for name in step.heads for p in self.heads[name].parameters()]
+        if step.train_encoder:
+            params += list(self.encoder.parameters()) + [self.encoder_bias]
+        return params
+
+    def monitor(self, phase: int, terms: dict[str, float]) -> float:
+        return terms[self.embed_head] if self.embed_head in terms else sum(terms.values())
+
+    def forward(self, batch: Batch, step: Step | None = None) -> dict[str, torch.Tensor]:
+        """Each trained head's loss, and ``l2`` over the matrices the step trains."""
+        step = step or self.phases()[0][0]
+        scores = self.head_scores(batch.train_items, batch.train_offsets, step.heads,
+                                  frozen_encoder=not step.train_encoder)
+        terms = {name: head_loss(name, scores[name], batch) for name in step.heads}
+        weights = [self.heads[name].weight for name in step.heads]
+        if step.train_encoder:
+            weights.append(self.encoder.weight)
+        terms["l2"] = l2_penalty(weights, self.lam)
+        return terms
+
+
+def head_loss(name: str, scores: torch.Tensor, batch: Batch) -> torch.Tensor:
+    if name == "predict":
+        return mse_loss(scores, batch.train_items, batch.train_offsets)
+    if name == "nce":
+        return mse_loss(scores, batch.train_items, batch.train_offsets, batch.train_rstar)
+    if name == "ns":
+        return ns_loss(scores, batch.train_items, batch.train_offsets, batch.neg_items,
+                       batch.neg_counts, batch.neg_offsets)
+    raise ValueError(f"unknown head {name!r}")
+
+
+class OHNSAutoRec(AutoRec):
+    name = "ohns-autorec"
+    heads_trained = ("ns",)
+    embed_head = "ns"
+    recommend_head = "ns"
+    needs = frozenset({NEGATIVES})
+
+
+class NSAutoRec(AutoRec):
+    name = "ns-autorec"
+    heads_trained = ("ns", "predict")
+    embed_head = "ns"
+    needs = frozenset({NEGATIVES})
+    hyperparameters = {**AutoRec.hyperparameters, "mode": "joint"}
+
+
+class NCEAutoRec(AutoRec):
+    name = "nce-autorec"
+    heads_trained = ("nce", "predict")
+    embed_head = "nce"
+    needs = frozenset({RSTAR})
+    hyperparameters = {**AutoRec.hyperparameters, "mode": "joint"}

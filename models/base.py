@@ -1,0 +1,108 @@
+"""The one interface every stage uses: training, Spark scoring, the MLflow pyfunc, validation and
+evaluation know a model only through ``Recommender``; nothing outside ``models/`` looks inside one.
+
+A model is a ``torch.nn.Module`` whose state is its ``state_dict`` (tensors only, so every file
+loads weights-only) and whose constructor arguments are ``model_args()`` (plain JSON), from which
+``models.registry`` rebuilds it by name. Two kinds:
+
+    gradient      ``phases()`` lists the optimisation steps of each training phase; ``forward(batch,
+                  step)`` returns that step's named loss terms (what DDP wraps: the trainer sums
+                  them, backpropagates, and logs each term); ``step_parameters(step)`` what the
+                  step's optimizer trains. Most models have one phase of one step.
+    closed-form   ``fit(train, rstar)`` sets the parameters from the whole training matrix (scipy
+                  CSR, users x items) at once, in place of forward.
+
+Both score the same way: ``score(items, offsets)`` -> (B, n_items) float32 from users' input rows in
+EmbeddingBag layout (``models.batch``), a user the model never saw included (fold-in).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from models.batch import Batch, row_ids
+
+RSTAR, NEGATIVES = "rstar", "negatives"  # what a model's batches may need beyond the input rows
+
+
+class Recommender(nn.Module):
+    """The interface. Subclasses set the class attributes and implement ``model_args``, ``score``
+    and either ``forward`` (gradient) or ``fit`` (closed-form)."""
+
+    #: the name it is registered and selected by (``--model``)
+    name: ClassVar[str] = ""
+    #: "gradient" or "closed-form"
+    kind: ClassVar[str] = "gradient"
+    #: hyperparameters ``from_config`` reads, with their defaults (the single place a default lives)
+    hyperparameters: ClassVar[dict[str, Any]] = {}
+    #: parts of the prepared rows the batches must carry besides the input items (RSTAR, NEGATIVES)
+    needs: ClassVar[frozenset[str]] = frozenset()
+
+    n_items: int
+
+    @classmethod
+    def from_config(cls, n_items: int, hp: dict[str, Any]) -> Recommender:
+        """A new model for ``n_items`` items from hyperparameters (missing ones take defaults)."""
+        return cls(n_items=n_items, **{k: hp.get(k, v) for k, v in cls.hyperparameters.items()})
+
+    def model_args(self) -> dict[str, Any]:
+        """The constructor's keyword arguments, JSON-able: ``type(self)(**model_args())`` rebuilds
+        the model (then ``load_state_dict``)."""
+        raise NotImplementedError
+
+    # -- gradient models ---------------------------------------------------------------------
+
+    def phases(self) -> list[list[Any]]:
+        """The steps of each training phase; a step is whatever ``forward`` and
+        ``step_parameters`` accept. Default: one phase of one step over every parameter."""
+        return [[None]]
+
+    def step_parameters(self, step: Any) -> list[nn.Parameter]:
+        return list(self.parameters())
+
+    def uses_every_parameter(self) -> bool:
+        """Whether every step trains every parameter (DDP's find_unused_parameters stays off)."""
+        every = set(map(id, self.parameters()))
+        return all(set(map(id, self.step_parameters(s))) == every
+                   for steps in self.phases() for s in steps)
+
+    def monitor(self, phase: int, terms: dict[str, float]) -> float:
+        """The loss whose convergence ends a phase that is not the last (its sum of terms)."""
+        return sum(terms.values())
+
+    def forward(self, batch: Batch, step: Any = None) -> dict[str, torch.Tensor]:
+        """Named 0-d loss terms of ``step`` on ``batch``; the step minimises their sum."""
+        raise NotImplementedError(f"{self.name} is {self.kind}: it has no forward")
+
+    # -- closed-form models ------------------------------------------------------------------
+
+    def fit(self, train, rstar=None) -> dict[str, float]:
+        """Set the parameters from the users x items training matrix ``train`` (scipy CSR, binary
+        float32; ``rstar`` the same pattern with R* values, for models that need RSTAR). Returns
+        facts worth logging (e.g. seconds per part)."""
+        raise NotImplementedError(f"{self.name} is {self.kind}: it has no closed-form fit")
+
+    # -- every model -------------------------------------------------------------------------
+
+    def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """(B, n_items) float32 scores of every item for users with these input rows."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def recommend(self, items: torch.Tensor, offsets: torch.Tensor, k: int,
+                  exclude_seen: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores, item indices), each (B, min(k, n_items)), best first; the user's input items
+        are excluded unless ``exclude_seen`` is False."""
+        scores = self.score(items, offsets)
+        if exclude_seen and len(items):
+            scores[row_ids(offsets, len(items)), items] = -torch.inf
+        top = torch.topk(scores, min(k, self.n_items), dim=1)
+        return top.values, top.indices
+
+    def describe(self) -> str:
+        """One line for logs: the name and its arguments."""
+        args = ", ".join(f"{k} {v}" for k, v in self.model_args().items() if k != "n_items")
+        return f"{self.name} ({args})"

@@ -1,0 +1,84 @@
+"""What a model sees: users' rows as sparse torch batches (EmbeddingBag layout).
+
+A batch stays sparse (flat indices + per-user offsets); only the losses densify, one batch at a
+time, on the device. ``Batch`` holds every column a model may ask for (``Recommender.needs``);
+the ones it does not need are empty tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Batch:
+    """One batch of users. Index tensors int64, values float32; ``*_offsets`` (B,) int64."""
+
+    users: torch.Tensor
+    train_items: torch.Tensor
+    train_offsets: torch.Tensor
+    train_rstar: torch.Tensor
+    neg_items: torch.Tensor
+    neg_counts: torch.Tensor
+    neg_offsets: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=True)
+                        for f in fields(self)})
+
+
+def batch_of_rows(rows, rstar=None) -> Batch:
+    """A Batch of users' item lists (and, optionally, aligned R* lists); no negatives."""
+    items, offsets = sparse_rows(rows)
+    values = (torch.from_numpy(np.concatenate([np.asarray(r, np.float32) for r in rstar]))
+              if rstar is not None and len(rstar) else torch.zeros(0))
+    empty = torch.zeros(0, dtype=torch.int64)
+    return Batch(users=torch.arange(len(rows)), train_items=items, train_offsets=offsets,
+                 train_rstar=values, neg_items=empty, neg_counts=empty,
+                 neg_offsets=torch.zeros(len(rows), dtype=torch.int64))
+
+
+def flat(col) -> tuple[np.ndarray, np.ndarray]:
+    """(values, offsets) of an Arrow list column (Array or ChunkedArray); flatten() honours
+    slices (apache/arrow#37733)."""
+    import pyarrow as pa
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    values = col.flatten().to_numpy(zero_copy_only=False)
+    lengths = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
+    offsets = np.zeros(len(lengths), np.int64)
+    np.cumsum(lengths[:-1], out=offsets[1:])
+    return values, offsets
+
+
+
+def sparse_rows(rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """(items, offsets), int64, in EmbeddingBag layout, from a sequence of per-user item lists."""
+    lengths = np.fromiter((len(r) for r in rows), np.int64, count=len(rows))
+    flat = np.concatenate([np.asarray(r, np.int64) for r in rows]) if len(rows) else np.zeros(0, np.int64)
+    offsets = np.zeros(len(rows), np.int64)
+    np.cumsum(lengths[:-1], out=offsets[1:])
+    return torch.from_numpy(flat), torch.from_numpy(offsets)
+
+
+def row_ids(offsets: torch.Tensor, nnz: int) -> torch.Tensor:
+    """(nnz,) int64 row of each sparse entry (the last user runs to ``nnz``)."""
+    lengths = torch.diff(offsets, append=torch.tensor([nnz], device=offsets.device))
+    return torch.repeat_interleave(torch.arange(len(offsets), device=offsets.device), lengths)
+
+
+def to_csr(items: torch.Tensor, offsets: torch.Tensor, n_items: int, values=None):
+    """A scipy CSR matrix (B, n_items) float32 of sparse rows (ones, or ``values``)."""
+    import scipy.sparse as sp
+
+    items = items.cpu().numpy()
+    indptr = np.append(offsets.cpu().numpy(), len(items))
+    data = np.ones(len(items), np.float32) if values is None else np.asarray(values, np.float32)
+    return sp.csr_matrix((data, items, indptr), shape=(len(indptr) - 1, n_items))

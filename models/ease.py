@@ -1,0 +1,55 @@
+"""EASE (Steck, "Embarrassingly Shallow Autoencoders for Sparse Data", WWW 2019). Not in the
+paper; the strongest simple baseline in recent comparisons, so a comparison without it flatters.
+
+    P = (X^T X + lambda I)^-1,   B = I - P diag(1 / diag(P))   (so diag(B) = 0),   scores = x B
+
+X is the binary training matrix. The state is the dense n_items x n_items matrix B: the fit needs
+about three such matrices in float64 and refuses, before allocating, a catalogue whose matrices
+would not fit in memory, with the size they would need. Unseen users fold in (x B).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from models.closed_form import ClosedForm, check_memory, row_sums
+
+
+class EASE(ClosedForm):
+    name = "ease"
+    hyperparameters = {"lam": 500.0}
+
+    def __init__(self, n_items: int, lam: float = 500.0):
+        super().__init__()
+        if n_items < 1 or lam <= 0:
+            raise ValueError(f"need n_items >= 1 and lam > 0; got {n_items}, {lam}")
+        self.n_items, self.lam = n_items, float(lam)
+        check_memory(self, fit_bytes(n_items), "its n x n matrices (float64: the Gram matrix, its "
+                     "inverse and B)", "use a model with a low-rank state (puresvd, nce-plrec) or a "
+                     "machine with more memory")
+        self.register_buffer("weights", torch.zeros(n_items, n_items))
+
+    def model_args(self) -> dict:
+        return {"n_items": self.n_items, "lam": self.lam}
+
+    def fit(self, train, rstar=None, seed: int = 0) -> dict:
+        t0 = time.perf_counter()
+        gram = np.asarray((train.T @ train).todense(), dtype=np.float64)
+        gram[np.diag_indices_from(gram)] += self.lam
+        p = np.linalg.inv(gram)
+        del gram
+        b = p / -np.diag(p)
+        b[np.diag_indices_from(b)] = 0.0
+        self.weights.copy_(torch.from_numpy(b.astype(np.float32)))
+        return {"fit_seconds": time.perf_counter() - t0}
+
+    def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return row_sums(self.weights, items, offsets)
+
+
+def fit_bytes(n_items: int) -> int:
+    """Peak bytes of a fit: three n x n float64 matrices (Gram, inverse, B) plus B in float32."""
+    return n_items * n_items * (3 * 8 + 4)

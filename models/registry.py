@@ -1,0 +1,75 @@
+"""Every model by name, and the one file format of a trained model.
+
+    MODELS["nce-autorec"]                  the class
+    build("puresvd", {"n_items": 9, "rank": 4})   a model from its name and model_args()
+    save(model) / read(payload)            the dict written as model.pt: name, arguments, weights
+
+A new model is one module in ``models/`` and one entry in ``MODELS`` below.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import torch
+
+from etl.errors import UsageError
+from models.autorec import AutoRec, NCEAutoRec, NSAutoRec, OHNSAutoRec
+from models.base import Recommender
+from models.ease import EASE
+from models.nce_plrec import NCEPLRec
+from models.popularity import Popularity
+from models.puresvd import PureSVD
+
+MODELS: dict[str, type[Recommender]] = {c.name: c for c in (
+    AutoRec, OHNSAutoRec, NSAutoRec, NCEAutoRec,   # the paper's family (models/autorec.py)
+    PureSVD, NCEPLRec, EASE,                       # closed-form baselines
+    Popularity,                                    # the floor
+)}
+
+
+def model_class(name: str, what: str = "--model") -> type[Recommender]:
+    if name not in MODELS:
+        raise UsageError(f"{what} {name}: no such model; choose one of {', '.join(MODELS)}")
+    return MODELS[name]
+
+
+def build(name: str, model_args: dict) -> Recommender:
+    """The model ``name`` rebuilt from its ``model_args()`` (weights still to load)."""
+    return model_class(name, "model")(**model_args)
+
+
+def save(model: Recommender, **extra) -> dict:
+    """What model.pt holds: plain data and tensors only, so it loads weights-only."""
+    return {"model": model.name, "model_args": model.model_args(),
+            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}, **extra}
+
+
+def read(payload: dict, what: str) -> Recommender:
+    """The model in eval mode from a ``save`` payload; ``what`` names the file in errors."""
+    if not isinstance(payload, dict) or "model" not in payload or "model_args" not in payload:
+        raise UsageError(f"{what}: not a model file written by this version of training/train.py "
+                         "(no model name and arguments in it); train it again")
+    model = build(payload["model"], payload["model_args"])
+    model.load_state_dict(payload["state_dict"])
+    return model.eval()
+
+
+def load_weights_only(source, what: str):
+    """``torch.load`` of tensors and plain data only (``weights_only=True``): everything this
+    project writes (models, checkpoints, optimizer states, progress) loads so. A file whose pickle
+    would build other objects, and so could run code when loaded, is refused in one line."""
+    try:
+        return torch.load(source, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = next((ln.strip() for ln in str(e).splitlines() if "GLOBAL" in ln), "")
+        raise UsageError(
+            f"{what}: refused: it holds Python objects other than tensors and plain data, and "
+            f"loading them could run code{f' ({found})' if found else ''}. Only files written by "
+            "this project's training load; retrain, or pass a file you trust that holds a plain "
+            "dict of tensors") from None
+
+
+def load_model_file(path: str) -> Recommender:
+    """The model in eval mode from a run's ``model.pt``."""
+    return read(load_weights_only(path, path), path)

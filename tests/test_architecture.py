@@ -1,0 +1,59 @@
+"""Which package may import which (the picture in the README, "Architecture"), checked on every
+import statement of the project's code, including those inside functions."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("etl", "models", "training", "evaluation", "infra")
+
+# package -> the project modules it may import (a package name allows all of its modules)
+ALLOWED = {
+    "etl": {"etl"},
+    # the MLflow pyfunc ships models/ and etl/ only (training.tracking.log_final's code_paths)
+    "models": {"models", "etl.errors"},
+    "training": {"training", "models", "etl.errors", "etl.schema", "etl.protocol", "etl.publish",
+                 "etl.prepare"},
+    # evaluation reaches training only for the prepared-data reader and the MLflow helpers
+    "evaluation": {"evaluation", "models", "etl", "training.prepared", "training.tracking"},
+    "infra": {"infra", "etl", "models", "training", "evaluation"},
+}
+
+
+def project_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            # "from models import base" imports models.base
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        found |= {n for n in names if n.split(".")[0] in PACKAGES}
+    return found
+
+
+def allowed(module: str, rules: set[str]) -> bool:
+    return any(module == r or module.startswith(r + ".") or r.startswith(module + ".")
+               for r in rules)
+
+
+def test_no_package_imports_what_the_architecture_forbids():
+    bad = []
+    for pkg, rules in ALLOWED.items():
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for module in sorted(project_imports(path)):
+                if not allowed(module, rules):
+                    bad.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert not bad, "forbidden imports (see the README's Architecture):\n" + "\n".join(bad)
+
+
+def test_the_checker_sees_a_forbidden_import(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text("def f():\n    from training.train import run\n")
+    assert project_imports(p) == {"training.train", "training.train.run"}
+    assert not allowed("training.train", ALLOWED["models"])
+    assert allowed("training.prepared", ALLOWED["evaluation"])

@@ -1,0 +1,83 @@
+"""The closed-form baselines against plain numpy references (protocol.md's definitions), on a
+small random matrix, through the interface every stage uses (``fit`` then ``score`` of rows)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from etl.errors import UsageError
+from models.batch import sparse_rows
+from models.registry import build
+
+M, N = 40, 15  # users, items
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(7)
+    r = (rng.random((M, N)) < 0.3).astype(np.float64)
+    r[0, :] = 0  # a user without items scores zeros
+    r[0, 3] = 1
+    pop = r.sum(axis=0)
+    rstar = r * np.maximum(np.log(M) - 0.9 * np.log(np.maximum(pop, 1)), 0)
+    rows = [np.flatnonzero(row).tolist() for row in r]
+    return r, rstar, rows
+
+
+def fitted(name, args, data):
+    r, rstar, rows = data
+    model = build(name, {"n_items": N, **args})
+    model.fit(sp.csr_matrix(r, dtype=np.float32), sp.csr_matrix(rstar, dtype=np.float32), seed=0)
+    items, offsets = sparse_rows(rows)
+    with torch.no_grad():
+        return model.score(items, offsets).numpy().astype(np.float64)
+
+
+def test_puresvd_equals_the_exact_svd_projection(data):
+    r, _, _ = data
+    k = 5
+    _, _, vt = np.linalg.svd(r, full_matrices=False)
+    v = vt[:k].T
+    np.testing.assert_allclose(fitted("puresvd", {"rank": k}, data), r @ v @ v.T, atol=1e-6, rtol=1e-6)
+
+
+def test_nce_plrec_equals_the_protocol_formula(data):
+    r, rstar, _ = data
+    k, lam = 6, 2.5
+    _, sigma, qt = np.linalg.svd(rstar, full_matrices=False)
+    v = qt[:k].T * np.sqrt(sigma[:k])
+    rq = r @ v
+    y = np.linalg.inv(rq.T @ rq + lam * np.eye(k)) @ rq.T @ r
+    np.testing.assert_allclose(fitted("nce-plrec", {"rank": k, "lam": lam}, data), rq @ y,
+                               atol=1e-6, rtol=1e-6)
+
+
+def test_ease_equals_a_ridge_regression_per_item_without_itself(data):
+    """EASE's closed form against its definition: column j of B is the ridge regression of item j
+    on every other item (diag(B) = 0), solved item by item."""
+    r, _, _ = data
+    lam = 3.0
+    b = np.zeros((N, N))
+    for j in range(N):
+        others = [i for i in range(N) if i != j]
+        x = r[:, others]
+        b[others, j] = np.linalg.solve(x.T @ x + lam * np.eye(N - 1), x.T @ r[:, j])
+    np.testing.assert_allclose(fitted("ease", {"lam": lam}, data), r @ b, atol=1e-6, rtol=1e-6)
+
+
+def test_ease_refuses_a_catalogue_it_cannot_hold(monkeypatch):
+    from models import closed_form
+
+    monkeypatch.setattr(closed_form, "available_memory", lambda: 16 * 2**30)
+    with pytest.raises(UsageError, match=r"ease on 44,865 items needs 52\.5 GiB .* 16\.0 GiB "
+                                         r"available: use a model with a low-rank state"):
+        build("ease", {"n_items": 44_865, "lam": 100.0})
+
+
+def test_nce_plrec_needs_rstar():
+    model = build("nce-plrec", {"n_items": 3, "rank": 1})
+    with pytest.raises(ValueError, match="R\\*"):
+        model.fit(sp.csr_matrix(np.eye(3, dtype=np.float32)), None)

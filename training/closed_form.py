@@ -1,0 +1,112 @@
+"""Training of a closed-form model (``Recommender.kind == "closed-form"``): one Ray task reads the
+warm users' rows, builds the training matrix, calls the model's ``fit`` and scores the validation
+users exactly as the gradient loop does (``training.validate``), so both kinds report the same
+validation NDCG and Recall@50 and return the same (summary, history, weights, arguments).
+
+The task asks Ray for the CPUs the run would give its workers, so on a cluster it runs where they
+are, not on the head that runs the driver.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyarrow.dataset as pds
+import torch
+
+from etl import schema as S
+from models.batch import flat, sparse_rows, to_csr
+from models.registry import MODELS
+from training.config import TrainConfig
+from training.feed import valid_batch
+from training.prepared import filesystem
+from training.validate import batch_metrics
+
+SCORE_USERS = 1024  # validation users scored at once: 1024 x n_items float32
+
+
+def read_rows(prep, columns: list[str]):
+    """The warm users' rows (a pyarrow Table with ``columns``), from local storage or a URI."""
+    fs, path = filesystem(prep.rows_uri)
+    ds = pds.dataset(path, filesystem=fs, format="parquet")
+    return ds.to_table(columns=columns, filter=pds.field(S.COLD) == False)  # noqa: E712
+
+
+def matrices(prep, cfg: TrainConfig, rows):
+    """(R, R* or None): users x items CSR float32 of the training splits (train, or train+valid
+    for the final retraining); R* holds the run's R* values on R's entries."""
+    items, off = flat(rows.column(S.TRAIN_ITEMS))
+    if cfg.final_retraining:
+        v_items, v_off = flat(rows.column(S.VALID_ITEMS))
+        lists = [np.concatenate([items[a:b], v_items[c:d]]) for a, b, c, d in zip(
+            off, np.append(off[1:], len(items)), v_off, np.append(v_off[1:], len(v_items)))]
+        t_items, t_off = sparse_rows(lists)
+    else:
+        t_items, t_off = torch.from_numpy(items.astype(np.int64)), torch.from_numpy(off)
+    train = to_csr(t_items, t_off, prep.n_items)
+    rstar = None
+    if "rstar" in MODELS[cfg.model].needs:
+        beta = cfg.beta if cfg.beta is not None else prep.beta()
+        table = prep.rstar_table(beta, cfg.final_retraining)
+        rstar = to_csr(t_items, t_off, prep.n_items, table[t_items.numpy()])
+    return train, rstar
+
+
+@torch.no_grad()
+def validate(model, rows) -> tuple[float, float, int]:
+    """(mean NDCG, mean Recall@50, users) over the users of ``rows`` with a validation item."""
+    ndcg_sum = recall_sum = 0.0
+    count = 0
+    for lo in range(0, rows.num_rows, SCORE_USERS):
+        vb = valid_batch(rows.slice(lo, SCORE_USERS), 0, 1)
+        if vb is None:
+            continue
+        ndcg, recall = batch_metrics(model.score(vb.train_items, vb.train_offsets), vb)
+        ndcg_sum += float(ndcg.sum())
+        recall_sum += float(recall.sum())
+        count += len(vb)
+    return (ndcg_sum / count, recall_sum / count, count) if count else (float("nan"),) * 2 + (0,)
+
+
+def fit_task(cfg_dict: dict, prep, threads: int) -> dict:
+    """The body of the Ray task: fit, validate; plain data and tensors back to the driver."""
+    cfg = TrainConfig.from_dict(cfg_dict)
+    torch.set_num_threads(max(1, threads))
+    t0 = time.perf_counter()
+    columns = [S.USER_INDEX, S.TRAIN_ITEMS, S.VALID_ITEMS]
+    rows = read_rows(prep, columns)
+    train, rstar = matrices(prep, cfg, rows)
+    read_s = time.perf_counter() - t0
+    print(f"{cfg.model}: fitting on {train.shape[0]:,} users x {train.shape[1]:,} items "
+          f"({train.nnz:,} positives; read in {read_s:.1f}s)", flush=True)
+    torch.manual_seed(cfg.seed)
+    model = MODELS[cfg.model].from_config(prep.n_items, cfg.hyperparameters())
+    info = model.fit(train, rstar, seed=cfg.seed)
+    fit_s = time.perf_counter() - t0 - read_s
+    record = {"epoch": 1, "phase": 1, "train_seconds": fit_s, "read_seconds": read_s,
+              "users_per_second": train.shape[0] / max(fit_s, 1e-9), **info}
+    if not cfg.final_retraining:
+        ndcg, recall, n = validate(model.eval(), rows)
+        record.update({"valid_ndcg": ndcg, "valid_recall_at_50": recall})
+        print(f"{model.describe()}: fitted in {fit_s:.1f}s; validation NDCG {ndcg:.4f} "
+              f"Recall@50 {recall:.4f} ({n:,} users)", flush=True)
+    record["epoch_seconds"] = time.perf_counter() - t0
+    return {"record": record, "state_dict": {k: v.cpu() for k, v in model.state_dict().items()},
+            "model_args": model.model_args()}
+
+
+def fit(cfg: TrainConfig, prep, cpus: float) -> tuple[dict, list[dict], dict, dict]:
+    """Fit on Ray; returns (summary, history, weights, model arguments) like a gradient run."""
+    import ray
+
+    t0 = time.perf_counter()
+    task = ray.remote(fit_task).options(num_cpus=cpus, max_retries=0)
+    out = ray.get(task.remote(cfg.to_dict(), prep, int(cpus)))
+    rec = out["record"]
+    summary = {"best_epoch": 1, "epochs_run": 1, "phase_epochs": [1],
+               "best_valid_ndcg": rec.get("valid_ndcg"),
+               "best_valid_recall_at_50": rec.get("valid_recall_at_50"),
+               "mean_users_per_second": rec["users_per_second"],
+               "wall_seconds": time.perf_counter() - t0}
+    return summary, [rec], out["state_dict"], out["model_args"]
