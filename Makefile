@@ -45,7 +45,7 @@ demo: venv java-check
 	$(PY) -m infra.demo --var $(VAR)
 
 test: venv java-check
-	$(PY) -m ruff check etl models training evaluation infra tests benchmarks
+	$(PY) -m ruff check prepared runtime models etl training evaluation infra tests benchmarks
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 stack: venv

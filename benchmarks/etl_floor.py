@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from etl.spark import get_spark  # noqa: E402
+from runtime.spark import get_spark  # noqa: E402
 from etl.synthetic import synthetic_rows  # noqa: E402
 
 

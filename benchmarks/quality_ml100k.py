@@ -36,7 +36,7 @@ from infra.submit import spark_submit  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from models.batch import sparse_rows  # noqa: E402
 from models.registry import load_model_file  # noqa: E402
-from training.prepared import open_prepared  # noqa: E402
+from prepared.reader import open_prepared  # noqa: E402
 from training.train import run  # noqa: E402
 
 MODELS = ("autorec", "nce-autorec")

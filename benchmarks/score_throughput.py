@@ -58,7 +58,7 @@ def save_model(data: Path, work: Path) -> Path:
     import torch
 
     from models.registry import build, save
-    from training.prepared import open_prepared
+    from prepared.reader import open_prepared
 
     torch.manual_seed(0)
     model = build("nce-autorec", {"n_items": open_prepared(str(data)).n_items, "width": WIDTH})
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                         "directory, removed at the end)")
     args = p.parse_args(argv)
     os.environ.setdefault("SPARK_MASTER", "local[2]")
-    from etl.spark import get_spark
+    from runtime.spark import get_spark
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="score-bench-") as w:

@@ -97,7 +97,7 @@ def reference_users_per_second(data: Path, model: str, steps: int = 20) -> float
     from training import feed as F
     from training.config import TrainConfig
     from models.registry import MODELS
-    from training.prepared import open_prepared
+    from prepared.reader import open_prepared
     from training.step import make_optimizers, train_batch
 
     torch.set_num_threads(os.cpu_count() or 1)

@@ -33,12 +33,12 @@ import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
-from etl import schema as S  # noqa: E402
+from prepared import schema as S  # noqa: E402
 from training import feed as F  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.loop import new_progress, next_state  # noqa: E402
 from models.registry import MODELS  # noqa: E402
-from training.prepared import open_prepared  # noqa: E402
+from prepared.reader import open_prepared  # noqa: E402
 from training.step import make_optimizers, train_batch  # noqa: E402
 from training.validate import batch_metrics  # noqa: E402
 

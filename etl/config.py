@@ -7,7 +7,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from etl.errors import UsageError
+from prepared.errors import UsageError
+from runtime.cli import option
 
 
 @dataclass(frozen=True)
@@ -77,38 +78,66 @@ DATASET_ALIASES = {"yahoo": "yahoo-r1", "movielens-20m": "ml-20m", "goodbooks-10
                    "citeulike-a": "citeulike", "citeulike-t": "citeulike"}
 
 
+IO, PROTOCOL, CSV, SYNTHETIC = ("input and output", "protocol (defaults as in protocol.md)",
+                                "generic csv (--dataset csv)", "synthetic (--dataset synthetic)")
+
+
 @dataclass(frozen=True)
 class ETLConfig:
-    """Every parameter of one ETL run; recorded whole in the manifest."""
+    """Every parameter of one ETL run; recorded whole in the manifest. etl/prepare.py's flags are
+    built from these fields (``runtime.cli``): their defaults and help live here only."""
 
-    dataset: str
-    output: str
-    input: tuple[str, ...] = ()
-    seed: int = 0
-    overwrite: bool = False
-    positive: str | None = None          # None: the dataset's default rule
-    split: str | None = None             # None: the dataset's default (time | random)
-    test_fraction: float = 0.3
-    holdout_fraction: float = 0.5        # valid + test
-    cold_users: float = 0.05
-    beta: float = 1.0
-    rstar_z: str = "users"               # users (authors' code) | positives (paper's formula)
-    negatives: int = 500
-    max_bad_rows: float = 0.001
-    shards: int = 0                      # 0: automatic
-    # generic csv
-    delimiter: str = ","
-    user_col: str = "user"
-    item_col: str = "item"
-    rating_col: str | None = "rating"
-    time_col: str | None = "timestamp"
-    # synthetic
-    users: int = 10_000
-    items: int = 2_000
-    positives: int = 200_000
+    dataset: str = option(help="the dataset's format and protocol defaults (listed below; "
+                               "aliases: yahoo, citeulike-a)", group=IO)
+    output: str = option(help="prepared directory to write (local path or URI)", group=IO)
+    input: tuple[str, ...] = option((), group=IO, metavar="PATH",
+                                    help="raw file(s), a directory holding the dataset's usual "
+                                         "file, or a glob")
+    overwrite: bool = option(False, group=IO, help="replace an existing prepared --output")
+    shards: int = option(0, group=IO, show_default=False,
+                         help="number of user-row Parquet shards (default: about 500k positives "
+                              "each)")
+    max_bad_rows: float = option(0.001, group=IO,
+                                 help="fail when more than this share of data lines is malformed; "
+                                      "below it, malformed lines are skipped, counted and shown")
+    seed: int = option(0, group=PROTOCOL, help="seeds the random split, cold users, negatives")
+    positive: str | None = option(None, group=PROTOCOL,
+                                  help="which ratings are positive: '>3', '>=3', '80..100' or "
+                                       "'all' (default: the dataset's, see below)")
+    split: str | None = option(None, group=PROTOCOL, choices=["time", "random"],
+                               help="per-user split order (default: the dataset's)")
+    test_fraction: float = option(0.3, group=PROTOCOL,
+                                  help="test share per user: n_test = floor(f n)")
+    holdout_fraction: float = option(0.5, group=PROTOCOL,
+                                     help="valid+test share per user: n_train = n - floor(f n)")
+    cold_users: float = option(0.05, group=PROTOCOL,
+                               help="share of users held out of training entirely (0 allowed)")
+    beta: float = option(1.0, group=PROTOCOL, help="R* = max(log Z - beta log pop_j, 0)")
+    rstar_z: str = option("users", group=PROTOCOL, choices=["users", "positives"],
+                          help="Z in R*: number of training users (authors' code) or of training "
+                               "positives (the paper's formula)")
+    negatives: int = option(500, group=PROTOCOL,
+                            help="negative draws per user, with replacement, by popularity")
+    delimiter: str = option(",", group=CSV, help="field separator ('\\t' or 'tab' for tabs)")
+    user_col: str = option("user", group=CSV, help="header name of the user column")
+    item_col: str = option("item", group=CSV, help="header name of the item column")
+    rating_col: str | None = option("rating", group=CSV,
+                                    help="rating column ('' for one-class data)")
+    time_col: str | None = option("timestamp", group=CSV, help="unix-time column ('' for none)")
+    users: int = option(10_000, group=SYNTHETIC, help="number of users")
+    items: int = option(2_000, group=SYNTHETIC, help="number of items")
+    positives: int = option(200_000, group=SYNTHETIC,
+                            help="target number of positives (the generated count is close to it)")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dataset", dataset_name(self.dataset))  # aliases -> canonical
+        # as typed on a command line: a tab, and '' for "no such column"
+        object.__setattr__(self, "delimiter", {"\\t": "\t", "tab": "\t"}.get(self.delimiter,
+                                                                              self.delimiter))
+        for name in ("rating_col", "time_col"):
+            if getattr(self, name) == "":
+                object.__setattr__(self, name, None)
+        object.__setattr__(self, "input", tuple(self.input))
         for name in ("test_fraction", "holdout_fraction", "cold_users", "max_bad_rows"):
             v = getattr(self, name)
             if not (0.0 <= v < 1.0) or math.isnan(v):

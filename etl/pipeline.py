@@ -1,4 +1,4 @@
-"""The ETL's Spark steps, from parsed lines to a prepared directory (see ``etl.schema``).
+"""The ETL's Spark steps, from parsed lines to a prepared directory (see ``prepared.schema``).
 
 Each step ends in an action, so the progress log's time per step is the time of that step.
 One shuffle by user id carries the whole per-user part (dedup, split, user rows): a hash
@@ -20,10 +20,10 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from etl import protocol
-from etl import schema as S
+from prepared import protocol
+from prepared import schema as S
 from etl.config import ETLConfig, PositiveRule
-from etl.errors import InputDataError
+from prepared.errors import InputDataError
 from etl.sources import parse
 from etl.synthetic import synthetic_rows
 
@@ -426,7 +426,7 @@ def _write_rows_fn(out_dir: str, rstar_item: np.ndarray, pop: np.ndarray, negati
 
 def write_user_rows(split: DataFrame, out_dir: str, rstar_item: np.ndarray, pop: np.ndarray,
                     cfg: ETLConfig) -> list[dict]:
-    """Write one Parquet shard of user rows per partition of ``split`` (see ``etl.schema``).
+    """Write one Parquet shard of user rows per partition of ``split`` (see ``prepared.schema``).
 
     ``split`` comes out of the split window with each user's positives adjacent in its partition,
     so the rows are built in one streaming Python pass: no aggregation, no further sort.

@@ -3,7 +3,7 @@
     spark-submit etl/prepare.py --dataset ml-100k --input ../shared/datasets/ml-100k/u.data --output DIR
     python etl/prepare.py --dataset synthetic --users 100000 --items 5000 --positives 3000000 --output DIR
 
-Writes the prepared directory described in ``etl/schema.py`` (and the README), atomically.
+Writes the prepared directory described in ``prepared/schema.py`` (and the README), atomically.
 """
 
 from __future__ import annotations
@@ -25,15 +25,17 @@ import subprocess
 import time
 
 from etl import __version__
-from etl import schema as S
-from etl.config import DATASETS, ETLConfig, dataset_name
-from etl.errors import InputDataError, UsageError
+from runtime.cli import add_options, strict_parser, values
+from runtime.logs import setup_logging
+from prepared import schema as S
+from etl.config import DATASETS, ETLConfig
+from prepared.errors import InputDataError, UsageError
 
 log = logging.getLogger("etl")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = strict_parser(
         prog="etl/prepare.py", formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__doc__.split("\n\n")[0],
         epilog="Datasets and their protocol defaults (positive rule, split):\n" + "\n".join(
@@ -41,65 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
             f"{', '.join(spec.default_files) or ('generated' if name == 'synthetic' else 'a CSV file')}"
             for name, spec in DATASETS.items()) +
         "\n\nThe output directory is complete when it holds manifest.json (written last).")
-    d = ETLConfig.__dataclass_fields__
-    g = p.add_argument_group("input and output")
-    g.add_argument("--dataset", required=True, help="one of: " + ", ".join(DATASETS) +
-                   " (aliases: yahoo, citeulike-a)")
-    g.add_argument("--input", nargs="+", default=[], metavar="PATH",
-                   help="raw file(s), a directory holding the dataset's usual file, or a glob")
-    g.add_argument("--output", required=True, help="prepared directory to write (local path or URI)")
-    g.add_argument("--overwrite", action="store_true", help="replace an existing prepared --output")
-    g.add_argument("--shards", type=int, default=0,
-                   help="number of user-row Parquet shards (default: about 500k positives each)")
-    g.add_argument("--max-bad-rows", type=float, default=d["max_bad_rows"].default,
-                   help="fail when more than this share of data lines is malformed (default 0.001); "
-                        "below it, malformed lines are skipped, counted and shown")
-    g = p.add_argument_group("protocol (defaults as in protocol.md)")
-    g.add_argument("--seed", type=int, default=0, help="seeds the random split, cold users, negatives")
-    g.add_argument("--positive", default=None,
-                   help="which ratings are positive: '>3', '>=3', '80..100' or 'all' "
-                        "(default: the dataset's, see below)")
-    g.add_argument("--split", choices=["time", "random"], default=None,
-                   help="per-user split order (default: the dataset's)")
-    g.add_argument("--test-fraction", type=float, default=0.3,
-                   help="test share per user: n_test = floor(f n) (default 0.3)")
-    g.add_argument("--holdout-fraction", type=float, default=0.5,
-                   help="valid+test share per user: n_train = n - floor(f n) (default 0.5)")
-    g.add_argument("--cold-users", type=float, default=0.05,
-                   help="share of users held out of training entirely (default 0.05; 0 allowed)")
-    g.add_argument("--beta", type=float, default=1.0,
-                   help="R* = max(log Z - beta log pop_j, 0) (default 1.0)")
-    g.add_argument("--rstar-z", choices=["users", "positives"], default="users",
-                   help="Z in R*: number of training users (authors' code, default) or of "
-                        "training positives (the paper's formula)")
-    g.add_argument("--negatives", type=int, default=500,
-                   help="negative draws per user, with replacement, by popularity (default 500)")
-    g = p.add_argument_group("generic csv (--dataset csv)")
-    g.add_argument("--delimiter", default=",", help="field separator (default ','; use '\\t' for tabs)")
-    g.add_argument("--user-col", default="user", help="header name of the user column")
-    g.add_argument("--item-col", default="item", help="header name of the item column")
-    g.add_argument("--rating-col", default="rating", help="rating column ('' for one-class data)")
-    g.add_argument("--time-col", default="timestamp", help="unix-time column ('' for none)")
-    g = p.add_argument_group("synthetic (--dataset synthetic)")
-    g.add_argument("--users", type=int, default=d["users"].default, help="number of users")
-    g.add_argument("--items", type=int, default=d["items"].default, help="number of items")
-    g.add_argument("--positives", type=int, default=d["positives"].default,
-                   help="target number of positives (the generated count is close to it)")
-    g.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    add_options(p, ETLConfig)
+    p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> ETLConfig:
-    delim = {"\\t": "\t", "tab": "\t"}.get(args.delimiter, args.delimiter)
-    return ETLConfig(
-        dataset=dataset_name(args.dataset), output=args.output, input=tuple(args.input),
-        seed=args.seed, overwrite=args.overwrite, positive=args.positive, split=args.split,
-        test_fraction=args.test_fraction, holdout_fraction=args.holdout_fraction,
-        cold_users=args.cold_users, beta=args.beta, rstar_z=args.rstar_z, negatives=args.negatives,
-        max_bad_rows=args.max_bad_rows, shards=args.shards, delimiter=delim,
-        user_col=args.user_col, item_col=args.item_col, rating_col=args.rating_col or None,
-        time_col=args.time_col or None, users=args.users, items=args.items,
-        positives=args.positives)
+    return ETLConfig(**values(args, ETLConfig))
 
 
 def describe_inputs(spark, files: list[str]) -> list[dict]:
@@ -136,10 +86,10 @@ def code_version() -> str:
 def run(cfg: ETLConfig, spark=None) -> dict:
     """Run the whole ETL for ``cfg`` and publish ``cfg.output``; returns the manifest."""
     from etl import pipeline as P
-    from etl.protocol import rstar_per_item
-    from etl.publish import Publisher
+    from prepared.protocol import rstar_per_item, rstar_z
+    from runtime.publish import Publisher
     from etl.sources import resolve_inputs
-    from etl.spark import get_spark
+    from runtime.spark import get_spark
 
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.perf_counter()
@@ -168,7 +118,7 @@ def run(cfg: ETLConfig, spark=None) -> dict:
             pop = item_table[S.POP_TRAIN].to_numpy()
             warm_users = counts["users"] - counts["cold_users"]
             train_pos = int(pop.sum())
-            z = warm_users if cfg.rstar_z == "users" else train_pos
+            z = rstar_z(cfg.rstar_z, warm_users, train_pos)
             rstar_item = rstar_per_item(pop, z, cfg.beta)
             counts.update(warm_users=warm_users, train_positives_warm=train_pos, rstar_z=z)
 
@@ -212,17 +162,6 @@ def run(cfg: ETLConfig, spark=None) -> dict:
              publisher.target, time.perf_counter() - t0, f"{counts['users']:,}",
              f"{counts['cold_users']:,}", f"{counts['items']:,}", counts["positives"])
     return manifest
-
-
-def setup_logging(quiet: bool = False, names: tuple[str, ...] = ("etl",)) -> None:
-    """Progress lines on stderr (PySpark may already have put a handler on the root logger)."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s [%(name)s] %(message)s", "%H:%M:%S"))
-    for name in names:
-        logger = logging.getLogger(name)
-        logger.handlers[:] = [handler]
-        logger.propagate = False
-        logger.setLevel(logging.WARNING if quiet else logging.INFO)
 
 
 def main(argv: list[str] | None = None) -> int:

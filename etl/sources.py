@@ -17,7 +17,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from etl.config import ETLConfig
-from etl.errors import InputDataError
+from prepared.errors import InputDataError
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql import functions as F
 
-from etl.protocol import alias_table
+from prepared.protocol import alias_table
 
 BLOCK = 4096
 ALPHA = 1.0

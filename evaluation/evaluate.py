@@ -40,12 +40,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from etl import schema as S
-from etl.errors import UsageError
+from prepared import schema as S
+from prepared.errors import UsageError
 from evaluation import plots
 from evaluation.popularity import summary_from_counts
 from evaluation.score import MARKER as RECS_MARKER
-from evaluation.spark_metrics import METRICS, metric_key, per_user, split_name, summarise
+from evaluation.spark_metrics import (METRICS, metric_key, metrics_for, per_user, split_name,
+                                      summarise)
+from prepared.protocol import KS, TOP_K
+from runtime.cli import add_options, option, strict_parser, values
 
 log = logging.getLogger("evaluation")
 
@@ -60,6 +63,8 @@ class Recs:
     label: str
     manifest: dict      # the scoring manifest ({} for a file written elsewhere)
     df: object          # Spark DataFrame: user_id string, item_ids array<string>
+    k: int              # list length evaluated: the file's k (its manifest's, else its longest
+                        # list), at most TOP_K; metrics beyond it are not computed
 
 
 def read_recs(spark, path: str, label: str | None) -> Recs:
@@ -67,7 +72,8 @@ def read_recs(spark, path: str, label: str | None) -> Recs:
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, StringType
 
-    from etl.publish import FILES, Publisher, qualify, read_text
+    from prepared.files import FILES
+    from runtime.publish import Publisher, qualify, read_text
 
     path = qualify(path)
     jvm = spark.sparkContext._jvm
@@ -100,7 +106,18 @@ def read_recs(spark, path: str, label: str | None) -> Recs:
     df = df.select(F.col("user_id").cast("string").alias("user_id"),
                    F.col("item_ids").cast(ArrayType(StringType())).alias("item_ids"))
     name = label or manifest.get("model_name") or path.rstrip("/").rsplit("/", 1)[-1]
-    return Recs(path=path, label=name, manifest=manifest, df=df)
+    k = manifest.get("k") or df.agg(F.max(F.size("item_ids"))).first()[0] or 0
+    if k < min(KS):
+        raise UsageError(f"--recs {path}: its lists hold {k} item(s); the smallest cut-off of the "
+                         f"metrics is {min(KS)}: score it again with --k {TOP_K}")
+    if k < TOP_K:
+        log.warning("%s: top-%d lists (%s): metrics at cut-offs above %d, and NDCG and "
+                    "R-Precision (defined on the top %d), are not computed; score with --k %d "
+                    "for all of them", name, k, "its manifest's k" if manifest.get("k") else
+                    "its longest list", k, TOP_K, TOP_K)
+    if k > TOP_K:  # the protocol's metrics are defined on the top-50 list
+        df = df.withColumn("item_ids", F.slice("item_ids", 1, TOP_K))
+    return Recs(path=path, label=name, manifest=manifest, df=df, k=min(k, TOP_K))
 
 
 def truth_table(spark, prep, target: str):
@@ -149,11 +166,13 @@ def table(rows: list[dict], labels: list[str], group: str) -> str:
     head = f"{'model':<{width}}  " + "  ".join(f"{m:>15}" for m in TABLE) + "    users"
     lines = [head, "-" * len(head)]
     for label in labels:
-        if (label, "NDCG") not in by:
+        mine = [r for (lab, _), r in by.items() if lab == label]
+        if not mine:  # no user of this group
             continue
-        cells = [f"{by[label, m]['mean']:.4f}±{by[label, m]['ci95']:.4f}" for m in TABLE]
+        cells = [f"{by[label, m]['mean']:.4f}±{by[label, m]['ci95']:.4f}" if (label, m) in by
+                 else "-" for m in TABLE]
         lines.append(f"{label:<{width}}  " + "  ".join(f"{c:>15}" for c in cells)
-                     + f"  {by[label, 'NDCG']['users']:>7,}")
+                     + f"  {mine[0]['users']:>7,}")
     return "\n".join(lines)
 
 
@@ -175,7 +194,7 @@ def log_to_mlflow(recs: list[Recs], rows: list[dict], pop: dict, files: dict[str
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from training.tracking import artifact_root, check_reachable, tracking_uri
+    from runtime.tracking import artifact_root, check_reachable, tracking_uri
 
     out = {}
     ts = int(time.time() * 1000)
@@ -220,15 +239,37 @@ def log_to_mlflow(recs: list[Recs], rows: list[dict], pop: dict, files: dict[str
     return out
 
 
-def evaluate(spark, *, recs: list[str], data: str, output: str, target: str = "test",
-             labels: list[str] | None = None, overwrite: bool = False,
-             mlflow_uri: str | None = None, use_mlflow: bool = True) -> dict:
-    """Evaluate the ``recs`` files against ``data``'s ``target`` split; publish ``output``;
-    returns the manifest (also ``output/manifest.json``)."""
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """One evaluation; evaluation/evaluate.py's flags are built from these fields."""
+
+    recs: tuple[str, ...] = option(metavar="RECS",
+                                   help="recommendation file(s) from evaluation/score.py (or any "
+                                        "Parquet with user_id and item_ids); the first is the "
+                                        "reference of the cold-start plot")
+    data: str = option(help="the prepared directory the users come from")
+    output: str = option(help="directory to write (local path or URI)")
+    target: str = option("test", choices=["test", "valid"], help="the warm users' truth split")
+    labels: tuple[str, ...] | None = option(None, help="names for the files in tables and plots "
+                                                       "(default: the scored model's)")
+    mlflow_uri: str | None = option(None, help="tracking server (default: the one each file's "
+                                               "training run used)")
+    no_mlflow: bool = option(False, help="do not log to MLflow")
+    overwrite: bool = option(False, help="replace an existing --output")
+
+
+def evaluate(spark, **kwargs) -> dict:
+    """Evaluate with the ``EvaluateConfig`` of ``kwargs`` (the flags' names): the ``recs`` files
+    against ``data``'s ``target`` split; publish ``output``; returns the manifest (also
+    ``output/manifest.json``)."""
+    cfg = EvaluateConfig(**{**kwargs, "recs": tuple(kwargs.get("recs", ())),
+                            **({"labels": tuple(kwargs["labels"])} if kwargs.get("labels") else {})})
+    recs, data, output, target = list(cfg.recs), cfg.data, cfg.output, cfg.target
+    labels, overwrite, mlflow_uri = cfg.labels, cfg.overwrite, cfg.mlflow_uri
     from pyspark.sql import functions as F
 
-    from etl.publish import Publisher
-    from training.prepared import open_prepared
+    from runtime.publish import Publisher
+    from prepared.reader import open_prepared
 
     t0 = time.perf_counter()
     started = dt.datetime.now(dt.timezone.utc)
@@ -272,18 +313,18 @@ def evaluate(spark, *, recs: list[str], data: str, output: str, target: str = "t
     per_user_dfs, missing = [], {}
     for f in files:
         joined = f.df.join(truth, "user_id")
-        per_user_dfs.append(per_user(joined).select(
+        per_user_dfs.append(per_user(joined, k=f.k).select(
             F.lit(f.label).alias("label"),
             F.when(F.col(S.COLD), "cold").otherwise("warm").alias("group"), "user_id",
-            *[metric_key(m) for m in METRICS]))
+            *[metric_key(m) for m in metrics_for(f.k)]))
         lacking = truth.join(f.df.select("user_id"), "user_id", "left_anti").groupBy(S.COLD).count()
         missing[f.label] = {("cold" if r[S.COLD] else "warm"): r["count"] for r in lacking.collect()}
         for group, n in missing[f.label].items():
             log.warning("%s: %s %s users with a truth set have no recommendations in %s and are "
                         "not evaluated", f.label, f"{n:,}", group, f.path)
     users_df = per_user_dfs[0]
-    for df in per_user_dfs[1:]:
-        users_df = users_df.unionByName(df)
+    for df in per_user_dfs[1:]:  # a file of shorter lists lacks some metric columns: null
+        users_df = users_df.unionByName(df, allowMissingColumns=True)
     users_df = users_df.cache()
 
     rows = [{**r, "target": target if r["group"] == "warm" else "valid+test"}
@@ -300,10 +341,13 @@ def evaluate(spark, *, recs: list[str], data: str, output: str, target: str = "t
                  "popularity.json": json.dumps(pop, indent=2).encode(),
                  "popularity.png": plots.png_bytes(plots.popularity_density(
                      pop_counts, pop, f"Popularity of recommended items ({title})"))}
-    cold = users_df.filter(F.col("group") == "cold").select("label", "user_id", "ndcg").toPandas()
-    if len(files) > 1 and len(cold):
+    # the cold-start plot compares NDCG, which files of lists shorter than TOP_K do not have
+    labels_in = [f.label for f in files if f.k >= TOP_K]
+    cold = (users_df.filter(F.col("group") == "cold")
+            .filter(F.col("label").isin(labels_in)).select("label", "user_id", "ndcg").toPandas()
+            if len(labels_in) > 1 else [])
+    if len(cold):
         wide = cold.pivot(index="user_id", columns="label", values="ndcg").dropna()
-        labels_in = [f.label for f in files]
         out_files["cold_start.png"] = plots.png_bytes(plots.cold_start_scatter(
             labels_in[0], {k: wide[k].to_numpy() for k in labels_in},
             f"Cold-start users of {prep.dataset}: per-user NDCG ({len(wide):,} users)"))
@@ -313,7 +357,7 @@ def evaluate(spark, *, recs: list[str], data: str, output: str, target: str = "t
         for name, data_bytes in out_files.items():
             publisher.write_bytes(f"{tmp}/{name}", data_bytes)
         runs = log_to_mlflow(files, rows, pop, out_files, target, publisher.target,
-                             mlflow_uri) if use_mlflow else {}
+                             mlflow_uri) if not cfg.no_mlflow else {}
         manifest = {"kind": "evaluation", "created": started.isoformat(timespec="seconds"),
                     "data": prep.uri, "dataset": prep.dataset, "target": target,
                     "recs": {f.label: f.path for f in files}, "mlflow_runs": runs,
@@ -348,38 +392,23 @@ def report(m: dict, output: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="evaluation/evaluate.py",
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--recs", nargs="+", required=True, metavar="RECS",
-                   help="recommendation file(s) from evaluation/score.py (or any Parquet with "
-                        "user_id and item_ids); the first is the reference of the cold-start plot")
-    p.add_argument("--data", required=True, help="the prepared directory the users come from")
-    p.add_argument("--output", required=True, help="directory to write (local path or URI)")
-    p.add_argument("--target", choices=["test", "valid"], default="test",
-                   help="the warm users' truth split (default test)")
-    p.add_argument("--labels", nargs="+", default=None,
-                   help="names for the files in tables and plots (default: the scored model's)")
-    p.add_argument("--mlflow-uri", default=None,
-                   help="tracking server (default: the one each file's training run used)")
-    p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    p = strict_parser(prog="evaluation/evaluate.py",
+                      formatter_class=argparse.RawDescriptionHelpFormatter,
+                      description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1])
+    add_options(p, EvaluateConfig)
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    from etl.prepare import setup_logging
-    from etl.spark import get_spark
+    from runtime.logs import setup_logging
+    from runtime.spark import get_spark
 
     args = build_parser().parse_args(argv)
     setup_logging(args.quiet, ("etl", "evaluation"))
     try:
         spark = get_spark("evaluate")
-        m = evaluate(spark, recs=args.recs, data=args.data, output=args.output,
-                     target=args.target, labels=args.labels, overwrite=args.overwrite,
-                     mlflow_uri=args.mlflow_uri, use_mlflow=not args.no_mlflow)
+        m = evaluate(spark, **values(args, EvaluateConfig))
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

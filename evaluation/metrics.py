@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-KS = (5, 10, 15, 20, 50)
+from prepared.protocol import KS
 
 
 def hit_matrix(recs: np.ndarray, truth: Sequence[np.ndarray]) -> np.ndarray:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from etl.errors import UsageError
+from prepared.errors import UsageError
 from models.base import Recommender
 from models.registry import build as build_model
 from models.registry import load_weights_only
@@ -115,6 +115,6 @@ def from_mlflow(uri: str, tracking_uri: str) -> ModelSource:
 
 def load_source(uri: str, tracking_uri: str | None = None) -> ModelSource:
     if uri.startswith(MLFLOW_SCHEMES):
-        from training.tracking import tracking_uri as resolve
+        from runtime.tracking import tracking_uri as resolve
         return from_mlflow(uri, resolve(tracking_uri))
     return from_checkpoint(uri)

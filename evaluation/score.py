@@ -34,12 +34,15 @@ import json
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from etl import schema as S
-from etl.errors import UsageError
+from prepared import schema as S
+from prepared.errors import UsageError
+from prepared.protocol import TOP_K
+from runtime.cli import add_options, option, strict_parser, values
 
 log = logging.getLogger("evaluation")
 
@@ -181,13 +184,35 @@ def select_users(rows, spec: str, source: str):
     return chosen
 
 
-def score(spark, *, model: str, data: str, output: str, k: int = 50, users: str = "all",
-          exclude: str | None = None, overwrite: bool = False, mlflow_uri: str | None = None) -> dict:
-    """Score ``users`` of the prepared ``data`` with ``model``, publish ``output``; returns the
-    scoring manifest (also written as ``output/_manifest.json``)."""
-    from etl.publish import Publisher
+@dataclass(frozen=True)
+class ScoreConfig:
+    """One scoring job; evaluation/score.py's flags are built from these fields (``runtime.cli``)."""
+
+    model: str = option(help="MLflow model URI (runs:/RUN_ID/model, models:/m-..., "
+                             "models:/NAME@ALIAS) or a training run's model.pt / run directory")
+    data: str = option(help="the prepared directory the model was trained on")
+    output: str = option(help="Parquet directory to write (local path or URI)")
+    k: int = option(TOP_K, help="recommendations per user (the protocol's top list)")
+    users: str = option("all", help="all, warm, cold, a comma-separated list of raw user ids, or "
+                                    "@FILE with one id per line")
+    exclude: str | None = option(None, help="more splits to remove from the candidates besides "
+                                            "the model's input splits, e.g. train,valid (default: "
+                                            "the input splits only)")
+    mlflow_uri: str | None = option(None, help="tracking server of an MLflow --model (default: "
+                                               "MLFLOW_TRACKING_URI, else ./mlflow/state)")
+    overwrite: bool = option(False, help="replace an existing --output")
+
+
+def score(spark, **kwargs) -> dict:
+    """Score with the ``ScoreConfig`` of ``kwargs`` (the flags' names): ``users`` of the prepared
+    ``data`` with ``model``, publish ``output``; returns the scoring manifest (also written as
+    ``output/_manifest.json``)."""
+    cfg = ScoreConfig(**kwargs)
+    model, data, output, k, users = cfg.model, cfg.data, cfg.output, cfg.k, cfg.users
+    exclude, overwrite, mlflow_uri = cfg.exclude, cfg.overwrite, cfg.mlflow_uri
+    from runtime.publish import Publisher
     from evaluation.model_source import load_source
-    from training.prepared import open_prepared
+    from prepared.reader import open_prepared
 
     t0 = time.perf_counter()
     if k < 1:
@@ -254,41 +279,22 @@ def score(spark, *, model: str, data: str, output: str, k: int = 50, users: str 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="evaluation/score.py",
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--model", required=True,
-                   help="MLflow model URI (runs:/RUN_ID/model, models:/m-..., models:/NAME@ALIAS) "
-                        "or a training run's model.pt / run directory")
-    p.add_argument("--data", required=True, help="the prepared directory the model was trained on")
-    p.add_argument("--output", required=True, help="Parquet directory to write (local path or URI)")
-    p.add_argument("--k", type=int, default=50, help="recommendations per user (default 50)")
-    p.add_argument("--users", default="all",
-                   help="all (default), warm, cold, a comma-separated list of raw user ids, or "
-                        "@FILE with one id per line")
-    p.add_argument("--exclude", default=None,
-                   help="more splits to remove from the candidates besides the model's input "
-                        "splits, e.g. train,valid (default: the input splits only)")
-    p.add_argument("--mlflow-uri", default=None,
-                   help="tracking server of an MLflow --model (default: MLFLOW_TRACKING_URI, "
-                        "else ./mlflow/state)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    p = strict_parser(prog="evaluation/score.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+                      description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1])
+    add_options(p, ScoreConfig)
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    from etl.prepare import setup_logging
-    from etl.spark import get_spark
+    from runtime.logs import setup_logging
+    from runtime.spark import get_spark
 
     args = build_parser().parse_args(argv)
     setup_logging(args.quiet, ("etl", "evaluation"))
     try:
         spark = get_spark("score")
-        m = score(spark, model=args.model, data=args.data, output=args.output, k=args.k,
-                  users=args.users, exclude=args.exclude, overwrite=args.overwrite,
-                  mlflow_uri=args.mlflow_uri)
+        m = score(spark, **values(args, ScoreConfig))
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import re
 
-from evaluation.metrics import KS
+from prepared.protocol import KS, TOP_K
 
 # one order for tables and files: R-Precision, NDCG, then per K
 METRICS = ("R-Precision", "NDCG") + tuple(
     f"{m}@{k}" for m in ("Precision", "Recall", "MAP", "F1") for k in KS) + tuple(
     f"NDCG@{k} (truncated)" for k in KS)
+
+
+def metrics_for(k: int) -> tuple[str, ...]:
+    """The metrics a file of top-``k`` lists supports: those at cut-offs K <= k, and NDCG and
+    R-Precision (defined on the top-50 list) only when k reaches TOP_K."""
+    return tuple(m for m in METRICS if (split_name(m)[1] or TOP_K) <= k)
 
 
 def metric_key(name: str) -> str:
@@ -39,12 +45,14 @@ def _idcg(n: str) -> str:
     return f"aggregate(sequence(1, {n}), 0D, (acc, i) -> acc + 1D / log2(i + 1))"
 
 
-def per_user(df, recs_col: str = "item_ids", truth_col: str = "truth", ks=KS):
-    """``df`` with one column per metric (named by ``metric_key``) for each user with a non-empty
-    truth set (others are dropped). ``recs_col`` array<string> best first; ``truth_col``
+def per_user(df, recs_col: str = "item_ids", truth_col: str = "truth", k: int = TOP_K):
+    """``df`` with one column per metric of ``metrics_for(k)`` (named by ``metric_key``) for each
+    user with a non-empty truth set (others are dropped). ``recs_col`` array<string> best first,
+    at most ``k`` long (a shorter list: its missing positions are misses); ``truth_col``
     array<string> without duplicates."""
     from pyspark.sql import functions as F
 
+    ks = [K for K in KS if K <= k]
     length = max(ks)
     df = (df.filter(F.size(truth_col) > 0)
           .withColumn("_n", F.size(truth_col).cast("int"))
@@ -68,7 +76,7 @@ def per_user(df, recs_col: str = "item_ids", truth_col: str = "truth", ks=KS):
         cols[f"NDCG@{k} (truncated)"] = F.expr(
             f"{_sum(f'transform(slice(_h, 1, {k}), (x, i) -> x / log2(i + 2))')} / "
             f"{_idcg(f'least(_n, {k})')}")
-    df = df.select("*", *[cols[m].cast("double").alias(metric_key(m)) for m in METRICS])
+    df = df.select("*", *[cols[m].cast("double").alias(metric_key(m)) for m in metrics_for(k)])
     return df.drop("_n", "_h", "_c")
 
 
@@ -76,14 +84,18 @@ def summarise(per_user_df, group_cols: list[str]) -> list[dict]:
     """One dict per group and metric: mean, 95% CI half-width (1.96 std_pop / sqrt(n)) and n."""
     from pyspark.sql import functions as F
 
+    # metrics a file's k did not allow are absent (one file) or null (beside other files)
+    present = [m for m in METRICS if metric_key(m) in per_user_df.columns]
     aggs = [F.count(F.lit(1)).alias("_users")]
-    for m in METRICS:
+    for m in present:
         aggs += [F.avg(metric_key(m)).alias(f"{metric_key(m)}__mean"),
                  F.stddev_pop(metric_key(m)).alias(f"{metric_key(m)}__std")]
     out = []
     for row in per_user_df.groupBy(*group_cols).agg(*aggs).collect():
         n = row["_users"]
-        for m in METRICS:
+        for m in present:
+            if row[f"{metric_key(m)}__mean"] is None:  # not computed for this group's lists
+                continue
             std = row[f"{metric_key(m)}__std"] or 0.0
             out.append({**{c: row[c] for c in group_cols}, "metric": m,
                         "mean": float(row[f"{metric_key(m)}__mean"]),

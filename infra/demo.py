@@ -3,7 +3,7 @@ points, on a local stack.
 
     1. start the stack (MLflow server + Ray head, loopback; reused if already up)
     2. spark-submit etl/prepare.py           -> var/data/ml-latest-small
-    3. ray job submit -- python training/train.py, for NCE-AutoRec and AutoRec
+    3. ray job submit -- python training/train.py, for NCE-AutoRec, AutoRec and PureSVD
     4. spark-submit evaluation/score.py      -> var/recs/ml-latest-small/RUN   (top 50, test users)
     5. spark-submit evaluation/evaluate.py   -> var/eval/ml-latest-small       (table, plots, MLflow)
 
@@ -33,10 +33,12 @@ from pathlib import Path
 
 from infra import stack
 from infra.submit import ray_job_submit, spark_submit
+from prepared.protocol import TOP_K
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = ROOT / "data" / "ml-latest-small" / "ratings.csv"
-MODELS = (("nce-autorec", "NCE-AutoRec"), ("autorec", "AutoRec"))
+# the paper's model, its ablation, and a closed-form baseline to compare both with
+MODELS = (("nce-autorec", "NCE-AutoRec"), ("autorec", "AutoRec"), ("puresvd", "PureSVD"))
 
 
 def step(n: int, text: str) -> None:
@@ -266,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"   {label}: already scored ({out})")
         else:
             run_spark("evaluation/score.py", "--model", s["model_uri"], "--mlflow-uri", mlflow_url,
-                      "--data", str(prepared), "--output", str(out), "--k", "50",
+                      "--data", str(prepared), "--output", str(out), "--k", str(TOP_K),
                       "--exclude", "train,valid", "--overwrite", "-q")
         lap(f"score {label}")
 
@@ -287,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     results = write_results(var / "results", evaluation, summaries, c, timings, var, args)
     print(f"\npopularity plot: {evaluation / 'popularity.png'}")
     print(f"cold-start plot: {evaluation / 'cold_start.png'}")
-    print(f"MLflow UI, the two runs side by side: {compare_url(mlflow_url, run_ids)}")
+    print(f"MLflow UI, the runs side by side: {compare_url(mlflow_url, run_ids)}")
     print(f"results (metrics, popularity, timings, machine, commit): {results}")
     print(f"done in {timings['total']:.0f}s; the stack keeps running for the UI "
           "(stop it with: make stop)")

@@ -57,7 +57,7 @@ class AutoRec(Recommender):
     recommend_head: ClassVar[str] = "predict"
     hyperparameters = {"width": 200, "lam": 30.0}
 
-    def __init__(self, n_items: int, width: int = 200, lam: float = 30.0, mode: str | None = None):
+    def __init__(self, n_items: int, width: int, lam: float, mode: str | None = None):
         super().__init__()
         if n_items < 1 or width < 1:
             raise ValueError(f"need n_items >= 1 and width >= 1; got {n_items}, {width}")

@@ -36,6 +36,9 @@ class Recommender(nn.Module):
     name: ClassVar[str] = ""
     #: "gradient" or "closed-form"
     kind: ClassVar[str] = "gradient"
+    #: where training runs: "ray" (Ray Train, or a Ray task for a closed-form fit) or "spark"
+    #: (a closed-form fit on Spark: ``fit`` then takes a DataFrame of (user_index, item_index))
+    engine: ClassVar[str] = "ray"
     #: hyperparameters ``from_config`` reads, with their defaults (the single place a default lives)
     hyperparameters: ClassVar[dict[str, Any]] = {}
     #: parts of the prepared rows the batches must carry besides the input items (RSTAR, NEGATIVES)
@@ -45,7 +48,8 @@ class Recommender(nn.Module):
 
     @classmethod
     def from_config(cls, n_items: int, hp: dict[str, Any]) -> Recommender:
-        """A new model for ``n_items`` items from hyperparameters (missing ones take defaults)."""
+        """A new model for ``n_items`` items from hyperparameters (missing ones take defaults;
+        the constructor has none of its own, so ``hyperparameters`` is the only copy)."""
         return cls(n_items=n_items, **{k: hp.get(k, v) for k, v in cls.hyperparameters.items()})
 
     def model_args(self) -> dict[str, Any]:
@@ -79,10 +83,11 @@ class Recommender(nn.Module):
 
     # -- closed-form models ------------------------------------------------------------------
 
-    def fit(self, train, rstar=None) -> dict[str, float]:
+    def fit(self, train, rstar=None, seed: int = 0) -> dict[str, float]:
         """Set the parameters from the users x items training matrix ``train`` (scipy CSR, binary
-        float32; ``rstar`` the same pattern with R* values, for models that need RSTAR). Returns
-        facts worth logging (e.g. seconds per part)."""
+        float32; ``rstar`` the same pattern with R* values, for models that need RSTAR; for
+        ``engine == "spark"``, a Spark DataFrame of (user_index, item_index) pairs). Returns facts
+        worth logging (e.g. seconds per part)."""
         raise NotImplementedError(f"{self.name} is {self.kind}: it has no closed-form fit")
 
     # -- every model -------------------------------------------------------------------------

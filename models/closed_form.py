@@ -46,7 +46,7 @@ def available_memory() -> int:
 
 def check_memory(model: Recommender, need: int, what: str, instead: str) -> None:
     """Refuse, before allocating, a fit whose ``need`` bytes exceed what the machine has."""
-    from etl.errors import UsageError
+    from prepared.errors import UsageError
 
     have = available_memory()
     if need > 0.8 * have:

@@ -22,7 +22,7 @@ class EASE(ClosedForm):
     name = "ease"
     hyperparameters = {"lam": 500.0}
 
-    def __init__(self, n_items: int, lam: float = 500.0):
+    def __init__(self, n_items: int, lam: float):
         super().__init__()
         if n_items < 1 or lam <= 0:
             raise ValueError(f"need n_items >= 1 and lam > 0; got {n_items}, {lam}")

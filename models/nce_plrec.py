@@ -28,7 +28,7 @@ class NCEPLRec(ClosedForm):
     hyperparameters = {"rank": 50, "lam": 1.0}
     needs = frozenset({RSTAR})
 
-    def __init__(self, n_items: int, rank: int = 50, lam: float = 1.0):
+    def __init__(self, n_items: int, rank: int, lam: float):
         super().__init__()
         if n_items < 1 or rank < 1 or lam < 0:
             raise ValueError(f"need n_items >= 1, rank >= 1, lam >= 0; got {n_items}, {rank}, {lam}")

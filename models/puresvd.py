@@ -17,9 +17,9 @@ from models.closed_form import ClosedForm, randomized_svd, row_sums
 
 class PureSVD(ClosedForm):
     name = "puresvd"
-    hyperparameters = {"rank": 50}
+    hyperparameters = {"rank": 20}
 
-    def __init__(self, n_items: int, rank: int = 50):
+    def __init__(self, n_items: int, rank: int):
         super().__init__()
         if n_items < 1 or rank < 1:
             raise ValueError(f"need n_items >= 1 and rank >= 1; got {n_items}, {rank}")

@@ -17,6 +17,7 @@ import torch
 
 from models.batch import sparse_rows
 from models.registry import build
+from prepared.protocol import TOP_K
 
 CHUNK = 1024  # users scored at once: bounded memory, CHUNK x n_items scores
 
@@ -31,7 +32,7 @@ class Recommender(mlflow.pyfunc.PythonModel):
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         params = params or {}
-        k, exclude_seen = int(params.get("k", 50)), bool(params.get("exclude_seen", True))
+        k, exclude_seen = int(params.get("k", TOP_K)), bool(params.get("exclude_seen", True))
         rows = list(model_input["train_items"])
         items_out, scores_out = [], []
         for lo in range(0, len(rows), CHUNK):

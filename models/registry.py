@@ -13,17 +13,19 @@ import pickle
 
 import torch
 
-from etl.errors import UsageError
+from prepared.errors import UsageError
 from models.autorec import AutoRec, NCEAutoRec, NSAutoRec, OHNSAutoRec
 from models.base import Recommender
 from models.ease import EASE
 from models.nce_plrec import NCEPLRec
 from models.popularity import Popularity
 from models.puresvd import PureSVD
+from models.wrmf import WRMF
 
 MODELS: dict[str, type[Recommender]] = {c.name: c for c in (
     AutoRec, OHNSAutoRec, NSAutoRec, NCEAutoRec,   # the paper's family (models/autorec.py)
     PureSVD, NCEPLRec, EASE,                       # closed-form baselines
+    WRMF,                                          # closed-form steps on Spark (ALS)
     Popularity,                                    # the floor
 )}
 
@@ -35,8 +37,10 @@ def model_class(name: str, what: str = "--model") -> type[Recommender]:
 
 
 def build(name: str, model_args: dict) -> Recommender:
-    """The model ``name`` rebuilt from its ``model_args()`` (weights still to load)."""
-    return model_class(name, "model")(**model_args)
+    """The model ``name`` from its ``model_args()`` (weights still to load); arguments left out
+    take the model's defaults (its class's ``hyperparameters``, the one place they live)."""
+    cls = model_class(name, "model")
+    return cls(**{**cls.hyperparameters, **model_args})
 
 
 def save(model: Recommender, **extra) -> dict:

@@ -31,7 +31,7 @@ def spark():
     """A local[2] SparkSession shared by every Spark test (starting one takes ~10 s)."""
     os.environ.setdefault("SPARK_MASTER", "local[2]")
     os.environ.setdefault("SPARK_DRIVER_MEMORY", "2g")
-    from etl.spark import get_spark
+    from runtime.spark import get_spark
 
     session = get_spark("tests", {"spark.sql.shuffle.partitions": "4",
                                   "spark.default.parallelism": "2"})

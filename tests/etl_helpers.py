@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from etl import schema as S
+from prepared import schema as S
 from etl.config import ETLConfig
 from etl.prepare import run
 

@@ -74,7 +74,7 @@ def test_local_spark_binds_driver_and_ui_to_loopback(spark):
 
 
 def test_loopback_settings_leave_what_the_user_configured(monkeypatch):
-    from etl.spark import loopback_conf
+    from runtime.spark import loopback_conf
 
     monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")  # as under spark-submit
@@ -86,3 +86,55 @@ def test_loopback_settings_leave_what_the_user_configured(monkeypatch):
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.2")
     assert loopback_conf("local", {}) == {"spark.driver.bindAddress": "127.0.0.2",
                                           "spark.driver.host": "127.0.0.2"}
+
+
+# -- every command line is built from its config dataclass --------------------------------------
+
+CLIS = [("etl.prepare", "ETLConfig", "etl.config", ["--dataset", "ml-100k", "--output", "o",
+                                                     "--input", "u.data"]),
+        ("training.train", "TrainConfig", "training.config", ["--data", "d"]),
+        ("evaluation.score", "ScoreConfig", "evaluation.score", ["--model", "m", "--data", "d",
+                                                                 "--output", "o"]),
+        ("evaluation.evaluate", "EvaluateConfig", "evaluation.evaluate",
+         ["--recs", "r", "--data", "d", "--output", "o"])]
+
+
+@pytest.mark.parametrize("cli, cls_name, where, required", CLIS)
+def test_each_cli_takes_its_defaults_from_its_config(cli, cls_name, where, required):
+    import dataclasses
+    import importlib
+
+    from runtime.cli import values
+
+    cls = getattr(importlib.import_module(where), cls_name)
+    args = importlib.import_module(cli).build_parser().parse_args(required)
+    got = values(args, cls)
+    for f in dataclasses.fields(cls):
+        given = f"--{f.name.replace('_', '-')}" in required
+        if "help" not in f.metadata or given or f.default is dataclasses.MISSING and \
+                f.default_factory is dataclasses.MISSING:
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        assert got[f.name] == default, f.name  # no second copy of a default in the parser
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--data", "d", "--epoch", "3"], "unrecognized arguments: --epoch 3"),  # no prefix guessing
+    (["--data", "d", "--lamda", "3"], "unrecognized arguments: --lamda"),
+    (["--data", "d", "--model", "wmf"], "argument --model: invalid choice: 'wmf' (choose from "
+                                         "'autorec', 'ohns-autorec'"),
+])
+def test_train_cli_is_strict(argv, message, capsys):
+    from training.train import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_a_model_refuses_a_flag_it_does_not_take_in_one_line(tmp_path):
+    out = subprocess.run([PY, "training/train.py", "--data", str(tmp_path), "--model", "ease",
+                          "--width", "100"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "error: --width 100: ease does not take it; its hyperparameters: --lam. Drop the flag"]

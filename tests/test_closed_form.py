@@ -8,7 +8,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from etl.errors import UsageError
+from prepared.errors import UsageError
 from models.batch import sparse_rows
 from models.registry import build
 

@@ -1,7 +1,7 @@
 import pytest
 
 from etl.config import ETLConfig, PositiveRule, dataset_name
-from etl.errors import UsageError
+from prepared.errors import UsageError
 
 
 @pytest.mark.parametrize("text, rating, positive", [

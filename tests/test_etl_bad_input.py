@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from etl.config import ETLConfig
-from etl.errors import InputDataError, UsageError
+from prepared.errors import InputDataError, UsageError
 from etl.prepare import run
 from tests.etl_helpers import prepare
 

@@ -68,7 +68,7 @@ def test_rstar_recomputed_for_another_beta_from_popularity():
     import numpy as np
     import pyarrow as pa
 
-    from etl.protocol import rstar_per_item
+    from prepared.protocol import rstar_per_item
     from training.feed import batch_from_arrow
 
     pop = np.array([50, 5, 1, 0])

@@ -1,7 +1,8 @@
 """The README's main job end to end, through the same entry points: the stack (the session's, so a
 second start must reuse it), spark-submit ETL on the shipped ml-latest-small, ray job submit
-training of NCE-AutoRec and AutoRec (2 epochs here), spark-submit scoring and evaluation; then the
-MLflow server holds both runs with their metrics, models and plots; a rerun redoes nothing."""
+training of NCE-AutoRec and AutoRec (2 epochs here) and of PureSVD (closed form), spark-submit
+scoring and evaluation; then the MLflow server holds the three runs with their metrics, models and
+plots; a rerun redoes nothing."""
 
 from __future__ import annotations
 
@@ -40,9 +41,9 @@ def test_main_job_runs_every_stage_and_prints_the_results(first_run, local_stack
     assert "$ spark-submit evaluation/score.py" in log and "$ spark-submit evaluation/evaluate.py" in log
     assert "epoch   2" in log  # training progress streamed from the Ray job
     table = log.split("Test metrics (ml-latest-small", 1)[1]
-    assert "R-Precision" in table and "NCE-AutoRec" in table and "AutoRec" in table
+    assert "R-Precision" in table and all(m in table for m in ("NCE-AutoRec", "AutoRec", "PureSVD"))
     assert f"popularity plot: {var / 'eval' / 'ml-latest-small' / 'popularity.png'}" in log
-    assert "MLflow UI, the two runs side by side: " + local_stack.services["mlflow"].url in log
+    assert "MLflow UI, the runs side by side: " + local_stack.services["mlflow"].url in log
     assert (var / "eval" / "ml-latest-small" / "popularity.png").read_bytes()[:4] == b"\x89PNG"
     assert (var / "eval" / "ml-latest-small" / "cold_start.png").exists()
 
@@ -51,11 +52,12 @@ def test_main_job_writes_its_results_file_without_machine_paths(first_run):
     var, _, summary = first_run
     results = json.loads((var / "results" / "demo.json").read_text())
     assert summary["results"] == str(var / "results" / "demo.md")
-    assert set(results["training"]) == {"NCE-AutoRec", "AutoRec"}
+    assert set(results["training"]) == {"NCE-AutoRec", "AutoRec", "PureSVD"}
     assert results["training"]["AutoRec"]["epochs_run"] == 2 and results["commit"]
     ndcg = [r for r in results["test"] if r["metric"] == "NDCG" and r["group"] == "warm"]
-    assert len(ndcg) == 2 and all(0 < r["mean"] < 1 and r["ci95"] > 0 for r in ndcg)
-    assert set(results["popularity"]) == {"NCE-AutoRec", "AutoRec"}
+    assert len(ndcg) == 3 and all(0 < r["mean"] < 1 and r["ci95"] > 0 for r in ndcg)
+    assert results["training"]["PureSVD"]["epochs_run"] == 1  # a closed-form fit
+    assert set(results["popularity"]) == {"NCE-AutoRec", "AutoRec", "PureSVD"}
     assert {"stack", "etl", "train AutoRec", "score AutoRec", "evaluate", "total"} <= set(
         results["seconds"])
     md = (var / "results" / "demo.md").read_text()
@@ -63,16 +65,17 @@ def test_main_job_writes_its_results_file_without_machine_paths(first_run):
     assert str(var) not in md and str(ROOT) not in md and str(var) not in json.dumps(results)
 
 
-def test_mlflow_holds_both_runs_with_metrics_models_and_plots(first_run, mlflow_server):
+def test_mlflow_holds_every_run_with_metrics_models_and_plots(first_run, mlflow_server):
     from mlflow.tracking import MlflowClient
 
     _, _, summary = first_run
     client = MlflowClient(mlflow_server.url)
-    assert set(summary["runs"]) == {"NCE-AutoRec", "AutoRec"}
-    for run_id in summary["runs"].values():
+    assert set(summary["runs"]) == {"NCE-AutoRec", "AutoRec", "PureSVD"}
+    for label, run_id in summary["runs"].items():
         run = client.get_run(run_id)
         assert run.info.status == "FINISHED"
-        assert len(client.get_metric_history(run_id, "valid_ndcg")) == 2
+        epochs = 1 if label == "PureSVD" else 2  # a closed-form fit is one "epoch"
+        assert len(client.get_metric_history(run_id, "valid_ndcg")) == epochs
         assert 0 < run.data.metrics["test_ndcg"] < 1 and run.data.metrics["test_ndcg_ci95"] > 0
         assert "cold_ndcg" in run.data.metrics and "test_popularity_coverage" in run.data.metrics
         top = {a.path for a in client.list_artifacts(run_id)}
@@ -89,7 +92,7 @@ def test_a_second_run_redoes_nothing(first_run, local_stack):
     var, _, summary = first_run
     log, again = main_job(local_stack, var)
     assert again["runs"] == summary["runs"]
-    assert "already prepared" in log and log.count("finished already") == 2
-    assert log.count("already scored") == 2 and "already evaluated" in log
+    assert "already prepared" in log and log.count("finished already") == 3
+    assert log.count("already scored") == 3 and "already evaluated" in log
     assert "$ spark-submit" not in log and "$ ray job submit" not in log
     assert "R-Precision" in log  # the table is printed again from the stored results

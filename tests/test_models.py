@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from etl import protocol
+from prepared import protocol
 from models.autorec import Step
 from models.batch import to_csr
 from models.registry import MODELS, build, load_weights_only, read, save
@@ -70,12 +70,19 @@ class ModelBehaviour:
     hp: dict = {}
 
     @pytest.fixture(scope="class")
-    def trained(self):
+    def trained(self, request):
         torch.manual_seed(0)
         table, train, withheld = checkerboard()
         batch = batch_from_arrow(table)
         model = MODELS[self.name].from_config(N, self.hp)
-        if model.kind == "closed-form":
+        if model.engine == "spark":  # the training pairs as a Spark DataFrame
+            spark = request.getfixturevalue("spark")
+            pairs = spark.createDataFrame([(u, i) for u in range(N) for i in train[u]],
+                                          "user_index int, item_index int")
+            before = reconstruction_error(model, batch)
+            model.fit(pairs, seed=0)
+            history = [{"reconstruction": before}, {"reconstruction": reconstruction_error(model, batch)}]
+        elif model.kind == "closed-form":
             before = reconstruction_error(model, batch)
             model.fit(to_csr(batch.train_items, batch.train_offsets, N),
                       to_csr(batch.train_items, batch.train_offsets, N, batch.train_rstar), seed=0)
@@ -132,7 +139,7 @@ class ModelBehaviour:
         import pandas as pd
         from mlflow.models import infer_signature
 
-        from training.tracking import ROOT
+        from runtime.tracking import ROOT
 
         model, batch, train, *_ = trained
         torch.save(model.state_dict(), tmp_path / "weights.pt")
@@ -140,7 +147,7 @@ class ModelBehaviour:
             tmp_path / "model", python_model=str(ROOT / "models" / "pyfunc.py"),
             artifacts={"weights": str(tmp_path / "weights.pt")},
             model_config={"model": model.name, "model_args": model.model_args()},
-            code_paths=[str(ROOT / "models"), str(ROOT / "etl")],
+            code_paths=[str(ROOT / "models"), str(ROOT / "prepared")],
             pip_requirements=["torch"],  # given: inferring them loads the model in a subprocess
             signature=infer_signature(pd.DataFrame({"train_items": [[0, 1]]}),
                                       pd.DataFrame({"items": [[3]], "scores": [[.5]]}),
@@ -204,6 +211,11 @@ class TestEASE(ModelBehaviour):
     name, hp = "ease", {"lam": 1.0}
 
 
+@pytest.mark.spark
+class TestWRMF(ModelBehaviour):
+    name, hp = "wrmf", {"rank": 2, "lam": 0.01, "alpha": 10.0, "iterations": 10}
+
+
 class TestPopularity(ModelBehaviour):
     """It cannot personalise, so its own two tests replace the checkerboard and the loss."""
 
@@ -222,7 +234,7 @@ class TestPopularity(ModelBehaviour):
 
 
 def test_the_readme_example_is_the_real_module():
-    from training.tracking import ROOT
+    from runtime.tracking import ROOT
 
     readme = (ROOT / "README.md").read_text()
     block = readme.split("```python\n# models/popularity.py\n", 1)[1].split("```", 1)[0]
@@ -291,7 +303,7 @@ def test_mode_on_a_one_headed_model_is_an_error():
 
 
 def test_an_unknown_model_name_lists_the_names():
-    from etl.errors import UsageError
+    from prepared.errors import UsageError
 
     with pytest.raises(UsageError, match="no such model; choose one of autorec, .*ease"):
         build("wmf", {"n_items": N})

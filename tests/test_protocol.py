@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from etl import protocol
+from prepared import protocol
 
 
 @pytest.mark.parametrize("n, expected", [

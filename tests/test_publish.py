@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from etl import schema as S
-from etl.errors import UsageError
-from etl.publish import check_files
-from training.prepared import open_prepared
+from prepared import schema as S
+from prepared.errors import UsageError
+from prepared.files import check_files
+from prepared.reader import open_prepared
 
 ROOT = Path(__file__).resolve().parents[1]
 

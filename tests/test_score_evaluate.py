@@ -12,15 +12,15 @@ import pandas as pd
 import pytest
 import torch
 
-from etl import schema as S
-from etl.errors import UsageError
+from prepared import schema as S
+from prepared.errors import UsageError
 from evaluation import metrics as M
 from evaluation.evaluate import evaluate
 from evaluation.score import score
 from evaluation.spark_metrics import METRICS, metric_key
-from models.autorec import AutoRec, NCEAutoRec
+from models.autorec import AutoRec
 from models.batch import sparse_rows
-from models.registry import save
+from models.registry import build, save
 from tests.etl_helpers import relist_files
 
 pytestmark = pytest.mark.spark
@@ -41,7 +41,7 @@ def save_model(path: Path, prepared: Path, *, n_items: int | None = None,
     biases, so that its lists are personal yet hit the truth often enough to test metrics."""
     pop = pd.read_parquet(prepared / S.ITEMS_DIR).sort_values(S.ITEM_INDEX)[S.POP_TRAIN].to_numpy()
     torch.manual_seed(0)
-    model = NCEAutoRec(n_items or len(pop), 16).eval()
+    model = build("nce-autorec", {"n_items": n_items or len(pop), "width": 16}).eval()
     with torch.no_grad():
         model.heads["predict"].bias[:len(pop)] = torch.log1p(torch.from_numpy(pop[:model.n_items]))
     path.mkdir(parents=True, exist_ok=True)
@@ -69,7 +69,7 @@ def scored(spark, ml100k_prepared, tmp_path_factory):
     base = tmp_path_factory.mktemp("scoring")
     model = save_model(base / "run-a", ml100k_prepared)
     m = score(spark, model=str(base / "run-a"), data=str(ml100k_prepared), output=str(base / "recs"),
-              k=20)
+              k=50)
     return model, base, m
 
 
@@ -79,7 +79,7 @@ def test_spark_scores_equal_the_models_own_top_k(scored, ml100k_prepared):
     recs = pd.read_parquet(base / "recs").set_index("user_id").loc[rows[S.USER_ID]]
     assert manifest["scored_users"] == len(rows) == len(recs)
     assert manifest["input_splits"] == ["train"] and manifest["exclude"] == ["train"]
-    vals, idx = direct_top(model, rows, 20)
+    vals, idx = direct_top(model, rows, 50)
     ids = item_ids(ml100k_prepared)
     assert all(list(got) == list(ids[want]) for got, want in zip(recs["item_ids"], idx))
     np.testing.assert_allclose(np.stack(recs["scores"].to_numpy()), vals, rtol=1e-5, atol=1e-5)
@@ -87,7 +87,7 @@ def test_spark_scores_equal_the_models_own_top_k(scored, ml100k_prepared):
     for row, got in zip(rows.itertuples(), recs["item_ids"]):
         assert not set(got) & set(ids[row.train_items])
     assert all(np.all(np.diff(s) <= 0) for s in recs["scores"])
-    assert json.loads((base / "recs" / "_manifest.json").read_text())["k"] == 20
+    assert json.loads((base / "recs" / "_manifest.json").read_text())["k"] == 50
 
 
 def test_exclude_train_valid_removes_valid_items_and_keeps_the_input(spark, scored, ml100k_prepared):
@@ -177,7 +177,7 @@ def numpy_reference(recs: pd.DataFrame, prepared: Path, target: str = "test") ->
 def evaluated(spark, scored, ml100k_prepared):
     _, base, _ = scored
     m = evaluate(spark, recs=[str(base / "recs")], data=str(ml100k_prepared),
-                 output=str(base / "eval"), use_mlflow=False)
+                 output=str(base / "eval"), no_mlflow=True)
     return base, m
 
 
@@ -218,18 +218,50 @@ def test_evaluation_files(evaluated):
 
 
 def test_short_lists_count_missing_positions_as_misses(spark, scored, ml100k_prepared):
-    """Recommendation lists shorter than K (here 5 < 50): Spark pads them as the reference does."""
+    """Some lists shorter than the file's k (here 5 < 50, as for users with few candidates): Spark
+    pads them as the reference does."""
     _, base, _ = scored
     recs = pd.read_parquet(base / "recs")
-    recs["item_ids"] = [list(x[:5]) for x in recs["item_ids"]]
+    recs["item_ids"] = [list(x[:5]) if i % 2 else list(x) for i, x in enumerate(recs["item_ids"])]
     (base / "short").mkdir()
     recs[["user_id", "item_ids"]].to_parquet(base / "short" / "part-0.parquet")
     evaluate(spark, recs=[str(base / "short")], data=str(ml100k_prepared),
-             output=str(base / "eval-short"), use_mlflow=False)
+             output=str(base / "eval-short"), no_mlflow=True)
     ref = numpy_reference(recs, ml100k_prepared).set_index("user_id")
     got = pd.read_parquet(base / "eval-short" / "per_user").set_index("user_id").loc[ref.index]
     for m in ("MAP@50", "Recall@50", "Precision@20", "R-Precision", "NDCG@50 (truncated)"):
         np.testing.assert_allclose(got[metric_key(m)], ref[metric_key(m)], atol=1e-12, err_msg=m)
+
+
+def test_the_files_k_bounds_the_metrics(spark, scored, evaluated, ml100k_prepared, tmp_path):
+    """Top-10 lists: metrics at cut-offs up to 10 only (NDCG and R-Precision need the top 50);
+    lists longer than 50 are evaluated on their top 50, as the protocol defines the metrics."""
+    _, base, _ = scored
+    recs = pd.read_parquet(base / "recs")
+    short = recs.assign(item_ids=[list(x[:10]) for x in recs["item_ids"]])[["user_id", "item_ids"]]
+    short.to_parquet(tmp_path / "top10.parquet")
+    m = evaluate(spark, recs=[str(tmp_path / "top10.parquet")], data=str(ml100k_prepared),
+                 output=str(tmp_path / "e10"), no_mlflow=True)
+    got = {r["metric"] for r in m["rows"] if r["group"] == "warm"}
+    assert got == {f"{x}@{k}" for x in ("Precision", "Recall", "MAP", "F1") for k in (5, 10)} | \
+        {"NDCG@5 (truncated)", "NDCG@10 (truncated)"}
+    full = {(r["metric"], r["group"]): r["mean"] for r in evaluated[1]["rows"]}
+    for r in m["rows"]:  # what it does report equals the top-50 file's value at that cut-off
+        assert r["mean"] == pytest.approx(full[r["metric"], r["group"]], abs=1e-12), r["metric"]
+
+    rest = [i for i in item_ids(ml100k_prepared)]
+    longer = recs.assign(item_ids=[list(x) + [i for i in rest if i not in set(x)][:20]
+                                   for x in recs["item_ids"]])[["user_id", "item_ids"]]
+    longer.to_parquet(tmp_path / "top70.parquet")
+    m = evaluate(spark, recs=[str(tmp_path / "top70.parquet")], data=str(ml100k_prepared),
+                 output=str(tmp_path / "e70"), no_mlflow=True)
+    assert {(r["metric"], r["group"]): r["mean"] for r in m["rows"]} == pytest.approx(full)
+
+    recs.assign(item_ids=[list(x[:3]) for x in recs["item_ids"]])[["user_id", "item_ids"]] \
+        .to_parquet(tmp_path / "top3.parquet")
+    with pytest.raises(UsageError, match="lists hold 3 item.*smallest cut-off .* is 5.*--k 50"):
+        evaluate(spark, recs=[str(tmp_path / "top3.parquet")], data=str(ml100k_prepared),
+                 output=str(tmp_path / "e3"), no_mlflow=True)
 
 
 def test_evaluation_refuses_bad_input(spark, scored, evaluated, ml100k_prepared, tmp_path):
@@ -237,15 +269,15 @@ def test_evaluation_refuses_bad_input(spark, scored, evaluated, ml100k_prepared,
     pd.DataFrame({"user_id": ["1"], "items": [["2"]]}).to_parquet(tmp_path / "nocol.parquet")
     with pytest.raises(UsageError, match=r"nocol.parquet: missing column\(s\) item_ids"):
         evaluate(spark, recs=[str(tmp_path / "nocol.parquet")], data=str(ml100k_prepared),
-                 output=str(tmp_path / "o"), use_mlflow=False)
-    pd.DataFrame({"user_id": ["nobody", "1"], "item_ids": [["2"], ["3"]]}).to_parquet(
+                 output=str(tmp_path / "o"), no_mlflow=True)
+    pd.DataFrame({"user_id": ["nobody", "1"], "item_ids": [["2", "3", "4", "5", "6"]] * 2}).to_parquet(
         tmp_path / "unknown.parquet")
     with pytest.raises(UsageError, match=r"1 user\(s\) are not users of .* e.g. nobody"):
         evaluate(spark, recs=[str(tmp_path / "unknown.parquet")], data=str(ml100k_prepared),
-                 output=str(tmp_path / "o"), use_mlflow=False)
+                 output=str(tmp_path / "o"), no_mlflow=True)
     with pytest.raises(UsageError, match="already exists; pass --overwrite"):
         evaluate(spark, recs=[str(base / "recs")], data=str(ml100k_prepared),
-                 output=str(base / "eval"), use_mlflow=False)
+                 output=str(base / "eval"), no_mlflow=True)
     # a prepared directory whose split has no test positives
     import shutil
     empty = tmp_path / "no-test"
@@ -257,7 +289,7 @@ def test_evaluation_refuses_bad_input(spark, scored, evaluated, ml100k_prepared,
     relist_files(empty)
     with pytest.raises(UsageError, match="no warm user has a test item"):
         evaluate(spark, recs=[str(base / "recs")], data=str(empty), output=str(tmp_path / "o"),
-                 use_mlflow=False)
+                 no_mlflow=True)
     assert not (tmp_path / "o").exists()
 
 
@@ -273,7 +305,7 @@ def test_evaluation_refuses_recommendations_that_differ_from_their_manifest(spar
     with pytest.raises(UsageError, match=rf"--recs {copy} is incomplete: 1 file\(s\) its manifest "
                                          rf"lists are missing \(e.g. {part}\)"):
         evaluate(spark, recs=[str(copy)], data=str(ml100k_prepared), output=str(tmp_path / "o"),
-                 use_mlflow=False)
+                 no_mlflow=True)
     assert not (tmp_path / "o").exists()
 
 
@@ -281,7 +313,7 @@ def test_two_models_compared_and_logged_into_their_mlflow_runs(spark, ml100k_pre
                                                                tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from training.tracking import log_final
+    from runtime.tracking import log_final
 
     client = MlflowClient(mlflow_server.url)
     exp = client.create_experiment("scoring-test")

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from etl.errors import UsageError
+from prepared.errors import UsageError
 from evaluation.metrics import hit_matrix, per_user
 from training.config import TrainConfig
 from models.autorec import AutoRec

@@ -8,15 +8,15 @@ import pyarrow as pa
 import pytest
 import torch
 
-from etl import protocol
-from etl import schema as S
-from etl.errors import UsageError
+from prepared import protocol
+from prepared import schema as S
+from prepared.errors import UsageError
 from evaluation.metrics import hit_matrix, per_user
 from training.config import TrainConfig, check
 from training.feed import BatchMaker, FeedPlan, _union_sorted, epoch_seed, valid_batch
 from training.loop import new_progress, next_state
-from training.prepared import Prepared, open_prepared
-from training.tracking import check_reachable, tracking_uri
+from prepared.reader import Prepared, open_prepared
+from runtime.tracking import check_reachable, tracking_uri
 from training.validate import batch_metrics
 
 def L(rows):  # noqa: N802
@@ -57,10 +57,15 @@ def test_rstar_for_another_beta_is_gathered_from_the_per_item_table():
 
 def test_prepared_rstar_table_uses_train_valid_popularity_for_the_final_retraining():
     prep = Prepared(uri="x", manifest={"parameters": {"rstar_z": "positives", "beta": 1.0},
-                                       "counts": {"rstar_z": 3}},
+                                       "counts": {"rstar_z": 3, "warm_users": 9}},
                     pop_train=np.array([1, 2]), pop_train_valid=np.array([2, 4]))
     assert prep.rstar_table(1.0, False) == pytest.approx(np.log(3) - np.log([1, 2]))
     assert prep.rstar_table(1.0, True) == pytest.approx(np.maximum(np.log(6) - np.log([2, 4]), 0))
+    # Z = the number of warm users (the default rule) is the same for both splits
+    users = Prepared(uri="x", manifest={"parameters": {"rstar_z": "users", "beta": 1.0},
+                                        "counts": {"rstar_z": 9, "warm_users": 9}},
+                     pop_train=np.array([1, 2]), pop_train_valid=np.array([2, 4]))
+    assert users.rstar_table(1.0, True) == pytest.approx(np.log(9) - np.log([2, 4]))
     assert prep.rstar_is_stored(None, False) and prep.rstar_is_stored(1.0, False)
     assert not prep.rstar_is_stored(0.8, False) and not prep.rstar_is_stored(None, True)
 

@@ -4,7 +4,9 @@ users exactly as the gradient loop does (``training.validate``), so both kinds r
 validation NDCG and Recall@50 and return the same (summary, history, weights, arguments).
 
 The task asks Ray for the CPUs the run would give its workers, so on a cluster it runs where they
-are, not on the head that runs the driver.
+are, not on the head that runs the driver. A model whose engine is Spark (WRMF on MLlib's ALS) is
+fitted in the run's Spark session instead (``fit_on_spark``: ``spark-submit training/train.py``),
+and validated the same way.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ import numpy as np
 import pyarrow.dataset as pds
 import torch
 
-from etl import schema as S
+from prepared import schema as S
 from models.batch import flat, sparse_rows, to_csr
 from models.registry import MODELS
 from training.config import TrainConfig
 from training.feed import valid_batch
-from training.prepared import filesystem
+from prepared.reader import filesystem
 from training.validate import batch_metrics
 
 SCORE_USERS = 1024  # validation users scored at once: 1024 x n_items float32
@@ -69,23 +71,11 @@ def validate(model, rows) -> tuple[float, float, int]:
     return (ndcg_sum / count, recall_sum / count, count) if count else (float("nan"),) * 2 + (0,)
 
 
-def fit_task(cfg_dict: dict, prep, threads: int) -> dict:
-    """The body of the Ray task: fit, validate; plain data and tensors back to the driver."""
-    cfg = TrainConfig.from_dict(cfg_dict)
-    torch.set_num_threads(max(1, threads))
-    t0 = time.perf_counter()
-    columns = [S.USER_INDEX, S.TRAIN_ITEMS, S.VALID_ITEMS]
-    rows = read_rows(prep, columns)
-    train, rstar = matrices(prep, cfg, rows)
-    read_s = time.perf_counter() - t0
-    print(f"{cfg.model}: fitting on {train.shape[0]:,} users x {train.shape[1]:,} items "
-          f"({train.nnz:,} positives; read in {read_s:.1f}s)", flush=True)
-    torch.manual_seed(cfg.seed)
-    model = MODELS[cfg.model].from_config(prep.n_items, cfg.hyperparameters())
-    info = model.fit(train, rstar, seed=cfg.seed)
-    fit_s = time.perf_counter() - t0 - read_s
+def finish(cfg: TrainConfig, model, rows, info: dict, fit_s: float, read_s: float, users: int,
+           t0: float) -> dict:
+    """Validate a fitted model; the run's one history record, its weights and arguments."""
     record = {"epoch": 1, "phase": 1, "train_seconds": fit_s, "read_seconds": read_s,
-              "users_per_second": train.shape[0] / max(fit_s, 1e-9), **info}
+              "users_per_second": users / max(fit_s, 1e-9), **info}
     if not cfg.final_retraining:
         ndcg, recall, n = validate(model.eval(), rows)
         record.update({"valid_ndcg": ndcg, "valid_recall_at_50": recall})
@@ -96,13 +86,24 @@ def fit_task(cfg_dict: dict, prep, threads: int) -> dict:
             "model_args": model.model_args()}
 
 
-def fit(cfg: TrainConfig, prep, cpus: float) -> tuple[dict, list[dict], dict, dict]:
-    """Fit on Ray; returns (summary, history, weights, model arguments) like a gradient run."""
-    import ray
-
+def fit_task(cfg_dict: dict, prep, threads: int) -> dict:
+    """The body of the Ray task: fit, validate; plain data and tensors back to the driver."""
+    cfg = TrainConfig.from_dict(cfg_dict)
+    torch.set_num_threads(max(1, threads))
     t0 = time.perf_counter()
-    task = ray.remote(fit_task).options(num_cpus=cpus, max_retries=0)
-    out = ray.get(task.remote(cfg.to_dict(), prep, int(cpus)))
+    rows = read_rows(prep, [S.USER_INDEX, S.TRAIN_ITEMS, S.VALID_ITEMS])
+    train, rstar = matrices(prep, cfg, rows)
+    read_s = time.perf_counter() - t0
+    print(f"{cfg.model}: fitting on {train.shape[0]:,} users x {train.shape[1]:,} items "
+          f"({train.nnz:,} positives; read in {read_s:.1f}s)", flush=True)
+    torch.manual_seed(cfg.seed)
+    model = MODELS[cfg.model].from_config(prep.n_items, cfg.hyperparameters())
+    info = model.fit(train, rstar, seed=cfg.seed)
+    return finish(cfg, model, rows, info, time.perf_counter() - t0 - read_s, read_s,
+                  train.shape[0], t0)
+
+
+def summarise(out: dict, t0: float) -> tuple[dict, list[dict], dict, dict]:
     rec = out["record"]
     summary = {"best_epoch": 1, "epochs_run": 1, "phase_epochs": [1],
                "best_valid_ndcg": rec.get("valid_ndcg"),
@@ -110,3 +111,36 @@ def fit(cfg: TrainConfig, prep, cpus: float) -> tuple[dict, list[dict], dict, di
                "mean_users_per_second": rec["users_per_second"],
                "wall_seconds": time.perf_counter() - t0}
     return summary, [rec], out["state_dict"], out["model_args"]
+
+
+def fit(cfg: TrainConfig, prep, cpus: float) -> tuple[dict, list[dict], dict, dict]:
+    """Fit on Ray; returns (summary, history, weights, model arguments) like a gradient run."""
+    import ray
+
+    t0 = time.perf_counter()
+    task = ray.remote(fit_task).options(num_cpus=cpus, max_retries=0)
+    return summarise(ray.get(task.remote(cfg.to_dict(), prep, int(cpus))), t0)
+
+
+def fit_on_spark(cfg: TrainConfig, prep) -> tuple[dict, list[dict], dict, dict]:
+    """Fit a model whose engine is Spark (``Recommender.engine``) in this process's Spark session
+    (spark-submit's, or a local one under plain python): the training pairs are read and exploded
+    on the executors; validation scores on the driver, as the Ray task does."""
+    from pyspark.sql import functions as F
+
+    from runtime.spark import get_spark
+
+    t0 = time.perf_counter()
+    spark = get_spark(f"train-{cfg.model}")
+    rows_df = spark.read.parquet(prep.rows_uri).filter(~F.col(S.COLD))
+    items = F.col(S.TRAIN_ITEMS)
+    if cfg.final_retraining:
+        items = F.concat(items, F.coalesce(F.col(S.VALID_ITEMS), F.array().cast("array<int>")))
+    pairs = rows_df.select(S.USER_INDEX, F.explode(items).alias(S.ITEM_INDEX))
+    model = MODELS[cfg.model].from_config(prep.n_items, cfg.hyperparameters())
+    print(f"{model.describe()}: fitting on Spark ({spark.sparkContext.master})", flush=True)
+    info = model.fit(pairs, seed=cfg.seed)
+    fit_s = time.perf_counter() - t0
+    rows = read_rows(prep, [S.USER_INDEX, S.TRAIN_ITEMS, S.VALID_ITEMS])
+    out = finish(cfg, model, rows, info, fit_s, 0.0, rows.num_rows, t0)
+    return summarise(out, t0)

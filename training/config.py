@@ -1,7 +1,8 @@
 """Everything one training run needs, as one frozen, JSON-able dataclass.
 
-The driver builds it from the CLI, checks it (``check``), logs it to MLflow and ships it to every
-Ray Train worker; a checkpoint stores it so that a resumed run can refuse a changed configuration.
+The CLI is built from it (``runtime.cli``: one place for every flag's default and help); the
+driver checks it (``check``), logs it to MLflow and ships it to every Ray Train worker; a checkpoint
+stores it so that a resumed run can refuse a changed configuration.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from etl.errors import UsageError
 from models.autorec import MODES
 from models.registry import MODELS
+from prepared.errors import UsageError
+from runtime.cli import option
 
 NEGATIVES = ("etl", "resample")
 TRAIN_SPLITS = ("train", "train,valid")
@@ -21,41 +23,105 @@ PLACEMENTS = ("PACK", "SPREAD")
 
 # the model's hyperparameters: None = the model's own default (``hyperparameters`` of its class
 # in models/, the one place a model's default lives); a model refuses one it does not take
-MODEL_FIELDS = ("width", "lam", "mode", "rank")
+MODEL_FIELDS = ("width", "lam", "mode", "rank", "alpha", "iterations")
+
+DATA, HYPER, TRAINING, CLUSTER = ("data and model", "model hyperparameters (a model refuses one it "
+                                  "does not take; defaults are the model's own)",
+                                  "training (the AutoRec family; defaults chosen on the shared "
+                                  "real datasets, see README)", "cluster, tracking and output")
+
+
+def model_defaults(field: str) -> str:
+    """The models' defaults of one hyperparameter, for --help ("the AutoRec family 200, ...")."""
+    from models.autorec import AutoRec
+
+    by_value: dict = {}
+    for name, cls in MODELS.items():
+        if cls.hyperparameters.get(field) is not None:
+            who = "the AutoRec family" if issubclass(cls, AutoRec) else name
+            names = by_value.setdefault(cls.hyperparameters[field], [])
+            if who not in names:
+                names.append(who)
+    return ", ".join(f"{'/'.join(names)} {value:g}" if isinstance(value, float) else
+                     f"{'/'.join(names)} {value}" for value, names in by_value.items())
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    # Training defaults: benchmarks/tune_defaults.py on ml-100k and ml-latest-small (results
-    # committed): for the AutoRec family width 200, lr 3e-4, lambda 30 has the best worst case
-    # (97.7% of the best NDCG of each model on each dataset).
-    data: str                       # prepared directory (absolute path or URI)
-    model: str = "nce-autorec"
-    mode: str | None = None         # two-headed AutoRecs: joint (default) | alternating | ...
-    width: int | None = None        # latent width d (AutoRec family)
-    lam: float | None = None        # regularisation weight; its meaning is the model's
-    rank: int | None = None         # closed-form low-rank models: factors kept
-    beta: float | None = None       # None = the ETL's beta (R* as stored)
-    negatives: str = "etl"          # etl: the ETL's counts; resample: new draws every epoch
-    num_negatives: int | None = None  # draws per user when resampling; None = the ETL's N
-    lr: float = 3e-4
-    batch_size: int = 128           # global: split evenly over the workers
-    epochs: int = 200               # most epochs of the (last) phase; early stopping ends sooner
-    pretrain_epochs: int = 0        # fine-tune phase 1: 0 = until its loss converges
-    patience: int = 5               # early stopping on validation NDCG (epochs without a gain)
-    seed: int = 0
-    train_splits: str = "train"     # "train,valid": the protocol's final retraining
-    num_workers: int = 2
-    cpus_per_worker: float = 0.0    # 0 = share the local CPUs out
-    use_gpu: bool = False
-    placement: str = "PACK"         # PACK: fill nodes in turn; SPREAD: one worker per node first
-    run_name: str = ""
-    experiment: str = ""            # MLflow experiment; "" = the dataset's name
-    output: str = ""                # Ray Train storage (checkpoints); absolute path or URI
-    max_failures: int = 3
-    mlflow_wait: float = 60.0       # seconds the end of a run waits for a tracking server that is down
-    data_cache: str = "auto"        # auto | memory | stream (see feed.fits_in_object_store)
-    fault_kill_epoch: int = -1      # test only: rank 1 exits hard once at the start of this epoch
+    """Every flag of training/train.py, with its default: the CLI is built from these fields.
+
+    Training defaults: benchmarks/tune_defaults.py on ml-100k and ml-latest-small (results
+    committed): for the AutoRec family width 200, lr 3e-4, lambda 30 has the best worst case
+    (97.7% of the best NDCG of each model on each dataset)."""
+
+    data: str = option(help="a prepared directory (etl/prepare.py --output)", group=DATA)
+    model: str = option("nce-autorec", help="one of " + ", ".join(MODELS), group=DATA,
+                        choices=list(MODELS), metavar="MODEL")
+    train_splits: str = option("train", group=DATA, choices=TRAIN_SPLITS,
+                               help="train: select by validation NDCG with early stopping; "
+                                    "train,valid: the protocol's final retraining for exactly "
+                                    "--epochs")
+    mode: str | None = option(None, group=HYPER, choices=MODES,
+                              help="how the two heads train (ns-autorec, nce-autorec; default joint)")
+    width: int | None = option(None, group=HYPER,
+                               help=f"latent width d ({model_defaults('width')})")
+    lam: float | None = option(None, group=HYPER,
+                               help="regularisation lambda: the AutoRec family on mean(W^2) per "
+                                    "matrix, nce-plrec the ridge, ease the diagonal, wrmf Spark's "
+                                    f"regParam ({model_defaults('lam')})")
+    rank: int | None = option(None, group=HYPER, help=f"factors kept ({model_defaults('rank')})")
+    alpha: float | None = option(None, group=HYPER,
+                                 help=f"confidence 1 + alpha of a positive ({model_defaults('alpha')})")
+    iterations: int | None = option(None, group=HYPER,
+                                    help=f"ALS sweeps ({model_defaults('iterations')})")
+    beta: float | None = option(None, group=TRAINING,
+                                help="NCE popularity exponent; R* is recomputed from the stored "
+                                     "popularity when it differs from the ETL's (default: the ETL's)")
+    negatives: str = option("etl", group=TRAINING, choices=NEGATIVES,
+                            help="etl: the ETL's negative-sample counts; resample: new seeded "
+                                 "draws every epoch")
+    num_negatives: int | None = option(None, group=TRAINING,
+                                       help="draws per user when resampling (default: the ETL's N)")
+    lr: float = option(3e-4, group=TRAINING, help="Adam learning rate")
+    batch_size: int = option(128, group=TRAINING, help="users per step over all workers")
+    epochs: int = option(200, group=TRAINING,
+                         help="most epochs (of phase 2 for the fine-tune modes); early stopping "
+                              "ends sooner")
+    pretrain_epochs: int = option(0, group=TRAINING, show_default=False,
+                                  help="fine-tune phase 1 epochs; 0 = until its loss converges "
+                                       "(default)")
+    patience: int = option(5, group=TRAINING,
+                           help="stop after this many epochs without a better validation NDCG")
+    seed: int = option(0, group=TRAINING, help="model init, data order, resampling (default 0)",
+                       show_default=False)
+    num_workers: int = option(2, group=CLUSTER, help="Ray Train workers (DDP ranks)")
+    cpus_per_worker: float = option(0.0, group=CLUSTER, show_default=False,
+                                    help="CPUs (and torch threads) per worker; 0 = share the "
+                                         "CPUs out (default)")
+    use_gpu: bool = option(False, group=CLUSTER, help="one GPU per worker (NCCL)")
+    placement: str = option("PACK", group=CLUSTER, choices=PLACEMENTS,
+                            help="PACK fills one node before the next (fast on one machine); "
+                                 "SPREAD puts the workers on different nodes first")
+    max_failures: int = option(3, group=CLUSTER,
+                               help="worker-group restarts from the last checkpoint")
+    run_name: str = option("", group=CLUSTER, show_default=False,
+                           help="names the checkpoints and the MLflow run; an existing name "
+                                "resumes (default: MODEL-MODE-DATASET-TIME)")
+    experiment: str = option("", group=CLUSTER, show_default=False,
+                             help="MLflow experiment (default: the dataset)")
+    output: str = option("", group=CLUSTER, show_default=False,
+                         help="checkpoint storage, absolute path or URI (default: ./var/runs, "
+                              "absolute)")
+    mlflow_wait: float = option(60.0, group=CLUSTER,
+                                help="seconds the end of a run waits for a tracking server that "
+                                     "stopped answering; then it stops, with the model saved, and "
+                                     "a rerun logs it")
+    data_cache: str = option("auto", group=CLUSTER, choices=DATA_CACHE,
+                             help="memory: read the user rows once into Ray's object store; "
+                                  "stream: re-read them every epoch; auto: memory when they fit "
+                                  "in a quarter of the object store")
+    # test only: rank 1 exits hard once at the start of this epoch
+    fault_kill_epoch: int = option(-1, group=CLUSTER, hidden=True, help="")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -98,6 +164,10 @@ def check(cfg: TrainConfig) -> None:
         bad("width", cfg.width, "the latent width must be in 1..100000 (the paper: 50..500)")
     if cfg.rank is not None and not 1 <= cfg.rank <= 100_000:
         bad("rank", cfg.rank, "the rank must be in 1..100000")
+    if cfg.alpha is not None and not 0 <= cfg.alpha <= 1e6:
+        bad("alpha", cfg.alpha, "the confidence weight must be in 0..10^6")
+    if cfg.iterations is not None and not 1 <= cfg.iterations <= 10_000:
+        bad("iterations", cfg.iterations, "must be in 1..10000")
     if cfg.lam is not None and not 0 <= cfg.lam < 1e6:
         bad("lam", cfg.lam, "lambda must be >= 0 and < 10^6")
     if cfg.beta is not None and not 0 <= cfg.beta <= 10:

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from etl import protocol
-from etl import schema as S
+from prepared import protocol
+from prepared import schema as S
 from models.base import NEGATIVES, RSTAR
 from models.batch import Batch, flat
 
@@ -74,7 +74,7 @@ def fits_in_object_store(rows_uri: str, cache: str) -> bool:
     import ray
     from pyarrow import fs as pafs
 
-    from training.prepared import filesystem
+    from prepared.reader import filesystem
 
     fs, path = filesystem(rows_uri)
     size = sum(f.size for f in fs.get_file_info(pafs.FileSelector(path, recursive=True))
@@ -101,7 +101,7 @@ def valid_dataset(rows_uri: str):
 
 
 def batch_from_arrow(rows: pa.Table | pa.RecordBatch) -> Batch:
-    """A Batch from user rows with the columns of ``etl.schema.ROW_COLUMNS`` (stored R* and
+    """A Batch from user rows with the columns of ``prepared.schema.ROW_COLUMNS`` (stored R* and
     negatives), as the ETL wrote them."""
     train, train_off = flat(rows.column(S.TRAIN_ITEMS))
     rstar, _ = flat(rows.column(S.TRAIN_RSTAR))

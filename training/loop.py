@@ -133,7 +133,7 @@ def train_loop(config: dict) -> None:
         "find_unused_parameters": not model.uses_every_parameter()})
     logger = None
     if rank == 0 and config.get("mlflow"):
-        from training.tracking import EpochLogger
+        from runtime.tracking import EpochLogger
         logger = EpochLogger(**config["mlflow"])
 
     def optimizers_for(phase: int, states=None):

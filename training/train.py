@@ -30,12 +30,12 @@ import json
 import os
 import time
 
-from etl.errors import UsageError
+from prepared.errors import UsageError
 from training import feed as F
-from training.config import DATA_CACHE, NEGATIVES, PLACEMENTS, TRAIN_SPLITS, TrainConfig, check
-from models.autorec import MODES
+from runtime.cli import add_options, strict_parser, values
+from training.config import TrainConfig, check
 from models.registry import MODELS, load_weights_only
-from training.prepared import Prepared, filesystem, join, open_prepared
+from prepared.reader import Prepared, filesystem, join, open_prepared
 
 ROOT = Path(__file__).resolve().parents[1]
 # fields that may change when a run resumes (where and how it runs, not what it trains)
@@ -48,86 +48,18 @@ class TrainingError(RuntimeError):
     """Training ran but failed in a way the message explains (divergence, worker failures)."""
 
 
-def _defaults(field: str) -> str:
-    """The models' defaults of one hyperparameter, for --help."""
-    return ", ".join(f"{name} {cls.hyperparameters[field]}" for name, cls in MODELS.items()
-                     if field in cls.hyperparameters and cls.hyperparameters[field] is not None)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="training/train.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
-    d = TrainConfig.__dataclass_fields__
-    g = p.add_argument_group("data and model")
-    g.add_argument("--data", required=True, help="a prepared directory (etl/prepare.py --output)")
-    g.add_argument("--model", default=d["model"].default, choices=list(MODELS), metavar="MODEL",
-                   help=f"one of {', '.join(MODELS)} (default: %(default)s)")
-    g.add_argument("--mode", choices=MODES, default=None,
-                   help="how the two heads train (ns-autorec, nce-autorec only; default joint)")
-    g.add_argument("--train-splits", choices=TRAIN_SPLITS, default=d["train_splits"].default,
-                   help="train: select by validation NDCG with early stopping; train,valid: the "
-                        "protocol's final retraining for exactly --epochs (default: %(default)s)")
-    g = p.add_argument_group("model hyperparameters (a model refuses one it does not take; "
-                             "defaults are the model's own)")
-    g.add_argument("--width", type=int, default=None,
-                   help="latent width d, AutoRec family (" + _defaults("width") + ")")
-    g.add_argument("--lam", type=float, default=None,
-                   help="regularisation lambda: AutoRec family on mean(W^2) per matrix, "
-                        "nce-plrec the ridge, ease the diagonal (" + _defaults("lam") + ")")
-    g.add_argument("--rank", type=int, default=None,
-                   help="factors kept, puresvd and nce-plrec (" + _defaults("rank") + ")")
-    g = p.add_argument_group("training (the AutoRec family; defaults: chosen on the shared real "
-                             "datasets, see README)")
-    g.add_argument("--beta", type=float, default=None,
-                   help="NCE popularity exponent; R* is recomputed from the stored popularity when "
-                        "it differs from the ETL's (default: the ETL's beta)")
-    g.add_argument("--negatives", choices=NEGATIVES, default=d["negatives"].default,
-                   help="etl: the ETL's negative-sample counts; resample: new seeded draws every "
-                        "epoch (default: %(default)s)")
-    g.add_argument("--num-negatives", type=int, default=None,
-                   help="draws per user when resampling (default: the ETL's N)")
-    g.add_argument("--lr", type=float, default=d["lr"].default, help="Adam learning rate (%(default)s)")
-    g.add_argument("--batch-size", type=int, default=d["batch_size"].default,
-                   help="users per step over all workers (%(default)s)")
-    g.add_argument("--epochs", type=int, default=d["epochs"].default,
-                   help="most epochs (of phase 2 for the fine-tune modes) (%(default)s)")
-    g.add_argument("--pretrain-epochs", type=int, default=0,
-                   help="fine-tune phase 1 epochs; 0 = until its loss converges (default)")
-    g.add_argument("--patience", type=int, default=d["patience"].default,
-                   help="stop after this many epochs without a better validation NDCG (%(default)s)")
-    g.add_argument("--seed", type=int, default=0, help="model init, data order, resampling")
-    g = p.add_argument_group("cluster, tracking and output")
-    g.add_argument("--num-workers", type=int, default=d["num_workers"].default,
-                   help="Ray Train workers (DDP ranks) (%(default)s)")
-    g.add_argument("--use-gpu", action="store_true", help="one GPU per worker (NCCL)")
-    g.add_argument("--cpus-per-worker", type=float, default=0.0,
-                   help="CPUs (and torch threads) per worker; 0 = share the CPUs out (default)")
-    g.add_argument("--placement", choices=PLACEMENTS, default=d["placement"].default,
-                   help="PACK fills one node before the next (fast on one machine); SPREAD puts "
-                        "the workers on different nodes first (default: %(default)s)")
-    g.add_argument("--max-failures", type=int, default=d["max_failures"].default,
-                   help="worker-group restarts from the last checkpoint (%(default)s)")
-    g.add_argument("--run-name", default="",
-                   help="names the checkpoints and the MLflow run; an existing name resumes "
-                        "(default: MODEL-MODE-DATASET-TIME)")
-    g.add_argument("--experiment", default="", help="MLflow experiment (default: the dataset)")
+    """Every flag of TrainConfig (its defaults and help live there), and where to connect."""
+    p = strict_parser(prog="training/train.py", description=__doc__.split("\n\n")[0],
+                      formatter_class=argparse.RawDescriptionHelpFormatter,
+                      epilog=__doc__.split("\n\n", 1)[1])
+    add_options(p, TrainConfig)
+    g = p.add_argument_group("connections (not part of the run's configuration)")
     g.add_argument("--mlflow-uri", default=None,
                    help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite under "
                         "./mlflow/state)")
-    g.add_argument("--mlflow-wait", type=float, default=d["mlflow_wait"].default,
-                   help="seconds the end of a run waits for a tracking server that stopped "
-                        "answering; then it stops, with the model saved, and a rerun logs it "
-                        "(%(default)s)")
-    g.add_argument("--output", default="",
-                   help="checkpoint storage, absolute path or URI (default: ./var/runs, absolute)")
-    g.add_argument("--data-cache", choices=DATA_CACHE, default="auto",
-                   help="memory: read the user rows once into Ray's object store; stream: re-read "
-                        "them every epoch; auto: memory when they fit in a quarter of the object "
-                        "store (default)")
     g.add_argument("--ray-address", default=None,
                    help="Ray cluster to join (default: $RAY_ADDRESS, else a local Ray)")
-    g.add_argument("--fault-kill-epoch", type=int, default=-1, help=argparse.SUPPRESS)
     return p
 
 
@@ -151,23 +83,17 @@ def check_job_paths(args: argparse.Namespace) -> None:
 
 
 def config_from_args(args: argparse.Namespace, prep: Prepared) -> TrainConfig:
+    """The flags as a TrainConfig, with what they leave to the run: its name, absolute paths."""
+    given = values(args, TrainConfig)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    mode = args.mode if args.mode else None
-    run_name = args.run_name or "-".join(x for x in (args.model, mode, prep.dataset, stamp) if x)
-    output = args.output or str(ROOT / "var" / "runs")
+    run_name = given["run_name"] or "-".join(
+        x for x in (given["model"], given["mode"], prep.dataset, stamp) if x)
+    output = given["output"] or str(ROOT / "var" / "runs")
     if "://" not in output:
         output = str(Path(output).resolve())
-    return TrainConfig(
-        data=args.data if "://" in args.data else str(Path(args.data).resolve()),
-        model=args.model, mode=mode, width=args.width, lam=args.lam, rank=args.rank, beta=args.beta,
-        negatives=args.negatives, num_negatives=args.num_negatives, lr=args.lr,
-        batch_size=args.batch_size, epochs=args.epochs, pretrain_epochs=args.pretrain_epochs,
-        patience=args.patience, seed=args.seed, train_splits=args.train_splits,
-        num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker, use_gpu=args.use_gpu,
-        placement=args.placement,
-        run_name=run_name, experiment=args.experiment or prep.dataset, output=output,
-        max_failures=args.max_failures, mlflow_wait=args.mlflow_wait, data_cache=args.data_cache,
-        fault_kill_epoch=args.fault_kill_epoch)
+    data = given["data"] if "://" in given["data"] else str(Path(given["data"]).resolve())
+    return TrainConfig(**{**given, "data": data, "run_name": run_name, "output": output,
+                          "experiment": given["experiment"] or prep.dataset})
 
 
 # -- run directory: OUTPUT/RUN_NAME/run.json records the configuration and the MLflow run ----------
@@ -275,7 +201,7 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
     ``cfg.data`` already opened (the CLI opens it to name the run)."""
     import torch
 
-    from training import tracking
+    from runtime import tracking
 
     check(cfg)
     prep = prep or open_prepared(cfg.data)
@@ -357,9 +283,13 @@ def check_saved_files(cfg: TrainConfig) -> None:
 def train_run(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, ray_address: str | None):
     """Train on Ray; returns (summary, per-epoch history, best weights, model arguments)."""
 
-    from training import tracking
+    from runtime import tracking
 
     t0 = time.perf_counter()
+    if MODELS[cfg.model].engine == "spark":
+        from training import closed_form
+
+        return closed_form.fit_on_spark(cfg, prep)
     cpw = start_ray(cfg, ray_address)
     if MODELS[cfg.model].kind == "closed-form":
         from training import closed_form
@@ -411,7 +341,7 @@ def log_results(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, summary
 
     import torch
 
-    from training import tracking
+    from runtime import tracking
 
     if not tracking.wait_reachable(uri, cfg.mlflow_wait):
         raise TrainingError(
@@ -437,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_job_paths(args)
+        check(TrainConfig(**values(args, TrainConfig)))  # flags first: no data read for a typo
         prep = open_prepared(args.data if "://" in args.data else str(Path(args.data).resolve()))
         cfg = config_from_args(args, prep)
         summary = run(cfg, args.mlflow_uri, args.ray_address, prep)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from models.batch import row_ids
+from prepared.protocol import TOP_K
 from training.feed import ValidBatch
 
-TOP_K = 50
 
 
 @torch.no_grad()

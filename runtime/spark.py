@@ -26,7 +26,7 @@ from pathlib import Path
 log = logging.getLogger("etl")
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("etl", "models", "training", "evaluation")
+PACKAGES = ("prepared", "runtime", "models", "etl", "evaluation")  # what executors import
 
 
 def java_check() -> None:

@@ -13,6 +13,10 @@ import numpy as np
 
 # splitmix64 constants (Steele, Lea, Flood 2014): a counter-based generator, so a user's draws depend
 # only on (seed, user index, draw number) and never on how Spark partitioned the users.
+# Evaluation (protocol.md): every stage ranks a top list of TOP_K items, and the metrics' cut-offs
+TOP_K = 50
+KS = (5, 10, 15, 20, 50)
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
@@ -53,6 +57,16 @@ def r_star(popularity: np.ndarray, z: float, beta: float) -> np.ndarray:
     if np.any(pop < 1):
         raise ValueError("R* is defined for observed training entries only, whose popularity is >= 1")
     return np.maximum(np.log(z) - beta * np.log(pop), 0.0)
+
+
+def rstar_z(rule: str, users: int, positives: int) -> float:
+    """Z of R*'s log Z: the number of training users (``users``, the authors' code and our
+    default) or the number of training positives (``positives``, the paper's formula)."""
+    if rule == "users":
+        return float(users)
+    if rule == "positives":
+        return float(positives)
+    raise ValueError(f"unknown Z rule {rule!r}; choose users or positives")
 
 
 def rstar_per_item(pop_train: np.ndarray, z: float, beta: float) -> np.ndarray:

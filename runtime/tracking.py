@@ -14,7 +14,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from etl.errors import UsageError
+from prepared.errors import UsageError
+from prepared.protocol import TOP_K
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_STORE = ROOT / "mlflow" / "state"
@@ -230,13 +231,13 @@ def log_final(uri: str, run_id: str, *, weights: Path, model: str, model_args: d
                             if isinstance(v, int | float)})
         example = pd.DataFrame({"train_items": [[0, 1, 2]]})
         signature = infer_signature(example, pd.DataFrame({"items": [[3, 4]], "scores": [[.5, .4]]}),
-                                    params={"k": 50, "exclude_seen": True})
+                                    params={"k": TOP_K, "exclude_seen": True})
         info = mlflow.pyfunc.log_model(
             name="model", python_model=str(ROOT / "models" / "pyfunc.py"),
             artifacts={"weights": str(weights)},
             model_config={"model": model, "model_args": model_args, **model_info},
-            # the model code and the little of etl/ it imports (errors); no pickled objects
-            code_paths=[str(ROOT / "models"), str(ROOT / "etl")], signature=signature,
+            # the model code and the contract it imports (errors); no pickled objects
+            code_paths=[str(ROOT / "models"), str(ROOT / "prepared")], signature=signature,
             input_example=example, pip_requirements=["torch", "numpy", "pandas", "scipy",
                                                      "scikit-learn", "pyarrow"])
     return info.model_uri

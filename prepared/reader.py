@@ -1,7 +1,7 @@
-"""A prepared directory (the ETL's output, ``etl/schema.py``) as training sees it.
+"""A prepared directory (the ETL's output, ``prepared/schema.py``) as every later stage reads it.
 
 Opening one checks that it is complete (its manifest and exactly the files the manifest lists, with
-their sizes: ``etl/publish.py``) and of the schema version this code reads, and loads the
+their sizes: ``prepared/files.py``) and of the schema version this code reads, and loads the
 small per-item tables (popularity, hence R* for any beta and the negative-sampling distribution).
 User rows stay on storage: Ray Data streams them (``training/feed.py``).
 """
@@ -16,10 +16,10 @@ import numpy as np
 import pyarrow.dataset as pds
 import pyarrow.fs as pafs
 
-from etl import protocol
-from etl import schema as S
-from etl.errors import UsageError
-from etl.publish import FILES, check_files
+from prepared import protocol
+from prepared import schema as S
+from prepared.errors import UsageError
+from prepared.files import FILES, check_files
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,9 @@ class Prepared:
         """(n_items,) float32 R* of an observed entry of each item, for ``beta`` and the training
         splits (train+valid uses its own popularity, and Z = its positives in 'positives' mode)."""
         pop = self.pop_train_valid if train_valid else self.pop_train
-        z_mode = self.manifest["parameters"]["rstar_z"]
-        z = float(self.manifest["counts"]["rstar_z"]) if z_mode == "users" else float(pop.sum())
+        # the same rule as the ETL's; Z counts the users, or the positives of these splits
+        z = protocol.rstar_z(self.manifest["parameters"]["rstar_z"],
+                             self.manifest["counts"]["warm_users"], int(pop.sum()))
         return protocol.rstar_per_item(pop, z, beta).astype(np.float32)
 
     def rstar_is_stored(self, beta: float | None, train_valid: bool) -> bool:

@@ -21,7 +21,7 @@ Cold users have train items (their fold-in input) but no negatives; their R* val
 like everyone's but are not used for training.
 """
 
-SCHEMA_VERSION = 2  # 2: the manifest lists every file with its size (etl/publish.py)
+SCHEMA_VERSION = 2  # 2: the manifest lists every file with its size (runtime/publish.py, prepared/files.py)
 
 MANIFEST = "manifest.json"
 ITEMS_DIR = "items"

@@ -1,0 +1,203 @@
+"""The closed-form baselines on real data, by the paper's protocol: a small grid on validation,
+the chosen configuration refitted from scratch on train+valid, NDCG on test with its 95% CI.
+
+    .venv/bin/python benchmarks/baselines.py [--shared ../shared/datasets] [--datasets ml-100k,...]
+
+Each dataset is prepared by the real ETL under ``spark-submit etl/prepare.py`` (ml-100k and
+citeulike-a from ../shared, never copied here; ml-latest-small from data/). WRMF fits on a local
+Spark through training/train.py's own Spark path (MLlib ALS). AutoRec and
+NCE-AutoRec train in this process with the trainer's own steps and early stopping
+(``benchmarks/tune_defaults.py``), the retraining for the chosen epoch count. Each closed-form model is fitted
+through the same code as ``training/train.py``'s closed-form path (``training.closed_form``: the
+training matrices, the model's ``fit``, the validation NDCG), in this process, without Ray, so the
+grid costs seconds per point. Test: the refitted model scores the warm users with a test item from
+their train+valid rows, train+valid items excluded, top 50, NDCG by ``evaluation.metrics`` (the
+code evaluate.py's test checks against). The experiment runner of a later issue replaces this
+grid with the full protocol for every model.
+
+Results: ``benchmarks/results/baselines.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from prepared import schema as S  # noqa: E402
+from evaluation.metrics import hit_matrix, per_user  # noqa: E402
+from infra.submit import spark_submit  # noqa: E402
+from models.batch import flat, sparse_rows  # noqa: E402
+from models.registry import MODELS  # noqa: E402
+from training.closed_form import matrices, read_rows, validate  # noqa: E402
+from training.config import TrainConfig  # noqa: E402
+from prepared.reader import open_prepared  # noqa: E402
+
+DATASETS = {  # name -> (ETL --dataset, input path relative to --shared, or to the repo for data/)
+    "ml-100k": ("ml-100k", "shared:ml-100k/u.data"),
+    "ml-latest-small": ("ml-latest-small", "repo:data/ml-latest-small/ratings.csv"),
+    "citeulike-a": ("citeulike-a", "shared:citeulike-a/users.dat"),
+}
+GRIDS = {
+    # the AutoRec family at its training defaults (width 200, lr 3e-4, batch 128, joint mode,
+    # early stopping) over lambda: the shared default (30) collapses on sparse data
+    "autorec": {"lam": [0.3, 3.0, 30.0]},
+    "nce-autorec": {"lam": [0.3, 3.0, 30.0]},
+    "popularity": {},
+    "puresvd": {"rank": [5, 10, 20, 50, 100]},
+    "nce-plrec": {"rank": [20, 50, 100, 200], "lam": [100.0, 1000.0, 10000.0, 100000.0]},
+    "ease": {"lam": [10.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0]},
+    "wrmf": {"rank": [50, 100], "alpha": [5.0, 20.0], "lam": [0.01, 0.1]},
+}
+
+
+def points(grid: dict) -> list[dict]:
+    keys = sorted(grid)
+    return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def fit(prep, cfg: TrainConfig, rows, table=None, valid=None):
+    """(model, seconds, best epoch): a closed-form fit, or gradient training in this process
+    (benchmarks/tune_defaults.py's loop: the trainer's steps, early stopping on ``valid``)."""
+    if MODELS[cfg.model].kind == "gradient":
+        from benchmarks.tune_defaults import train_one
+
+        r = train_one(cfg, prep, table, valid)
+        return r["net"], r["seconds"], r["best_epoch"], r["best_ndcg"]
+    if MODELS[cfg.model].engine == "spark":  # training/train.py's own Spark path (local Spark)
+        from models.registry import build
+        from training.closed_form import fit_on_spark
+
+        summary, history, state, args = fit_on_spark(cfg, prep)
+        model = build(cfg.model, args)
+        model.load_state_dict(state)
+        return model.eval(), history[0]["train_seconds"], 1, summary["best_valid_ndcg"]
+    train, rstar = matrices(prep, cfg, rows)
+    torch.manual_seed(cfg.seed)
+    model = MODELS[cfg.model].from_config(prep.n_items, cfg.hyperparameters())
+    t0 = time.perf_counter()
+    model.fit(train, rstar, seed=cfg.seed)
+    return model.eval(), time.perf_counter() - t0, 1, None
+
+
+@torch.no_grad()
+def test_ndcg(model, rows) -> tuple[float, float, int]:
+    """(mean, 95% CI half-width, users) of test NDCG: input train+valid, those excluded, top 50."""
+    train, t_off = flat(rows.column(S.TRAIN_ITEMS))
+    valid, v_off = flat(rows.column(S.VALID_ITEMS))
+    test, x_off = flat(rows.column(S.TEST_ITEMS))
+    ends = lambda off, n: np.append(off[1:], n)
+    inputs, truth = [], []
+    for a, b, c, d, e, f in zip(t_off, ends(t_off, len(train)), v_off, ends(v_off, len(valid)),
+                                x_off, ends(x_off, len(test))):
+        if f > e:
+            inputs.append(np.concatenate([train[a:b], valid[c:d]]))
+            truth.append(test[e:f])
+    recs = []
+    for lo in range(0, len(inputs), 1024):
+        items, offsets = sparse_rows(inputs[lo:lo + 1024])
+        recs.append(model.recommend(items, offsets, 50)[1].numpy())
+    ndcg = per_user(hit_matrix(np.concatenate(recs), truth), np.array([len(t) for t in truth]))["NDCG"]
+    return float(ndcg.mean()), float(1.96 * ndcg.std() / np.sqrt(len(ndcg))), len(ndcg)
+
+
+def prepare(name: str, shared: Path, work: Path) -> Path:
+    dataset, source = DATASETS[name]
+    base, rel = source.split(":", 1)
+    raw = (shared if base == "shared" else ROOT) / rel
+    out = work / name
+    cmd, env = spark_submit("etl/prepare.py", "--dataset", dataset, "--input", str(raw),
+                            "--output", str(out), "--quiet", master="local[2]", driver_memory="3g")
+    subprocess.run(cmd, env=env, cwd=ROOT, check=True)
+    return out
+
+
+def run_dataset(name: str, prepared: Path) -> dict:
+    prep = open_prepared(str(prepared))
+    rows = read_rows(prep, [S.USER_INDEX, S.TRAIN_ITEMS, S.VALID_ITEMS, S.TEST_ITEMS])
+    from benchmarks.tune_defaults import load
+
+    _, table, valid = load(str(prepared))  # every column: what the gradient models' batches read
+    out = {"users": rows.num_rows, "items": prep.n_items, "models": {}}
+    for model, grid in GRIDS.items():
+        tried = []
+        for hp in points(grid):
+            cfg = TrainConfig(data=str(prepared), model=model, **hp)
+            net, seconds, epoch, ndcg = fit(prep, cfg, rows, table, valid)
+            if ndcg is None:
+                ndcg, _, _ = validate(net, rows)
+            tried.append({"hp": hp, "valid_ndcg": ndcg, "fit_seconds": seconds, "epochs": epoch})
+            print(f"{name} {model} {hp}: validation NDCG {ndcg:.4f} (epoch {epoch}, {seconds:.1f}s)",
+                  flush=True)
+        best = max(tried, key=lambda t: t["valid_ndcg"])
+        cfg = TrainConfig(data=str(prepared), model=model, train_splits="train,valid",
+                          epochs=best["epochs"], **best["hp"])
+        net, seconds, _, _ = fit(prep, cfg, rows, table, None)
+        ndcg, ci, users = test_ndcg(net, rows)
+        print(f"{name} {model} {best['hp']}: test NDCG {ndcg:.4f} ± {ci:.4f} ({users} users)",
+              flush=True)
+        out["models"][model] = {"best": best, "grid": tried, "test_ndcg": ndcg, "test_ci95": ci,
+                                "test_users": users, "refit_seconds": seconds}
+    return out
+
+
+def write(results: dict, args) -> None:
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = "python benchmarks/baselines.py " + " ".join(sys.argv[1:])
+    machine = f"{platform.node()}, {os.cpu_count()} cores"
+    out.with_suffix(".json").write_text(json.dumps(
+        {"command": command, "machine": machine, "date": time.strftime("%Y-%m-%d"),
+         "grids": GRIDS, "results": results}, indent=2))
+    lines = ["# Closed-form baselines: validation-chosen, refitted on train+valid, tested\n",
+             f"Command: `{command}`  ", f"Machine: {machine}; {time.strftime('%Y-%m-%d')}.  ",
+             "Protocol: the grid below on validation NDCG (model fitted on train), the best point "
+             "refitted from scratch on train+valid, test NDCG (top 50, train+valid excluded, "
+             "warm users with a test item) with its 95% CI. Fit time: the refit, one process "
+             "(the AutoRec family: the retraining for the chosen epoch count).\n"]
+    for name, r in results.items():
+        lines += [f"## {name} ({r['users']:,} warm users, {r['items']:,} items)\n",
+                  "| model | chosen | epochs | valid NDCG | test NDCG (95% CI) | fit s |",
+                  "|---|---|---|---|---|---|"]
+        ranked = sorted(r["models"].items(), key=lambda kv: -kv[1]["test_ndcg"])
+        for m, v in ranked:
+            hp = ", ".join(f"{k} {x:g}" for k, x in v["best"]["hp"].items()) or "-"
+            epochs = v["best"]["epochs"] if MODELS[m].kind == "gradient" else "-"
+            lines.append(f"| {m} | {hp} | {epochs} | {v['best']['valid_ndcg']:.4f} | {v['test_ndcg']:.4f} ± "
+                         f"{v['test_ci95']:.4f} | {v['refit_seconds']:.1f} |")
+        lines.append("")
+    lines.append("Grids: " + "; ".join(f"{m}: {g or 'none'}" for m, g in GRIDS.items()))
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shared", default=str(ROOT.parent / "shared" / "datasets"))
+    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "baselines"))
+    args = p.parse_args(argv)
+    torch.set_num_threads(os.cpu_count() or 1)
+    (ROOT / "var").mkdir(exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="baselines-", dir=ROOT / "var"))
+    results = {}
+    for name in args.datasets.split(","):
+        results[name] = run_dataset(name, prepare(name, Path(args.shared), work))
+    write(results, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

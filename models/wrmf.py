@@ -1,0 +1,92 @@
+"""WRMF: weighted matrix factorisation for implicit feedback (Hu, Koren, Volinsky, ICDM 2008),
+fitted by Spark MLlib's ALS (``implicitPrefs=True``), the distributed engine for this model.
+
+    minimise  sum_{u,i} c_ui (p_ui - x_u^T y_i)^2 + lambda (sum_u n_u |x_u|^2 + sum_i n_i |y_i|^2)
+    p_ui = 1 for a training positive, else 0;   c_ui = 1 + alpha * p_ui
+
+The n_u, n_i (positives per user, per item) are Spark's scaling of the regularisation ("ALS-WR",
+Zhou et al. 2008; MLlib scales regParam so since 1.1): ``--lam`` means what it means to Spark, not
+the unscaled lambda of the paper or of the ``implicit`` package. We keep the item factors Y only:
+a user, seen or not, is scored by the fold-in least-squares solve against Y, which is exactly
+ALS's own user step,
+
+    x_u = (Y^T Y + alpha Y_u^T Y_u + lambda n_u I)^-1 (1 + alpha) Y_u^T 1,   scores = Y x_u,
+
+(Y_u: the factors of u's input items), so training users get the factors one more ALS half-step
+would give them and cold-start users fold in the same way.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from models.closed_form import ClosedForm
+
+FOLD_IN_USERS = 256  # users solved at once: a (users x longest row x rank) gather stays small
+
+
+class WRMF(ClosedForm):
+    name = "wrmf"
+    engine = "spark"
+    hyperparameters = {"rank": 50, "lam": 0.01, "alpha": 10.0, "iterations": 15}
+
+    def __init__(self, n_items: int, rank: int, lam: float, alpha: float, iterations: int):
+        super().__init__()
+        if n_items < 1 or rank < 1 or lam < 0 or alpha < 0 or iterations < 1:
+            raise ValueError(f"need n_items, rank, iterations >= 1 and lam, alpha >= 0; got "
+                             f"{n_items}, {rank}, {iterations}, {lam}, {alpha}")
+        self.n_items, self.rank, self.lam = n_items, rank, float(lam)
+        self.alpha, self.iterations = float(alpha), iterations
+        self.register_buffer("item_factors", torch.zeros(n_items, rank))
+
+    def model_args(self) -> dict:
+        return {"n_items": self.n_items, "rank": self.rank, "lam": self.lam, "alpha": self.alpha,
+                "iterations": self.iterations}
+
+    def fit(self, train, rstar=None, seed: int = 0) -> dict:
+        """``train``: a Spark DataFrame of (user_index int, item_index int) training positives."""
+        from pyspark.ml.recommendation import ALS
+        from pyspark.sql import functions as F
+
+        t0 = time.perf_counter()
+        als = ALS(rank=self.rank, maxIter=self.iterations, regParam=self.lam, alpha=self.alpha,
+                  implicitPrefs=True, userCol="user_index", itemCol="item_index",
+                  ratingCol="rating", seed=seed, nonnegative=False, checkpointInterval=-1)
+        fitted = als.fit(train.withColumn("rating", F.lit(1.0).cast("float")))
+        factors = fitted.itemFactors.toPandas()  # n_items x rank: small enough for the driver
+        y = torch.zeros(self.n_items, self.rank)
+        if len(factors):
+            ids = torch.as_tensor(factors["id"].to_numpy(), dtype=torch.int64)
+            y[ids] = torch.tensor(factors["features"].tolist(), dtype=torch.float32)
+        self.item_factors.copy_(y)
+        return {"als_seconds": time.perf_counter() - t0}
+
+    def user_factors(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """(B, rank) fold-in solves (float64 for the k x k systems), ``FOLD_IN_USERS`` at a time."""
+        y = self.item_factors.double()
+        gram = y.T @ y
+        eye = torch.eye(self.rank, dtype=torch.float64)
+        lengths = torch.diff(offsets, append=torch.tensor([len(items)]))
+        out = []
+        for lo in range(0, len(offsets), FOLD_IN_USERS):
+            n = lengths[lo:lo + FOLD_IN_USERS]
+            start = int(offsets[lo]) if len(offsets) else 0
+            # each user's item factors, zero-padded to the longest row of the chunk
+            longest = int(n.max()) if len(n) else 0
+            pad = torch.zeros(len(n), max(longest, 1), self.rank, dtype=torch.float64)
+            rows = torch.repeat_interleave(torch.arange(len(n)), n)
+            cols = torch.arange(int(n.sum())) - torch.repeat_interleave(
+                torch.cumsum(n, 0) - n, n)
+            pad[rows, cols] = y[items[start:start + int(n.sum())]]
+            # lambda n_u I makes A positive definite for a user with items; a user without any
+            # has b = 0, and the identity added for them gives x = 0 whatever Y is
+            ridge = torch.where(n > 0, self.lam * n.double(), torch.ones(len(n), dtype=torch.float64))
+            a = gram + self.alpha * pad.transpose(1, 2) @ pad + ridge[:, None, None] * eye
+            b = (1.0 + self.alpha) * pad.sum(dim=1)
+            out.append(torch.linalg.solve(a, b))
+        return torch.cat(out).float() if out else torch.zeros(0, self.rank)
+
+    def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.user_factors(items, offsets) @ self.item_factors.T
