@@ -33,17 +33,6 @@ class Batch:
                         for f in fields(self)})
 
 
-def batch_of_rows(rows, rstar=None) -> Batch:
-    """A Batch of users' item lists (and, optionally, aligned R* lists); no negatives."""
-    items, offsets = sparse_rows(rows)
-    values = (torch.from_numpy(np.concatenate([np.asarray(r, np.float32) for r in rstar]))
-              if rstar is not None and len(rstar) else torch.zeros(0))
-    empty = torch.zeros(0, dtype=torch.int64)
-    return Batch(users=torch.arange(len(rows)), train_items=items, train_offsets=offsets,
-                 train_rstar=values, neg_items=empty, neg_counts=empty,
-                 neg_offsets=torch.zeros(len(rows), dtype=torch.int64))
-
-
 def flat(col) -> tuple[np.ndarray, np.ndarray]:
     """(values, offsets) of an Arrow list column (Array or ChunkedArray); flatten() honours
     slices (apache/arrow#37733)."""

@@ -81,3 +81,26 @@ def test_nce_plrec_needs_rstar():
     model = build("nce-plrec", {"n_items": 3, "rank": 1})
     with pytest.raises(ValueError, match="R\\*"):
         model.fit(sp.csr_matrix(np.eye(3, dtype=np.float32)), None)
+
+
+def test_the_final_retraining_fits_on_train_and_valid_with_their_rstar():
+    """training.closed_form.matrices: train+valid rows for the protocol's retraining, and R* from
+    the train+valid popularity (the reader's rule) on exactly those entries."""
+    import pyarrow as pa
+
+    from prepared.reader import Prepared
+    from training.closed_form import matrices
+    from training.config import TrainConfig
+
+    rows = pa.table({"train_items": pa.array([[0, 3], [1], []], pa.list_(pa.int32())),
+                     "valid_items": pa.array([[2], [], [3, 1]], pa.list_(pa.int32()))})
+    prep = Prepared(uri="x", manifest={"parameters": {"rstar_z": "users", "beta": 1.0},
+                                       "counts": {"warm_users": 3, "rstar_z": 3}},
+                    pop_train=np.array([1, 1, 0, 1]), pop_train_valid=np.array([1, 2, 1, 2]))
+    cfg = TrainConfig(data="x", model="nce-plrec", train_splits="train,valid")
+    r, rstar = matrices(prep, cfg, rows)
+    assert r.toarray().tolist() == [[1, 0, 1, 1], [0, 1, 0, 0], [0, 1, 0, 1]]
+    want = np.maximum(np.log(3) - np.log([1, 2, 1, 2]), 0)  # Z = 3 users, train+valid popularity
+    np.testing.assert_allclose(rstar.toarray(), r.toarray() * want, rtol=1e-6)
+    r_train, _ = matrices(prep, TrainConfig(data="x", model="nce-plrec"), rows)
+    assert r_train.toarray().tolist() == [[1, 0, 0, 1], [0, 1, 0, 0], [0, 0, 0, 0]]

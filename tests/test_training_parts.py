@@ -13,7 +13,7 @@ from prepared import schema as S
 from prepared.errors import UsageError
 from evaluation.metrics import hit_matrix, per_user
 from training.config import TrainConfig, check
-from training.feed import BatchMaker, FeedPlan, _union_sorted, epoch_seed, valid_batch
+from training.feed import BatchMaker, FeedPlan, union_sorted, epoch_seed, valid_batch
 from training.loop import new_progress, next_state
 from prepared.reader import Prepared, open_prepared
 from runtime.tracking import check_reachable, tracking_uri
@@ -39,7 +39,7 @@ def plan(**kw):
 
 def test_final_retraining_input_is_the_sorted_union_of_train_and_valid():
     train, valid = [[1, 5], [], [0, 9, 3]], [[2], [4, 7], []]
-    vals, off = _union_sorted(np.array([1, 5, 0, 9, 3]), np.array([0, 2, 2]),
+    vals, off = union_sorted(np.array([1, 5, 0, 9, 3]), np.array([0, 2, 2]),
                               np.array([2, 4, 7]), np.array([0, 1, 3]), 3)
     got = [vals[off[i]:(off[i + 1] if i < 2 else len(vals))].tolist() for i in range(3)]
     assert got == [sorted(t + v) for t, v in zip(train, valid)]

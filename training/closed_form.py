@@ -18,9 +18,10 @@ import pyarrow.dataset as pds
 import torch
 
 from prepared import schema as S
-from models.batch import flat, sparse_rows, to_csr
+from models.batch import flat, to_csr
 from models.registry import MODELS
 from training.config import TrainConfig
+from training.feed import union_sorted
 from training.feed import valid_batch
 from prepared.reader import filesystem
 from training.validate import batch_metrics
@@ -39,11 +40,10 @@ def matrices(prep, cfg: TrainConfig, rows):
     """(R, R* or None): users x items CSR float32 of the training splits (train, or train+valid
     for the final retraining); R* holds the run's R* values on R's entries."""
     items, off = flat(rows.column(S.TRAIN_ITEMS))
-    if cfg.final_retraining:
+    if cfg.final_retraining:  # each user's train and valid items, vectorised (millions of users)
         v_items, v_off = flat(rows.column(S.VALID_ITEMS))
-        lists = [np.concatenate([items[a:b], v_items[c:d]]) for a, b, c, d in zip(
-            off, np.append(off[1:], len(items)), v_off, np.append(v_off[1:], len(v_items)))]
-        t_items, t_off = sparse_rows(lists)
+        merged, m_off = union_sorted(items, off, v_items, v_off, rows.num_rows)
+        t_items, t_off = torch.from_numpy(merged), torch.from_numpy(m_off)
     else:
         t_items, t_off = torch.from_numpy(items.astype(np.int64)), torch.from_numpy(off)
     train = to_csr(t_items, t_off, prep.n_items)

@@ -114,7 +114,7 @@ def batch_from_arrow(rows: pa.Table | pa.RecordBatch) -> Batch:
                  neg_counts=t(counts, np.int64), neg_offsets=t(neg_off, np.int64))
 
 
-def _union_sorted(a_vals, a_off, b_vals, b_off, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+def union_sorted(a_vals, a_off, b_vals, b_off, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the sorted concatenation of two disjoint sparse rows (train and valid items)."""
     rows = np.concatenate([_rows(a_off, len(a_vals)), _rows(b_off, len(b_vals))])
     vals = np.concatenate([a_vals, b_vals]).astype(np.int64)
@@ -150,7 +150,7 @@ class BatchMaker:
         items, off = flat(rows.column(S.TRAIN_ITEMS))
         if f.merge_valid:
             v_items, v_off = flat(rows.column(S.VALID_ITEMS))
-            items, off = _union_sorted(items, off, v_items, v_off, len(users))
+            items, off = union_sorted(items, off, v_items, v_off, len(users))
         if not f.needs_rstar:
             rstar = np.zeros(0, np.float32)
         elif f.rstar_item is not None:
