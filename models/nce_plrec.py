@@ -25,7 +25,7 @@ from models.closed_form import ClosedForm, randomized_svd, row_sums
 
 class NCEPLRec(ClosedForm):
     name = "nce-plrec"
-    hyperparameters = {"rank": 50, "lam": 1.0}
+    hyperparameters = {"rank": 200, "lam": 10000.0}  # benchmarks/results/baselines.md
     needs = frozenset({RSTAR})
 
     def __init__(self, n_items: int, rank: int, lam: float):

@@ -17,7 +17,7 @@ from models.closed_form import ClosedForm, randomized_svd, row_sums
 
 class PureSVD(ClosedForm):
     name = "puresvd"
-    hyperparameters = {"rank": 20}
+    hyperparameters = {"rank": 20}  # benchmarks/results/baselines.md
 
     def __init__(self, n_items: int, rank: int):
         super().__init__()
