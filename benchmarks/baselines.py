@@ -178,7 +178,8 @@ def write(results: dict, args) -> None:
     out.with_suffix(".json").write_text(json.dumps(
         {"command": command, "machine": machine, "date": time.strftime("%Y-%m-%d"),
          "grids": GRIDS, "results": results}, indent=2))
-    lines = ["# Closed-form baselines: validation-chosen, refitted on train+valid, tested\n",
+    lines = ["# Baselines and the AutoRec family by the protocol: validation-chosen, retrained on "
+             "train+valid, tested\n",
              f"Command: `{command}`  ", f"Machine: {machine}; {time.strftime('%Y-%m-%d')}.  ",
              "Protocol: the grid below on validation NDCG (model fitted on train), the best point "
              "refitted from scratch on train+valid, test NDCG (top 50, train+valid excluded, "
