@@ -48,7 +48,7 @@ def build(weights: bytes, name: str, model_args: dict) -> Recommender:
     """The model in eval mode from ``torch.save``d weights, its name and arguments (weights only:
     no code is unpickled)."""
     model = build_model(name, model_args)
-    model.load_state_dict(torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True))
+    model.load_state_dict(load_weights_only(io.BytesIO(weights), "the model's weights"))
     return model.eval()
 
 

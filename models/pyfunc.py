@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import mlflow.pyfunc
 import pandas as pd
-import torch
 
 from models.batch import sparse_rows
-from models.registry import build
+from models.registry import build, load_weights_only
 from prepared.protocol import TOP_K
 
 CHUNK = 1024  # users scored at once: bounded memory, CHUNK x n_items scores
@@ -26,7 +25,7 @@ class Recommender(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         cfg = context.model_config
         self.model = build(cfg["model"], cfg["model_args"])
-        state = torch.load(context.artifacts["weights"], map_location="cpu", weights_only=True)
+        state = load_weights_only(context.artifacts["weights"], "the model's weights")
         self.model.load_state_dict(state)
         self.model.eval()
 
