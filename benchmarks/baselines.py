@@ -2,6 +2,11 @@
 the chosen configuration refitted from scratch on train+valid, NDCG on test with its 95% CI.
 
     .venv/bin/python benchmarks/baselines.py [--shared ../shared/datasets] [--datasets ml-100k,...]
+                                             [--models bpr,cml,...]
+
+A run updates the committed results in place: the rows it measures replace theirs (each row keeps
+the command and date that produced it), every other row stays, so a new model joins the table
+without rerunning the others.
 
 Each dataset is prepared by the real ETL under ``spark-submit etl/prepare.py`` (ml-100k and
 citeulike-a from ../shared, never copied here; ml-latest-small from data/). WRMF fits on a local
@@ -136,15 +141,15 @@ def prepare(name: str, shared: Path, work: Path) -> Path:
     return out
 
 
-def run_dataset(name: str, prepared: Path) -> dict:
+def run_dataset(name: str, prepared: Path, models: list[str], stamp: dict) -> dict:
     prep = open_prepared(str(prepared))
     rows = read_rows(prep, [S.USER_INDEX, S.TRAIN_ITEMS, S.VALID_ITEMS, S.TEST_ITEMS])
     from benchmarks.tune_defaults import load
 
     _, table, valid = load(str(prepared))  # every column: what the gradient models' batches read
     out = {"users": rows.num_rows, "items": prep.n_items, "models": {}}
-    for model, grid in GRIDS.items():
-        grid = OVERRIDES.get(name, {}).get(model, grid)
+    for model in models:
+        grid = OVERRIDES.get(name, {}).get(model, GRIDS[model])
         if grid is None:
             print(f"{name} {model}: skipped (see OVERRIDES)", flush=True)
             continue
@@ -166,21 +171,43 @@ def run_dataset(name: str, prepared: Path) -> dict:
         print(f"{name} {model} {best['hp']}: test NDCG {ndcg:.4f} ± {ci:.4f} ({users} users)",
               flush=True)
         out["models"][model] = {"best": best, "grid": tried, "test_ndcg": ndcg, "test_ci95": ci,
-                                "test_users": users, "refit_seconds": seconds}
+                                "test_users": users, "refit_seconds": seconds, **stamp}
     return out
+
+
+def previous(out: Path) -> dict:
+    """The committed results, each row stamped with the command and date that produced it."""
+    path = out.with_suffix(".json")
+    if not path.exists():
+        return {}
+    old = json.loads(path.read_text())
+    for r in old["results"].values():
+        for v in r["models"].values():
+            v.setdefault("command", old.get("command", "?"))
+            v.setdefault("date", old.get("date", "?"))
+            v.setdefault("machine", old.get("machine", "?"))
+    return old["results"]
+
+
+def merge(results: dict, name: str, new: dict) -> None:
+    into = results.setdefault(name, {"models": {}, "grids": {}})
+    into.update(users=new["users"], items=new["items"])
+    into["models"].update(new["models"])
+    into.setdefault("grids", {}).update(new.get("grids", {}))
 
 
 def write(results: dict, args) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/baselines.py " + " ".join(sys.argv[1:])
-    machine = f"{platform.node()}, {os.cpu_count()} cores"
-    out.with_suffix(".json").write_text(json.dumps(
-        {"command": command, "machine": machine, "date": time.strftime("%Y-%m-%d"),
-         "grids": GRIDS, "results": results}, indent=2))
+    (out.parent / (out.name + ".json.tmp")).write_text(json.dumps(
+        {"grids": GRIDS, "results": results}, indent=2))
+    os.replace(out.parent / (out.name + ".json.tmp"), out.with_suffix(".json"))
+    rows = [v for r in results.values() for v in r["models"].values()]
+    commands = sorted({(v["command"], v["machine"], v["date"]) for v in rows})
     lines = ["# Baselines and the AutoRec family by the protocol: validation-chosen, retrained on "
              "train+valid, tested\n",
-             f"Command: `{command}`  ", f"Machine: {machine}; {time.strftime('%Y-%m-%d')}.  ",
+             "Produced by (each row by one of these; the JSON names which):\n",
+             *[f"- `{c}` on {m}, {d}" for c, m, d in commands], "",
              "Protocol: the grid below on validation NDCG (model fitted on train), the best point "
              "refitted from scratch on train+valid, test NDCG (top 50, train+valid excluded, "
              "warm users with a test item) with its 95% CI. Fit time: the refit, one process "
@@ -199,7 +226,8 @@ def write(results: dict, args) -> None:
     lines.append("Grids: " + "; ".join(f"{m}: {g or 'none'}" for m, g in GRIDS.items()))
     lines.append("\nOn citeulike-a: " + "; ".join(f"{m}: {g if g is not None else 'not run'}"
                                                  for m, g in OVERRIDES["citeulike-a"].items()))
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    (out.parent / (out.name + ".md.tmp")).write_text("\n".join(lines) + "\n")
+    os.replace(out.parent / (out.name + ".md.tmp"), out.with_suffix(".md"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shared", default=str(ROOT.parent / "shared" / "datasets"))
     p.add_argument("--datasets", default=",".join(DATASETS))
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "baselines"))
+    p.add_argument("--models", default=",".join(GRIDS),
+                   help="the models to measure; the other rows of the committed table stay")
     p.add_argument("--with-autorec-on-citeulike", action="store_true",
                    help="also train AutoRec and NCE-AutoRec on citeulike-a (about 25 more minutes "
                         "on 2 cores)")
@@ -214,11 +244,19 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(os.cpu_count() or 1)
     (ROOT / "var").mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="baselines-", dir=ROOT / "var"))
-    results = {}
+    models = args.models.split(",")
+    unknown = sorted(set(models) - set(GRIDS))
+    if unknown:
+        p.error(f"--models: no grid for {', '.join(unknown)}; known: {', '.join(GRIDS)}")
+    stamp = {"command": "python benchmarks/baselines.py " + " ".join(sys.argv[1:] if argv is None
+                                                                       else argv),
+             "machine": f"{platform.node()}, {os.cpu_count()} cores",
+             "date": time.strftime("%Y-%m-%d")}
+    results = previous(Path(args.out))
     if args.with_autorec_on_citeulike:
         OVERRIDES["citeulike-a"].update({m: {"lam": [0.3, 3.0]} for m in ("autorec", "nce-autorec")})
     for name in args.datasets.split(","):
-        results[name] = run_dataset(name, prepare(name, Path(args.shared), work))
+        merge(results, name, run_dataset(name, prepare(name, Path(args.shared), work), models, stamp))
         write(results, args)  # after each dataset: a long run that stops keeps what it measured
     return 0
 
