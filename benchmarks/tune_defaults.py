@@ -53,9 +53,9 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
     model as it is at the end (``valid`` None: the final retraining, for ``cfg.epochs``)."""
     torch.manual_seed(cfg.seed)
     make = F.BatchMaker(F.plan(MODELS[cfg.model], prep, cfg))
-    model = MODELS[cfg.model].from_config(prep.n_items, cfg.hyperparameters())
+    model = MODELS[cfg.model].from_config(prep.n_items, cfg.hyperparameters(), prep.n_users)
     all_phases = model.phases()
-    opts = make_optimizers(model, all_phases[0], cfg.lr)
+    opts = make_optimizers(model, all_phases[0], cfg.learning_rate)
     p = new_progress()
     rng = np.random.default_rng(cfg.seed)
     t0 = time.perf_counter()
@@ -78,7 +78,7 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
                  if phase < len(all_phases) - 1 else None)
         _, switched = next_state(p, cfg, len(all_phases), embed, ndcg)
         if switched:
-            opts = make_optimizers(model, all_phases[p["phase"]], cfg.lr)
+            opts = make_optimizers(model, all_phases[p["phase"]], cfg.learning_rate)
     return {"best_ndcg": p["best_ndcg"], "best_epoch": p["best_epoch"], "epochs": p["epoch"],
             "seconds": time.perf_counter() - t0, "net": model.eval()}
 

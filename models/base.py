@@ -43,14 +43,30 @@ class Recommender(nn.Module):
     hyperparameters: ClassVar[dict[str, Any]] = {}
     #: parts of the prepared rows the batches must carry besides the input items (RSTAR, NEGATIVES)
     needs: ClassVar[frozenset[str]] = frozenset()
+    #: whether it has parameters per training user (indexed by ``Batch.users``; its constructor
+    #: then takes ``n_users``). Scoring never uses them: such a model folds every user in from
+    #: the input row (models/peruser.py), so ``score`` stays a function of the row.
+    per_user: ClassVar[bool] = False
+    #: Adam's learning rate when ``--lr`` is not given (gradient models)
+    learning_rate: ClassVar[float] = 3e-4
+    #: loss terms that regularise rather than fit (they may rise while the model learns, e.g. an
+    #: annealed KL weight): logged like any term, left out of "the fit improves" checks
+    regularisers: ClassVar[frozenset[str]] = frozenset({"l2"})
 
     n_items: int
 
     @classmethod
-    def from_config(cls, n_items: int, hp: dict[str, Any]) -> Recommender:
-        """A new model for ``n_items`` items from hyperparameters (missing ones take defaults;
-        the constructor has none of its own, so ``hyperparameters`` is the only copy)."""
-        return cls(n_items=n_items, **{k: hp.get(k, v) for k, v in cls.hyperparameters.items()})
+    def from_config(cls, n_items: int, hp: dict[str, Any], n_users: int | None = None
+                    ) -> Recommender:
+        """A new model for ``n_items`` items (and ``n_users`` user indices, for a ``per_user``
+        model) from hyperparameters (missing ones take defaults; the constructor has none of its
+        own, so ``hyperparameters`` is the only copy)."""
+        args = {k: hp.get(k, v) for k, v in cls.hyperparameters.items()}
+        if cls.per_user:
+            if not n_users:
+                raise ValueError(f"{cls.name} has a vector per user: pass n_users")
+            args["n_users"] = n_users
+        return cls(n_items=n_items, **args)
 
     def model_args(self) -> dict[str, Any]:
         """The constructor's keyword arguments, JSON-able: ``type(self)(**model_args())`` rebuilds

@@ -16,16 +16,21 @@ import torch
 from prepared.errors import UsageError
 from models.autorec import AutoRec, NCEAutoRec, NSAutoRec, OHNSAutoRec
 from models.base import Recommender
+from models.bpr import BPR
+from models.cdae import CDAE
+from models.cml import CML
 from models.ease import EASE
 from models.nce_plrec import NCEPLRec
 from models.popularity import Popularity
 from models.puresvd import PureSVD
+from models.vae import VAECF
 from models.wrmf import WRMF
 
 MODELS: dict[str, type[Recommender]] = {c.name: c for c in (
     AutoRec, OHNSAutoRec, NSAutoRec, NCEAutoRec,   # the paper's family (models/autorec.py)
     PureSVD, NCEPLRec, EASE,                       # closed-form baselines
     WRMF,                                          # closed-form steps on Spark (ALS)
+    BPR, CML, CDAE, VAECF,                         # gradient-trained baselines
     Popularity,                                    # the floor
 )}
 

@@ -34,6 +34,11 @@ class Prepared:
         return len(self.pop_train)
 
     @property
+    def n_users(self) -> int:
+        """User indices are 0..n_users-1, cold users included (schema.py)."""
+        return int(self.manifest["counts"]["users"])
+
+    @property
     def dataset(self) -> str:
         return self.manifest["dataset"]
 

@@ -23,7 +23,8 @@ PLACEMENTS = ("PACK", "SPREAD")
 
 # the model's hyperparameters: None = the model's own default (``hyperparameters`` of its class
 # in models/, the one place a model's default lives); a model refuses one it does not take
-MODEL_FIELDS = ("width", "lam", "mode", "rank", "alpha", "iterations")
+MODEL_FIELDS = ("width", "lam", "mode", "rank", "alpha", "iterations", "hidden", "dropout",
+                "kl_cap", "anneal_steps", "margin", "neg_ratio", "cov_weight")
 
 DATA, HYPER, TRAINING, CLUSTER = ("data and model", "model hyperparameters (a model refuses one it "
                                   "does not take; defaults are the model's own)",
@@ -32,14 +33,17 @@ DATA, HYPER, TRAINING, CLUSTER = ("data and model", "model hyperparameters (a mo
 
 
 def model_defaults(field: str) -> str:
-    """The models' defaults of one hyperparameter, for --help ("the AutoRec family 200, ...")."""
+    """The models' defaults of one hyperparameter, for --help ("the AutoRec family 200, ...");
+    ``learning_rate``: the gradient models' class attribute."""
     from models.autorec import AutoRec
 
     by_value: dict = {}
     for name, cls in MODELS.items():
-        if cls.hyperparameters.get(field) is not None:
+        value = (cls.learning_rate if field == "learning_rate" and cls.kind == "gradient"
+                 else cls.hyperparameters.get(field))
+        if value is not None:
             who = "the AutoRec family" if issubclass(cls, AutoRec) else name
-            names = by_value.setdefault(cls.hyperparameters[field], [])
+            names = by_value.setdefault(value, [])
             if who not in names:
                 names.append(who)
     return ", ".join(f"{'/'.join(names)} {value:g}" if isinstance(value, float) else
@@ -64,16 +68,36 @@ class TrainConfig:
     mode: str | None = option(None, group=HYPER, choices=MODES,
                               help="how the two heads train (ns-autorec, nce-autorec; default joint)")
     width: int | None = option(None, group=HYPER,
-                               help=f"latent width d ({model_defaults('width')})")
+                               help="latent width d: the code, or the factors of bpr and cml "
+                                    f"({model_defaults('width')})")
     lam: float | None = option(None, group=HYPER,
-                               help="regularisation lambda: the AutoRec family on mean(W^2) per "
-                                    "matrix, nce-plrec the ridge, ease the diagonal, wrmf Spark's "
-                                    f"regParam ({model_defaults('lam')})")
+                               help="regularisation lambda: the AutoRec family and cdae on "
+                                    "mean(W^2) per matrix, bpr on each triple's squared norms, "
+                                    "vae-cf on squared weights, nce-plrec the ridge, ease the "
+                                    f"diagonal, wrmf Spark's regParam ({model_defaults('lam')})")
     rank: int | None = option(None, group=HYPER, help=f"factors kept ({model_defaults('rank')})")
     alpha: float | None = option(None, group=HYPER,
                                  help=f"confidence 1 + alpha of a positive ({model_defaults('alpha')})")
     iterations: int | None = option(None, group=HYPER,
                                     help=f"ALS sweeps ({model_defaults('iterations')})")
+    hidden: int | None = option(None, group=HYPER,
+                                help=f"hidden layer width ({model_defaults('hidden')})")
+    dropout: float | None = option(None, group=HYPER,
+                                   help="input dropout probability, the corruption of a denoising "
+                                        f"model ({model_defaults('dropout')})")
+    kl_cap: float | None = option(None, group=HYPER,
+                                  help=f"the KL weight's cap ({model_defaults('kl_cap')})")
+    anneal_steps: int | None = option(None, group=HYPER,
+                                      help="updates over which the KL weight rises from 0 to its "
+                                           f"cap ({model_defaults('anneal_steps')})")
+    margin: float | None = option(None, group=HYPER,
+                                  help=f"hinge margin ({model_defaults('margin')})")
+    neg_ratio: int | None = option(None, group=HYPER,
+                                   help="uniform negatives drawn per training positive; cdae: 0 = "
+                                        f"the whole row ({model_defaults('neg_ratio')})")
+    cov_weight: float | None = option(None, group=HYPER,
+                                      help="weight of the covariance regulariser, 0 = off "
+                                           f"({model_defaults('cov_weight')})")
     beta: float | None = option(None, group=TRAINING,
                                 help="NCE popularity exponent; R* is recomputed from the stored "
                                      "popularity when it differs from the ETL's (default: the ETL's)")
@@ -82,7 +106,9 @@ class TrainConfig:
                                  "draws every epoch")
     num_negatives: int | None = option(None, group=TRAINING,
                                        help="draws per user when resampling (default: the ETL's N)")
-    lr: float = option(3e-4, group=TRAINING, help="Adam learning rate")
+    lr: float | None = option(None, group=TRAINING,
+                              help="Adam learning rate (default: the model's own, "
+                                   f"{model_defaults('learning_rate')})")
     batch_size: int = option(128, group=TRAINING, help="users per step over all workers")
     epochs: int = option(200, group=TRAINING,
                          help="most epochs (of phase 2 for the fine-tune modes); early stopping "
@@ -134,13 +160,19 @@ class TrainConfig:
     def final_retraining(self) -> bool:
         return self.train_splits == "train,valid"
 
+    @property
+    def learning_rate(self) -> float:
+        """--lr, or the model's own default."""
+        return self.lr if self.lr is not None else MODELS[self.model].learning_rate
+
     def hyperparameters(self) -> dict:
         """The model's hyperparameters as given (None = its default: not in the dict)."""
         return {k: getattr(self, k) for k in MODEL_FIELDS if getattr(self, k) is not None}
 
     def resolved(self) -> dict:
         """Every hyperparameter of the model, defaults filled in (what the run logs)."""
-        return {**MODELS[self.model].hyperparameters, **self.hyperparameters()}
+        return {**MODELS[self.model].hyperparameters, **self.hyperparameters(),
+                **({"lr": self.learning_rate} if MODELS[self.model].kind == "gradient" else {})}
 
 
 def check(cfg: TrainConfig) -> None:
@@ -170,13 +202,31 @@ def check(cfg: TrainConfig) -> None:
         bad("iterations", cfg.iterations, "must be in 1..10000")
     if cfg.lam is not None and not 0 <= cfg.lam < 1e6:
         bad("lam", cfg.lam, "lambda must be >= 0 and < 10^6")
+    if cfg.hidden is not None and not 1 <= cfg.hidden <= 100_000:
+        bad("hidden", cfg.hidden, "the hidden width must be in 1..100000 (the paper: 600)")
+    if cfg.dropout is not None and not 0 <= cfg.dropout < 1:
+        bad("dropout", cfg.dropout, "a probability in [0, 1)")
+    if cfg.kl_cap is not None and not 0 <= cfg.kl_cap <= 10:
+        bad("kl-cap", cfg.kl_cap, "must be in 0..10 (the paper: 0.2; 1 is the full ELBO)")
+    if cfg.anneal_steps is not None and cfg.anneal_steps < 1:
+        bad("anneal-steps", cfg.anneal_steps, "must be >= 1")
+    if cfg.margin is not None and not 0 < cfg.margin <= 4:
+        bad("margin", cfg.margin, "must be in (0, 4]: squared distances in the unit ball are at "
+            "most 4")
+    if cfg.neg_ratio is not None and not 0 <= cfg.neg_ratio <= 10_000:
+        bad("neg-ratio", cfg.neg_ratio, "must be in 0..10000")
+    if cfg.neg_ratio == 0 and cfg.model != "cdae":
+        bad("neg-ratio", 0, f"{cfg.model} needs at least one negative per positive (0, the "
+            "whole row, is cdae's)")
+    if cfg.cov_weight is not None and not 0 <= cfg.cov_weight < 1e6:
+        bad("cov-weight", cfg.cov_weight, "must be >= 0 and < 10^6")
     if cfg.beta is not None and not 0 <= cfg.beta <= 10:
         bad("beta", cfg.beta, "beta must be in 0..10 (the paper: 0.7..1.3)")
     if cfg.negatives not in NEGATIVES:
         bad("negatives", cfg.negatives, "choose etl or resample")
     if cfg.num_negatives is not None and not 0 < cfg.num_negatives <= 10_000_000:
         bad("num-negatives", cfg.num_negatives, "draws per user must be in 1..10^7")
-    if not 0 < cfg.lr <= 1:
+    if cfg.lr is not None and not 0 < cfg.lr <= 1:
         bad("lr", cfg.lr, "the learning rate must be in (0, 1]")
     if not 1 <= cfg.batch_size <= 1_000_000:
         bad("batch-size", cfg.batch_size, "must be in 1..10^6")

@@ -112,7 +112,7 @@ def train_loop(config: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = MODELS[cfg.model].from_config(n_items, cfg.hyperparameters())
+    model = MODELS[cfg.model].from_config(n_items, cfg.hyperparameters(), config.get("n_users"))
     all_phases = model.phases()
     progress, best_state, opt_states = new_progress(), None, None
     checkpoint = ray.train.get_checkpoint()
@@ -137,7 +137,7 @@ def train_loop(config: dict) -> None:
         logger = EpochLogger(**config["mlflow"])
 
     def optimizers_for(phase: int, states=None):
-        opts = make_optimizers(net, all_phases[phase], cfg.lr)
+        opts = make_optimizers(net, all_phases[phase], cfg.learning_rate)
         for opt, st in zip(opts, states or []):
             opt.load_state_dict(st)
         return opts

@@ -183,6 +183,7 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"cfg": cfg.to_dict(), "feed": plan, "n_items": prep.n_items,
+                           "n_users": prep.n_users,
                            "threads": max(1, int(cpw)), "mlflow": mlflow_cfg,
                            "fault_marker": run_dir + "/fault-injected.txt"},
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
@@ -318,7 +319,7 @@ def train_run(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, ray_addre
         tracking.mark_failed(uri, run_id)
         raise TrainingError(
             f"the training loss became NaN or infinite in epoch {progress['diverged']}: lower "
-            f"--lr (now {cfg.lr:g}) or raise --lam (now {cfg.resolved().get('lam')}); the "
+            f"--lr (now {cfg.learning_rate:g}) or raise --lam (now {cfg.resolved().get('lam')}); the "
             f"checkpoints up to "
             f"epoch {progress['diverged'] - 1} are in {join(cfg.output, cfg.run_name)}")
     valid_hist = [r for r in history if "valid_ndcg" in r]
