@@ -42,7 +42,7 @@ class CML(Recommender):
     name = "cml"
     per_user = True
     hyperparameters = {"width": 64, "margin": 0.5, "neg_ratio": 10, "cov_weight": 0.0}
-    learning_rate = 1e-2  # probed on ml-100k validation (README, "Models")
+    learning_rate = 3e-3  # probed on ml-100k validation (README, "Models")
     regularisers = frozenset({"cov"})
 
     def __init__(self, n_items: int, n_users: int, width: int, margin: float, neg_ratio: int,

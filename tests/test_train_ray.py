@@ -203,7 +203,7 @@ def test_a_failed_run_resumes_when_rerun_with_its_name(ml100k_prepared, ray_head
         run(replace(cfg, width=32), mlflow_server.url)
 
 
-BASELINES = {"bpr": {"lr": 1e-2}, "cml": {"lr": 1e-2}, "cdae": {"lr": 3e-3},
+BASELINES = {"bpr": {"lr": 1e-2}, "cml": {"lr": 3e-3}, "cdae": {"lr": 3e-3},
              "vae-cf": {"lr": 1e-3}}
 
 
