@@ -66,6 +66,12 @@ GRIDS = {
     "nce-plrec": {"rank": [20, 50, 100, 200], "lam": [100.0, 1000.0, 10000.0, 100000.0]},
     "ease": {"lam": [10.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0]},
     "wrmf": {"rank": [50, 100], "alpha": [5.0, 20.0], "lam": [0.01, 0.1]},
+    # the gradient baselines at their defaults (each model's own lr, early stopping) over the
+    # setting each is most sensitive to
+    "vae-cf": {"kl_cap": [0.0, 0.2, 1.0]},
+    "cdae": {"lam": [1e-3, 1e-2, 1e-1]},
+    "bpr": {"width": [64, 128], "lam": [1e-5, 1e-4, 1e-3]},
+    "cml": {"margin": [0.5, 1.0], "cov_weight": [0.0, 1.0]},
 }
 
 # citeulike-a's 17k items make every EASE fit (a 17k x 17k inverse) and every AutoRec epoch costly on
