@@ -40,7 +40,7 @@ from training.loop import new_progress, next_state  # noqa: E402
 from models.registry import MODELS  # noqa: E402
 from prepared.reader import open_prepared  # noqa: E402
 from training.step import make_optimizers, train_batch  # noqa: E402
-from training.validate import batch_metrics  # noqa: E402
+from training.closed_form import validate  # noqa: E402
 
 # lambda multiplies mean(W^2) (protocol.md), so useful values are large: 1e-4..1 changed nothing
 # in a first pass on ml-100k (NDCG 0.239 +- 0.001), 10..100 did
@@ -70,10 +70,8 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
                 sums[h] = sums.get(h, 0.0) + float(v) * len(batch)
         ndcg = None
         if valid is not None and phase == len(all_phases) - 1:
-            model.eval()
-            with torch.no_grad():
-                scores = model.score(valid.train_items, valid.train_offsets)
-                ndcg = float(batch_metrics(scores, valid)[0].mean())
+            model.eval()  # in chunks of users: a fold-in over every user at once would not fit
+            ndcg = validate(model, rows)[0]
         embed = (model.monitor(phase, {h: v / rows.num_rows for h, v in sums.items()})
                  if phase < len(all_phases) - 1 else None)
         _, switched = next_state(p, cfg, len(all_phases), embed, ndcg)

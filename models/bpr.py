@@ -24,7 +24,7 @@ from torch import nn
 
 from models.base import Recommender
 from models.batch import Batch, row_ids
-from models.peruser import (fold_in, hashed_negatives, is_positive, pair_scores,
+from models.peruser import (FOLD_STEPS, fold_in, hashed_negatives, is_positive, pair_scores,
                             uniform_negatives)
 
 
@@ -63,7 +63,8 @@ class BPR(Recommender):
         return {"bpr": (pair_losses(x_ui, x_uj) * keep).sum() / pairs,
                 "l2": self.lam * (norms * keep).sum() / pairs}
 
-    def fold_in(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    def fold_in(self, items: torch.Tensor, offsets: torch.Tensor,
+                steps: int = FOLD_STEPS) -> torch.Tensor:
         """(B, width) user vectors fitted to their rows, items frozen (models/peruser.py): the
         mean BPR loss over the row's triples + lam |u|^2, the training objective restricted to u."""
         neg = hashed_negatives(items, offsets, max(self.neg_ratio, 4), self.n_items)
@@ -77,7 +78,12 @@ class BPR(Recommender):
             return (torch.zeros(b, device=u.device).index_add_(0, rows, per) / n
                     + self.lam * u.pow(2).sum(1))
 
-        return fold_in(loss, b, self.width, items.device)
+        return fold_in(loss, b, self.width, items.device, steps)
+
+    def score_trained(self, users: torch.Tensor) -> torch.Tensor:
+        """Scores of training users from their trained vectors (benchmarks/fold_in.py compares
+        these with fold-in; no stage uses them)."""
+        return self.users(users) @ self.items.weight.T
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         return self.fold_in(items, offsets) @ self.items.weight.T

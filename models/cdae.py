@@ -32,7 +32,7 @@ from torch import nn
 from models.base import Recommender
 from models.batch import Batch, row_ids
 from models.losses import densify, l2_penalty
-from models.peruser import (fold_in, hashed_negatives, is_positive, pair_scores,
+from models.peruser import (FOLD_STEPS, fold_in, hashed_negatives, is_positive, pair_scores,
                             uniform_negatives)
 
 
@@ -93,7 +93,8 @@ class CDAE(Recommender):
         return {"log_loss": total.sum() / count.sum().clamp(min=1),
                 "l2": l2_penalty([self.encoder.weight, self.decoder.weight, node], self.lam)}
 
-    def fold_in(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    def fold_in(self, items: torch.Tensor, offsets: torch.Tensor,
+                steps: int = FOLD_STEPS) -> torch.Tensor:
         """(B, width) user nodes fitted to the users' uncorrupted rows (the mean log loss over
         the covered entries + lam * mean(V_u^2)), every other parameter frozen."""
         b = len(offsets)
@@ -113,7 +114,13 @@ class CDAE(Recommender):
                 total, count = whole_row_loss(z, items, offsets, w, bias)
             return total / count.clamp(min=1) + self.lam * node.pow(2).mean(1)
 
-        return fold_in(loss, b, self.width, items.device)
+        return fold_in(loss, b, self.width, items.device, steps)
+
+    def score_trained(self, users: torch.Tensor, items: torch.Tensor, offsets: torch.Tensor
+                      ) -> torch.Tensor:
+        """Scores of training users with their trained input nodes (benchmarks/fold_in.py
+        compares these with fold-in; no stage uses them)."""
+        return self.decoder(self.hidden(items, offsets, self.users(users), corrupt=False))
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         node = self.fold_in(items, offsets)

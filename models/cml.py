@@ -29,7 +29,7 @@ from torch import nn
 
 from models.base import Recommender
 from models.batch import Batch, row_ids
-from models.peruser import (fold_in, hashed_negatives, is_positive, pair_scores,
+from models.peruser import (FOLD_STEPS, fold_in, hashed_negatives, is_positive, pair_scores,
                             uniform_negatives)
 
 
@@ -77,7 +77,8 @@ class CML(Recommender):
             terms["cov"] = self.cov_weight * covariance_penalty(touched)
         return terms
 
-    def fold_in(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    def fold_in(self, items: torch.Tensor, offsets: torch.Tensor,
+                steps: int = FOLD_STEPS) -> torch.Tensor:
         """(B, width) clipped user points fitted to their rows (the mean weighted hinge over the
         row's positives), items frozen and gathered once."""
         neg = hashed_negatives(items, offsets, self.neg_ratio, self.n_items)
@@ -93,7 +94,13 @@ class CML(Recommender):
                                  self.n_items)
             return torch.zeros(b, device=u.device).index_add_(0, rows, per) / counts
 
-        return clip(fold_in(loss, b, self.width, items.device))
+        return clip(fold_in(loss, b, self.width, items.device, steps))
+
+    def score_trained(self, users: torch.Tensor) -> torch.Tensor:
+        """Scores of training users from their trained points (benchmarks/fold_in.py compares
+        these with fold-in; no stage uses them)."""
+        u, v = clip(self.users(users)), clip(self.items.weight)
+        return 2 * u @ v.T - u.pow(2).sum(1, keepdim=True) - v.pow(2).sum(1)
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         u, v = self.fold_in(items, offsets), clip(self.items.weight)

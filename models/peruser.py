@@ -23,7 +23,7 @@ import torch
 
 from models.batch import row_ids
 
-FOLD_STEPS = 60     # Adam steps per fold-in; validation NDCG on ml-100k within noise of 200 steps
+FOLD_STEPS = 60     # Adam steps per fold-in (benchmarks/results/fold_in.md: steps against NDCG)
 FOLD_LR = 0.1
 
 _MASK32 = 0xFFFFFFFF
@@ -82,13 +82,13 @@ def pair_scores(scores: torch.Tensor, rows: torch.Tensor, items: torch.Tensor, n
 
 
 def fold_in(loss: Callable[[torch.Tensor], torch.Tensor], n_users: int, width: int,
-            device) -> torch.Tensor:
+            device, steps: int = FOLD_STEPS) -> torch.Tensor:
     """(B, width) user vectors minimising ``loss(users)`` -> (B,) per-user losses, from zero,
     item parameters frozen (the caller computes them under no_grad or detached)."""
     users = torch.zeros(n_users, width, device=device, requires_grad=True)
     opt = torch.optim.Adam([users], lr=FOLD_LR)
     with torch.enable_grad():
-        for _ in range(FOLD_STEPS):
+        for _ in range(steps):
             opt.zero_grad(set_to_none=True)
             loss(users).sum().backward()
             opt.step()
