@@ -60,26 +60,12 @@ def ndcg_of(model, rows: pa.Table, how) -> tuple[float, float]:
         users = torch.from_numpy(part.column(S.USER_INDEX).to_numpy().astype(np.int64))
         t0 = time.perf_counter()
         with torch.no_grad():
-            if how == "trained":
-                scores = (model.score_trained(users, vb.train_items, vb.train_offsets)
-                          if model.name == "cdae" else model.score_trained(users))
-            else:
-                u = model.fold_in(vb.train_items, vb.train_offsets, steps=how)
-                scores = scores_from(model, u, vb)
+            u = (model.users(users) if how == "trained"
+                 else model.fold_in(vb.train_items, vb.train_offsets, steps=how))
+            scores = model.score_users(u, vb.train_items, vb.train_offsets)
         seconds += time.perf_counter() - t0
         total += float(batch_metrics(scores, vb)[0].sum())
     return total / rows.num_rows, 1000 * seconds / rows.num_rows
-
-
-def scores_from(model, u: torch.Tensor, vb) -> torch.Tensor:
-    """What ``score`` computes after its fold-in (the three models' own formulas)."""
-    if model.name == "bpr":
-        return u @ model.items.weight.T
-    if model.name == "cml":
-        from models.cml import clip
-        v = clip(model.items.weight)
-        return 2 * u @ v.T - u.pow(2).sum(1, keepdim=True) - v.pow(2).sum(1)
-    return model.decoder(model.hidden(vb.train_items, vb.train_offsets, u, corrupt=False))
 
 
 def main(argv: list[str] | None = None) -> int:

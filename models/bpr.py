@@ -80,13 +80,14 @@ class BPR(Recommender):
 
         return fold_in(loss, b, self.width, items.device, steps)
 
-    def score_trained(self, users: torch.Tensor) -> torch.Tensor:
-        """Scores of training users from their trained vectors (benchmarks/fold_in.py compares
-        these with fold-in; no stage uses them)."""
-        return self.users(users) @ self.items.weight.T
+    def score_users(self, u: torch.Tensor, items: torch.Tensor, offsets: torch.Tensor
+                    ) -> torch.Tensor:
+        """(B, n_items) scores of users with these vectors (B, width): ``score`` after its
+        fold-in, or a training user's trained vector (benchmarks/fold_in.py compares the two)."""
+        return u @ self.items.weight.T
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        return self.fold_in(items, offsets) @ self.items.weight.T
+        return self.score_users(self.fold_in(items, offsets), items, offsets)
 
 
 

@@ -116,15 +116,15 @@ class CDAE(Recommender):
 
         return fold_in(loss, b, self.width, items.device, steps)
 
-    def score_trained(self, users: torch.Tensor, items: torch.Tensor, offsets: torch.Tensor
-                      ) -> torch.Tensor:
-        """Scores of training users with their trained input nodes (benchmarks/fold_in.py
-        compares these with fold-in; no stage uses them)."""
-        return self.decoder(self.hidden(items, offsets, self.users(users), corrupt=False))
+    def score_users(self, node: torch.Tensor, items: torch.Tensor, offsets: torch.Tensor
+                    ) -> torch.Tensor:
+        """(B, n_items) scores of users with these input nodes (B, width) and uncorrupted rows:
+        ``score`` after its fold-in, or a training user's trained node (benchmarks/fold_in.py
+        compares the two)."""
+        return self.decoder(self.hidden(items, offsets, node, corrupt=False))
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        node = self.fold_in(items, offsets)
-        return self.decoder(self.hidden(items, offsets, node, corrupt=False))
+        return self.score_users(self.fold_in(items, offsets), items, offsets)
 
 
 def sampled_loss(logits: torch.Tensor, rows: torch.Tensor, items: torch.Tensor, neg: torch.Tensor,

@@ -96,15 +96,16 @@ class CML(Recommender):
 
         return clip(fold_in(loss, b, self.width, items.device, steps))
 
-    def score_trained(self, users: torch.Tensor) -> torch.Tensor:
-        """Scores of training users from their trained points (benchmarks/fold_in.py compares
-        these with fold-in; no stage uses them)."""
-        u, v = clip(self.users(users)), clip(self.items.weight)
+    def score_users(self, u: torch.Tensor, items: torch.Tensor, offsets: torch.Tensor
+                    ) -> torch.Tensor:
+        """(B, n_items) scores -|clip(u) - clip(v)|^2 of users with these points (B, width):
+        ``score`` after its fold-in, or a training user's trained point (benchmarks/fold_in.py
+        compares the two)."""
+        u, v = clip(u), clip(self.items.weight)  # clip leaves fold-in's points as they are
         return 2 * u @ v.T - u.pow(2).sum(1, keepdim=True) - v.pow(2).sum(1)
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        u, v = self.fold_in(items, offsets), clip(self.items.weight)
-        return 2 * u @ v.T - u.pow(2).sum(1, keepdim=True) - v.pow(2).sum(1)
+        return self.score_users(self.fold_in(items, offsets), items, offsets)
 
 
 def distances(u: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, items: torch.Tensor,

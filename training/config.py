@@ -21,11 +21,6 @@ DATA_CACHE = ("auto", "memory", "stream")
 PLACEMENTS = ("PACK", "SPREAD")
 
 
-# the model's hyperparameters: None = the model's own default (``hyperparameters`` of its class
-# in models/, the one place a model's default lives); a model refuses one it does not take
-MODEL_FIELDS = ("width", "lam", "mode", "rank", "alpha", "iterations", "hidden", "dropout",
-                "kl_cap", "anneal_steps", "margin", "neg_ratio", "cov_weight")
-
 DATA, HYPER, TRAINING, CLUSTER = ("data and model", "model hyperparameters (a model refuses one it "
                                   "does not take; defaults are the model's own)",
                                   "training (the AutoRec family; defaults chosen on the shared "
@@ -166,8 +161,10 @@ class TrainConfig:
         return self.lr if self.lr is not None else MODELS[self.model].learning_rate
 
     def hyperparameters(self) -> dict:
-        """The model's hyperparameters as given (None = its default: not in the dict)."""
-        return {k: getattr(self, k) for k in MODEL_FIELDS if getattr(self, k) is not None}
+        """The model's hyperparameters (the fields of the HYPER group) as given (None = its
+        default, from its class in models/, the one place it lives: not in the dict)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.metadata.get("group") == HYPER and getattr(self, f.name) is not None}
 
     def resolved(self) -> dict:
         """Every hyperparameter of the model, defaults filled in (what the run logs)."""
