@@ -68,8 +68,10 @@ GRIDS = {
     "wrmf": {"rank": [50, 100], "alpha": [5.0, 20.0], "lam": [0.01, 0.1]},
     # the gradient baselines at their defaults (each model's own lr, early stopping) over the
     # setting each is most sensitive to
-    "vae-cf": {"kl_cap": [0.0, 0.2, 1.0]},
-    "cdae": {"lam": [1e-3, 1e-2, 1e-1]},
+    # (the KL weight is min(kl_cap, updates / anneal_steps): on a small set the cap is reached
+    # only with a short anneal, so both move together)
+    "vae-cf": {"kl_cap": [0.0, 0.2, 1.0], "anneal_steps": [200, 2000]},
+    "cdae": {"lam": [1e-2, 1e-1, 1.0]},
     "bpr": {"width": [64, 128], "lam": [1e-5, 1e-4, 1e-3]},
     "cml": {"margin": [0.5, 1.0], "cov_weight": [0.0, 1.0]},
 }

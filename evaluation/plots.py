@@ -59,10 +59,14 @@ def cold_start_scatter(reference: str, ndcg: dict[str, np.ndarray], title: str):
     panel each; points above the diagonal are users the other model serves better."""
     plt = _plt()
     others = [k for k in ndcg if k != reference]
-    fig, axes = plt.subplots(1, len(others), figsize=(max(6.0, 4.8 * len(others)), 5.2),
+    cols = min(len(others), 4)  # many models wrap into rows rather than one very wide strip
+    rows = -(-len(others) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(6.0, 4.8 * cols), 5.2 * rows),
                              squeeze=False)
+    for ax in axes.flat[len(others):]:
+        ax.set_visible(False)
     x = ndcg[reference]
-    for ax, label in zip(axes[0], others):
+    for ax, label in zip(axes.flat, others):
         y = ndcg[label]
         ax.scatter(x, y, s=8, alpha=0.5)
         ax.plot([0, 1], [0, 1], color="grey", lw=1)

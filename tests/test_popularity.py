@@ -98,3 +98,16 @@ def test_metric_keys_are_mlflow_safe_and_round_trip_names():
     assert split_name("R-Precision") == ("R-Precision", None)
     assert split_name("F1@15") == ("F1", 15)
     assert split_name("NDCG@10 (truncated)") == ("NDCG (truncated)", 10)
+
+
+def test_the_cold_start_plot_wraps_many_models_into_rows_and_counts_each_panel():
+    from evaluation.plots import _plt, cold_start_scatter
+
+    ref = np.array([0.0, 0.5, 1.0])
+    others = {f"m{i}": ref + (0.1 if i % 2 else -0.1) for i in range(6)}
+    fig = cold_start_scatter("ref", {"ref": ref, **others}, "t")
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(fig.axes) == 8 and len(shown) == 6  # 2 rows of 4, two spare panels hidden
+    assert shown[0].get_title().startswith("m0 better for 0 users, worse for 3")
+    assert shown[1].get_title().startswith("m1 better for 3 users, worse for 0")
+    _plt().close(fig)
