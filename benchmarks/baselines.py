@@ -71,7 +71,7 @@ GRIDS = {
     # (the KL weight is min(kl_cap, updates / anneal_steps): on a small set the cap is reached
     # only with a short anneal, so both move together)
     "vae-cf": {"kl_cap": [0.0, 0.2, 1.0], "anneal_steps": [200, 2000]},
-    "cdae": {"lam": [1e-2, 1e-1, 1.0]},
+    "cdae": {"lam": [0.1, 1.0]},
     "bpr": {"width": [64, 128], "lam": [1e-5, 1e-4, 1e-3]},
     "cml": {"margin": [0.5, 1.0], "cov_weight": [0.0, 1.0]},
 }

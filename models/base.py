@@ -49,6 +49,9 @@ class Recommender(nn.Module):
     per_user: ClassVar[bool] = False
     #: Adam's learning rate when ``--lr`` is not given (gradient models)
     learning_rate: ClassVar[float] = 3e-4
+    #: epochs without a better validation NDCG before early stopping, when ``--patience`` is not
+    #: given (gradient models; a model whose validation dips before it climbs needs more)
+    patience: ClassVar[int] = 5
     #: loss terms that regularise rather than fit (they may rise while the model learns, e.g. an
     #: annealed KL weight): logged like any term, left out of "the fit improves" checks
     regularisers: ClassVar[frozenset[str]] = frozenset({"l2"})

@@ -41,6 +41,11 @@ class CDAE(Recommender):
     per_user = True
     hyperparameters = {"width": 200, "lam": 1e-2, "dropout": 0.5, "neg_ratio": 5}
     learning_rate = 3e-3  # probed on ml-100k validation (README, "Models")
+    # its validation NDCG first climbs to the popularity ranking's (the output biases learn
+    # first), dips for several epochs while the user-dependent part starts, then climbs past it:
+    # on ml-latest-small from 0.123 at epoch 3 to 0.171 by epoch 56, but patience 5 stopped it at
+    # epoch 8 (benchmarks/results/baselines.md)
+    patience = 20
 
     def __init__(self, n_items: int, n_users: int, width: int, lam: float, dropout: float,
                  neg_ratio: int):

@@ -133,6 +133,19 @@ def test_early_stopping_keeps_the_best_epoch():
     assert p["phase_epochs"] == [4]
 
 
+def test_without_patience_each_model_stops_after_its_own_and_the_run_logs_it():
+    # CDAE dips for several epochs before it climbs past its early best (models/cdae.py)
+    for model, patience in (("autorec", 5), ("cdae", 20)):
+        p, c = new_progress(), cfg(model=model, epochs=100)
+        for ndcg in [0.2] + [0.1] * (patience - 1):
+            next_state(p, c, 1, None, ndcg)
+        assert not p["done"], model
+        next_state(p, c, 1, None, 0.1)
+        assert p["done"] and p["best_epoch"] == 1, model
+        assert c.resolved()["patience"] == patience
+    assert cfg(model="cdae", patience=3).stop_patience == 3
+
+
 def test_epoch_cap_and_final_retraining_return_the_last_epoch():
     p, c = new_progress(), cfg(epochs=3, train_splits="train,valid")
     improved = [next_state(p, c, 1, None, None)[0] for _ in range(3)]

@@ -29,13 +29,13 @@ DATA, HYPER, TRAINING, CLUSTER = ("data and model", "model hyperparameters (a mo
 
 def model_defaults(field: str) -> str:
     """The models' defaults of one hyperparameter, for --help ("the AutoRec family 200, ...");
-    ``learning_rate``: the gradient models' class attribute."""
+    ``learning_rate``, ``patience``: the gradient models' class attributes."""
     from models.autorec import AutoRec
 
     by_value: dict = {}
     for name, cls in MODELS.items():
-        value = (cls.learning_rate if field == "learning_rate" and cls.kind == "gradient"
-                 else cls.hyperparameters.get(field))
+        value = (getattr(cls, field) if field in ("learning_rate", "patience")
+                 and cls.kind == "gradient" else cls.hyperparameters.get(field))
         if value is not None:
             who = "the AutoRec family" if issubclass(cls, AutoRec) else name
             names = by_value.setdefault(value, [])
@@ -111,8 +111,10 @@ class TrainConfig:
     pretrain_epochs: int = option(0, group=TRAINING, show_default=False,
                                   help="fine-tune phase 1 epochs; 0 = until its loss converges "
                                        "(default)")
-    patience: int = option(5, group=TRAINING,
-                           help="stop after this many epochs without a better validation NDCG")
+    patience: int | None = option(None, group=TRAINING,
+                                  help="stop after this many epochs without a better validation "
+                                       f"NDCG (default: the model's own, "
+                                       f"{model_defaults('patience')})")
     seed: int = option(0, group=TRAINING, help="model init, data order, resampling (default 0)",
                        show_default=False)
     num_workers: int = option(2, group=CLUSTER, help="Ray Train workers (DDP ranks)")
@@ -160,6 +162,11 @@ class TrainConfig:
         """--lr, or the model's own default."""
         return self.lr if self.lr is not None else MODELS[self.model].learning_rate
 
+    @property
+    def stop_patience(self) -> int:
+        """--patience, or the model's own default."""
+        return self.patience if self.patience is not None else MODELS[self.model].patience
+
     def hyperparameters(self) -> dict:
         """The model's hyperparameters (the fields of the HYPER group) as given (None = its
         default, from its class in models/, the one place it lives: not in the dict)."""
@@ -169,7 +176,8 @@ class TrainConfig:
     def resolved(self) -> dict:
         """Every hyperparameter of the model, defaults filled in (what the run logs)."""
         return {**MODELS[self.model].hyperparameters, **self.hyperparameters(),
-                **({"lr": self.learning_rate} if MODELS[self.model].kind == "gradient" else {})}
+                **({"lr": self.learning_rate, "patience": self.stop_patience}
+                   if MODELS[self.model].kind == "gradient" else {})}
 
 
 def check(cfg: TrainConfig) -> None:
@@ -234,7 +242,7 @@ def check(cfg: TrainConfig) -> None:
         bad("epochs", cfg.epochs, "must be in 1..100000")
     if cfg.pretrain_epochs < 0:
         bad("pretrain-epochs", cfg.pretrain_epochs, "must be >= 0 (0 = until converged)")
-    if cfg.patience < 1:
+    if cfg.patience is not None and cfg.patience < 1:
         bad("patience", cfg.patience, "must be >= 1")
     if cfg.train_splits not in TRAIN_SPLITS:
         bad("train-splits", cfg.train_splits, "choose train (model selection) or train,valid "

@@ -94,7 +94,7 @@ def next_state(p: dict, cfg: TrainConfig, n_phases: int, phase_loss: float | Non
         p["best_ndcg"], p["best_epoch"], p["bad_epochs"] = ndcg, p["epoch"], 0
     else:
         p["bad_epochs"] += 1
-    if p["phase_epoch"] >= cfg.epochs or (ndcg is not None and p["bad_epochs"] >= cfg.patience):
+    if p["phase_epoch"] >= cfg.epochs or (ndcg is not None and p["bad_epochs"] >= cfg.stop_patience):
         p["phase_epochs"].append(p["phase_epoch"])
         p["done"] = True
     return improved, switched
