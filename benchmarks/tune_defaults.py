@@ -138,7 +138,7 @@ def write(results: list[dict], args, base: TrainConfig, saved: dict | None = Non
                        f"{torch.get_num_threads()} torch threads",
             "command": "python benchmarks/tune_defaults.py " + " ".join(sys.argv[1:]),
             "fixed": {"batch_size": base.batch_size, "epochs": EPOCHS,
-                      "patience": base.patience, "mode": "joint", "seed": base.seed},
+                      "patience": base.stop_patience, "mode": "joint", "seed": base.seed},
             "date": time.strftime("%Y-%m-%d")}
     meta = {k: saved[k] for k in fresh} if saved else fresh
     out.with_suffix(".json").write_text(json.dumps({**meta, "results": results}, indent=2))
