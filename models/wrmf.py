@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from models.closed_form import ClosedForm
@@ -59,7 +60,7 @@ class WRMF(ClosedForm):
         y = torch.zeros(self.n_items, self.rank)
         if len(factors):
             ids = torch.as_tensor(factors["id"].to_numpy(), dtype=torch.int64)
-            y[ids] = torch.tensor(factors["features"].tolist(), dtype=torch.float32)
+            y[ids] = torch.from_numpy(np.stack(factors["features"].to_numpy()).astype(np.float32))
         self.item_factors.copy_(y)
         return {"als_seconds": time.perf_counter() - t0}
 
