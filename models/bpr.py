@@ -24,8 +24,8 @@ from torch import nn
 
 from models.base import Recommender
 from models.batch import Batch, row_ids
-from models.peruser import (FOLD_STEPS, fold_in, hashed_negatives, is_positive, pair_scores,
-                            uniform_negatives)
+from models.peruser import (FOLD_STEPS, fold_in, fold_rows, hashed_negatives, is_positive,
+                            pair_scores, uniform_negatives)
 
 
 class BPR(Recommender):
@@ -67,14 +67,20 @@ class BPR(Recommender):
                 steps: int = FOLD_STEPS) -> torch.Tensor:
         """(B, width) user vectors fitted to their rows, items frozen (models/peruser.py): the
         mean BPR loss over the row's triples + lam |u|^2, the training objective restricted to u."""
-        neg = hashed_negatives(items, offsets, max(self.neg_ratio, 4), self.n_items)
+        draws = max(self.neg_ratio, 4)
+        return fold_rows(lambda i, o, dots: self.fold_block(i, o, dots, draws, steps), items,
+                         offsets, draws, self.width, self.n_items)
+
+    def fold_block(self, items: torch.Tensor, offsets: torch.Tensor, item_dots, draws: int,
+                   steps: int) -> torch.Tensor:
+        neg = hashed_negatives(items, offsets, draws, self.n_items)
         keep = (~is_positive(items, offsets, neg, self.n_items)).to(torch.float32)
         rows, b = row_ids(offsets, len(items)), len(offsets)
-        v = self.items.weight.detach()
+        dots = item_dots(self.items.weight.detach(), rows, items, neg)
         n = torch.zeros(b, device=items.device).index_add_(0, rows, keep.sum(1)).clamp(min=1)
 
         def loss(u: torch.Tensor) -> torch.Tensor:
-            per = (pair_losses(*pair_scores(u @ v.T, rows, items, neg)) * keep).sum(1)
+            per = (pair_losses(*dots(u)) * keep).sum(1)
             return (torch.zeros(b, device=u.device).index_add_(0, rows, per) / n
                     + self.lam * u.pow(2).sum(1))
 

@@ -32,8 +32,8 @@ from torch import nn
 from models.base import Recommender
 from models.batch import Batch, row_ids
 from models.losses import densify, l2_penalty
-from models.peruser import (FOLD_STEPS, fold_in, hashed_negatives, is_positive, pair_scores,
-                            uniform_negatives)
+from models.peruser import (FOLD_STEPS, fold_in, fold_rows, hashed_negatives, is_positive,
+                            pair_scores, uniform_negatives)
 
 
 class CDAE(Recommender):
@@ -102,6 +102,13 @@ class CDAE(Recommender):
                 steps: int = FOLD_STEPS) -> torch.Tensor:
         """(B, width) user nodes fitted to the users' uncorrupted rows (the mean log loss over
         the covered entries + lam * mean(V_u^2)), every other parameter frozen."""
+        if not self.neg_ratio:  # the whole row: every output is needed, so dense it is
+            return self.fold_block(items, offsets, None, steps)
+        return fold_rows(lambda i, o, dots: self.fold_block(i, o, dots, steps), items, offsets,
+                         self.neg_ratio, self.width, self.n_items)
+
+    def fold_block(self, items: torch.Tensor, offsets: torch.Tensor, item_dots, steps: int
+                   ) -> torch.Tensor:
         b = len(offsets)
         with torch.no_grad():
             base = self.encoder(items, offsets) + self.encoder_bias
@@ -110,11 +117,14 @@ class CDAE(Recommender):
                 neg = hashed_negatives(items, offsets, self.neg_ratio, self.n_items)
                 keep = (~is_positive(items, offsets, neg, self.n_items)).to(torch.float32)
                 rows = row_ids(offsets, len(items))
+                dots = item_dots(w, rows, items, neg)
+                bias_pos, bias_neg = bias[items], bias[neg]
 
         def loss(node: torch.Tensor) -> torch.Tensor:
             z = torch.sigmoid(base + node)
             if self.neg_ratio:
-                total, count = sampled_loss(F.linear(z, w, bias), rows, items, neg, keep)
+                pos, negl = dots(z)
+                total, count = sampled_terms(pos + bias_pos, negl + bias_neg, rows, keep, b)
             else:
                 total, count = whole_row_loss(z, items, offsets, w, bias)
             return total / count.clamp(min=1) + self.lam * node.pow(2).mean(1)
@@ -137,11 +147,15 @@ def sampled_loss(logits: torch.Tensor, rows: torch.Tensor, items: torch.Tensor, 
     """Per-user sums of the log loss over positives and kept draws, and their counts, each (B,):
     ``logits`` (B, n_items) the users' outputs, ``rows``/``items`` (nnz,) each positive's user and
     item, ``neg`` (nnz, c) its draws, ``keep`` (nnz, c) 1 for a draw that is not a positive."""
-    pos, negl = pair_scores(logits, rows, items, neg)
-    b = len(logits)
+    return sampled_terms(*pair_scores(logits, rows, items, neg), rows, keep, len(logits))
+
+
+def sampled_terms(pos: torch.Tensor, negl: torch.Tensor, rows: torch.Tensor, keep: torch.Tensor,
+                  b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sampled_loss`` from the logits of each positive (nnz,) and of its draws (nnz, c)."""
     loss = F.softplus(-pos) + (F.softplus(negl) * keep).sum(1)   # -log s(y), -log(1 - s(y))
-    total = torch.zeros(b, device=logits.device).index_add_(0, rows, loss)
-    count = torch.zeros(b, device=logits.device).index_add_(0, rows, 1 + keep.sum(1))
+    total = torch.zeros(b, device=pos.device).index_add_(0, rows, loss)
+    count = torch.zeros(b, device=pos.device).index_add_(0, rows, 1 + keep.sum(1))
     return total, count
 
 

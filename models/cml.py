@@ -29,8 +29,8 @@ from torch import nn
 
 from models.base import Recommender
 from models.batch import Batch, row_ids
-from models.peruser import (FOLD_STEPS, fold_in, hashed_negatives, is_positive, pair_scores,
-                            uniform_negatives)
+from models.peruser import (FOLD_STEPS, fold_in, fold_rows, hashed_negatives, is_positive,
+                            pair_scores, uniform_negatives)
 
 
 def clip(x: torch.Tensor) -> torch.Tensor:
@@ -81,17 +81,26 @@ class CML(Recommender):
                 steps: int = FOLD_STEPS) -> torch.Tensor:
         """(B, width) clipped user points fitted to their rows (the mean weighted hinge over the
         row's positives), items frozen and gathered once."""
+        return fold_rows(lambda i, o, dots: self.fold_block(i, o, dots, steps), items, offsets,
+                         self.neg_ratio, self.width, self.n_items)
+
+    def fold_block(self, items: torch.Tensor, offsets: torch.Tensor, item_dots, steps: int
+                   ) -> torch.Tensor:
         neg = hashed_negatives(items, offsets, self.neg_ratio, self.n_items)
         valid = ~is_positive(items, offsets, neg, self.n_items)
         rows, b = row_ids(offsets, len(items)), len(offsets)
         with torch.no_grad():
             v = clip(self.items.weight)
+            vn = v.pow(2).sum(1)
+            vn_pos, vn_neg = vn[items], vn[neg]
+        dots = item_dots(v, rows, items, neg)
         counts = torch.zeros(b, device=items.device).index_add_(
             0, rows, torch.ones(len(items), device=items.device)).clamp(min=1)
 
         def loss(u: torch.Tensor) -> torch.Tensor:
-            per = weighted_hinge(*distances(clip(u), v, rows, items, neg), valid, self.margin,
-                                 self.n_items)
+            u = clip(u)
+            d_pos, d_neg = squared(u.pow(2).sum(1)[rows], *dots(u), vn_pos, vn_neg)
+            per = weighted_hinge(d_pos, d_neg, valid, self.margin, self.n_items)
             return torch.zeros(b, device=u.device).index_add_(0, rows, per) / counts
 
         return clip(fold_in(loss, b, self.width, items.device, steps))
@@ -113,8 +122,14 @@ def distances(u: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, items: torch
     """Squared distances of each positive (nnz,) and of its draws (nnz, c) to their user, as
     |u|^2 - 2 u.v + |v|^2 from the users' dense products with every item (models/peruser.py)."""
     un, vn = u.pow(2).sum(1), v.pow(2).sum(1)
-    dot_pos, dot_neg = pair_scores(u @ v.T, rows, items, neg)
-    return un[rows] - 2 * dot_pos + vn[items], un[rows, None] - 2 * dot_neg + vn[neg]
+    return squared(un[rows], *pair_scores(u @ v.T, rows, items, neg), vn[items], vn[neg])
+
+
+def squared(un: torch.Tensor, dot_pos: torch.Tensor, dot_neg: torch.Tensor, vn_pos: torch.Tensor,
+            vn_neg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """|u|^2 - 2 u.v + |v|^2 for each positive (nnz,) and its draws (nnz, c), from the user's
+    squared norm at each positive ``un`` (nnz,), the dot products and the items' squared norms."""
+    return un - 2 * dot_pos + vn_pos, un[:, None] - 2 * dot_neg + vn_neg
 
 
 def weighted_hinge(d_pos: torch.Tensor, d_neg: torch.Tensor, valid: torch.Tensor, margin: float,

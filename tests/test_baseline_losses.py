@@ -16,6 +16,7 @@ from models.batch import Batch
 from models.bpr import BPR, pair_losses
 from models.cdae import CDAE
 from models.cml import CML, clip
+from models import peruser
 from models.peruser import hashed_negatives, is_positive, row_hash
 from models.vae import VAECF
 
@@ -193,3 +194,63 @@ def test_cml_points_stay_in_the_unit_ball():
     assert float(clip(m.items.weight).norm(dim=1).max()) <= 1 + 1e-6
     b = batch([0], [[0, 3]])
     assert float(m.fold_in(b.train_items, b.train_offsets).norm(dim=1).max()) <= 1 + 1e-6
+
+
+@pytest.mark.parametrize("make", [
+    lambda: BPR(n_items=60, n_users=1, width=5, lam=0.01, neg_ratio=3),
+    lambda: CML(n_items=60, n_users=1, width=5, margin=0.5, neg_ratio=4, cov_weight=0.0),
+    lambda: CDAE(n_items=60, n_users=1, width=5, lam=0.01, dropout=0.5, neg_ratio=3),
+    lambda: CDAE(n_items=60, n_users=1, width=5, lam=0.01, dropout=0.5, neg_ratio=0),
+], ids=["bpr", "cml", "cdae", "cdae-whole-row"])
+def test_fold_in_over_gathered_items_in_blocks_equals_the_dense_fold_in(make, monkeypatch):
+    """The fold-in over gathered item vectors (all users in one block, or each its own) gives the
+    vectors of the one over dense products with every item (all users at once)."""
+    torch.manual_seed(0)
+    m = make().eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    rng = np.random.default_rng(1)
+    rows = [sorted(rng.choice(60, size=k, replace=False).tolist()) for k in (5, 1, 12, 3, 30, 7)]
+    b = batch(list(range(len(rows))), rows)
+    monkeypatch.setattr(peruser, "GATHER_COST", 0)  # gathered, whatever the sizes
+    fast = m.fold_in(b.train_items, b.train_offsets)
+    monkeypatch.setattr(peruser, "FOLD_BLOCK_FLOATS", 1)  # every user its own block
+    blocked = m.fold_in(b.train_items, b.train_offsets)
+    monkeypatch.setattr(peruser, "GATHER_COST", 1 << 40)  # dense, all users at once
+    calls = []
+    monkeypatch.setattr(peruser, "in_blocks", lambda *a, **k: calls.append(a))
+    dense = m.fold_in(b.train_items, b.train_offsets)
+    assert not calls
+    assert fast.shape == (len(rows), 5)
+    assert float((fast - dense).abs().max()) < 1e-4, float((fast - dense).abs().max())
+    assert float((blocked - dense).abs().max()) < 1e-4
+    assert float(dense.abs().max()) > 0.05  # the fold-in moved every check off zero
+
+
+def test_fold_rows_gathers_only_where_it_is_cheaper(monkeypatch):
+    """20 positives and 4 draws a user: gathered (100 entries x 16) below 17k items, dense
+    below 1.4k."""
+    b = batch(list(range(3)), [list(range(20))] * 3)
+    ways = []
+    fold = lambda i, o, dots: ways.append(dots) or torch.zeros(len(o), 2)
+    for n_items in (17_000, 1_400):
+        peruser.fold_rows(fold, b.train_items, b.train_offsets, 4, 2, n_items)
+    assert ways == [peruser.frozen_dots, peruser.dense_dots]
+
+
+def test_in_blocks_splits_whole_users_within_the_budget(monkeypatch):
+    monkeypatch.setattr(peruser, "FOLD_BLOCK_FLOATS", 10)
+    rows = [[1, 2], [3], [4, 5, 6, 7, 8, 9], [0], [2, 3]]
+    b = batch(list(range(5)), rows)
+    seen = []
+
+    def fold(items, offsets):
+        seen.append([items[a:z].tolist() for a, z in
+                     zip(offsets.tolist(), offsets[1:].tolist() + [len(items)])])
+        return torch.ones(len(offsets), 1) * len(seen)
+
+    out = peruser.in_blocks(fold, b.train_items, b.train_offsets, per_positive=2)
+    # 2 floats a positive, 10 a block: [2 + 1 positives], [6 positives: alone, over budget], [1 + 2]
+    assert seen == [[[1, 2], [3]], [[4, 5, 6, 7, 8, 9]], [[0], [2, 3]]]
+    assert out[:, 0].tolist() == [1, 1, 2, 3, 3]
