@@ -86,10 +86,12 @@ OVERRIDES = {"citeulike-a": {
     "ease": {"lam": [100.0, 500.0, 2000.0]},
     "wrmf": {"rank": [50, 100], "alpha": [5.0, 20.0], "lam": [0.01]},
     # the gradient baselines train a vector per user (5.3k here) and fold every validation user
-    # in: one point each, the one ml-100k and ml-latest-small agreed on (VAE-CF also without KL)
+    # in every epoch (most of a run, even gathered: benchmarks/results/fold_in_speed.md): the
+    # point ml-100k and ml-latest-small agreed on (VAE-CF also without KL; BPR, whose choice was
+    # its grid's corner, also a decade less lambda)
     "vae-cf": {"kl_cap": [0.0, 0.2], "anneal_steps": [200]},
     "cdae": {"lam": [0.1]},
-    "bpr": {"width": [128], "lam": [1e-3]},
+    "bpr": {"width": [128], "lam": [1e-4, 1e-3]},
     "cml": {"margin": [1.0], "cov_weight": [0.0]},
 }}
 

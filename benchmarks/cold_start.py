@@ -18,7 +18,8 @@ The warm users' test NDCG here is the comparison table's, now through Spark scor
 the two paths agree (exactly for the closed-form models; the gradient models are retrained, same
 seed, same data, same order).
 
-Results: ``benchmarks/results/cold_start.{json,md}`` and, per dataset,
+Results: ``benchmarks/results/cold_start.{json,md}`` (a run replaces the datasets it runs and keeps
+the others, each stamped with its command and commit) and, per dataset,
 ``benchmarks/results/cold_start/DATASET-{ndcg,scatter}.png``.
 """
 
@@ -136,13 +137,25 @@ def run_dataset(spark, name: str, prepared: Path, models: dict, work: Path, figu
                        for mm in models}}
 
 
-def write(results: dict, stamp: dict, out: Path) -> None:
+def previous(out: Path) -> dict:
+    """The committed results by dataset, each stamped with the run that produced it."""
+    path = out.with_suffix(".json")
+    if not path.exists():
+        return {}
+    old = json.loads(path.read_text())
+    stamp = {k: old[k] for k in ("command", "machine", "date", "commit") if k in old}
+    return {name: {"stamp": stamp, **r} if "stamp" not in r else r
+            for name, r in old["results"].items()}
+
+
+def write(results: dict, out: Path) -> None:
+    """Every dataset's results (JSON and Markdown, replaced atomically), each under the command,
+    machine, date and commit that produced it."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / (out.name + ".json.tmp")
-    tmp.write_text(json.dumps({**stamp, "results": results}, indent=2) + "\n")
+    tmp.write_text(json.dumps({"results": results}, indent=2) + "\n")
     os.replace(tmp, out.with_suffix(".json"))
     md = ["# Cold-start study: every model on users held out of training\n",
-          f"`{stamp['command']}` on {stamp['machine']}, {stamp['date']}, commit {stamp['commit']}.\n",
           "Each model at the configuration `baselines.md` chose on validation, retrained on "
           "train+valid; scored by `evaluation/score.py` (cold-start users: their train part as "
           "input, a fold-in for BPR, CML and CDAE), evaluated by `evaluation/evaluate.py`. Warm "
@@ -150,8 +163,10 @@ def write(results: dict, stamp: dict, out: Path) -> None:
           "excluded. Ratio: cold NDCG / warm NDCG (they differ in truth size, so compare models "
           "within a column, not the columns).\n"]
     for name, r in results.items():
+        st = r["stamp"]
         md += [f"## {name} ({r['users']['warm']:,} warm users with a test item, "
                f"{r['users']['cold']:,} cold-start users)\n",
+               f"`{st['command']}` on {st['machine']}, {st['date']}, commit {st['commit']}.\n",
                f"![NDCG of warm and cold-start users](cold_start/{name}-ndcg.png)\n",
                "| model | warm NDCG (95% CI) | cold-start NDCG (95% CI) | ratio | median popularity "
                "| fit s |", "|---|---|---|---|---|---|"]
@@ -201,14 +216,14 @@ def main(argv: list[str] | None = None) -> int:
              "machine": f"{platform.node()}, {os.cpu_count()} cores",
              "date": time.strftime("%Y-%m-%d"), "commit": commit()}
     out = Path(args.out)
-    results = {}
+    results = previous(out)  # the datasets not run now keep their committed results
     for name in names:
         prepared = prepared_root / name
         if not (prepared / "manifest.json").exists():
             prepared = prepare(name, Path(args.shared), prepared_root)
-        results[name] = run_dataset(spark, name, prepared, picked[name], work / name,
-                                    out.parent / out.name)
-        write(results, stamp, out)  # after each dataset: a long run that stops keeps what it did
+        results[name] = {"stamp": stamp, **run_dataset(spark, name, prepared, picked[name],
+                                                       work / name, out.parent / out.name)}
+        write(results, out)  # after each dataset: a long run that stops keeps what it did
     spark.stop()
     print(f"results: {out.with_suffix('.md')}")
     return 0
