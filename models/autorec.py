@@ -18,6 +18,12 @@ Modes of the two-headed models (protocol.md, "Modes"), as this model's phases of
                       phase 2: predict head alone on MSE, the encoder frozen
     full-finetune     phase 1 as above; phase 2: encoder + predict head on MSE
 
+Training never forms the (B, n_items) scores: each head's loss is computed exactly from the code
+and the head's parameters (``models.losses.linear_mse`` for the predict and NCE heads,
+``linear_ns`` for the NS head), O(n d^2 + nnz d) a batch instead of O(B n d); ``dense_loss = True``
+trains through the dense scores instead (the reference: same values and gradients up to rounding).
+Scoring is dense: a recommendation ranks every item.
+
 L2 (``lam`` * mean(W^2) per matrix; biases are not regularised) covers the matrices a step trains;
 it is its own loss term, ``l2``. (protocol.md asks for a normalisation under which one lambda
 transfers across datasets; that change belongs to the tuning issue and is not made here.)
@@ -34,7 +40,7 @@ from torch import nn
 
 from models.base import NEGATIVES, RSTAR, Recommender
 from models.batch import Batch
-from models.losses import l2_penalty, mse_loss, ns_loss
+from models.losses import l2_penalty, linear_mse, linear_ns, mse_loss, ns_loss
 
 MODES = ("joint", "alternating", "limited-finetune", "full-finetune")
 
@@ -56,6 +62,9 @@ class AutoRec(Recommender):
     embed_head: ClassVar[str | None] = None   # the de-popularising head (nce | ns), if any
     recommend_head: ClassVar[str] = "predict"
     hyperparameters = {"width": 200, "lam": 30.0}
+    #: train through the dense (B, n_items) scores instead of the exact fast losses (the
+    #: reference of tests and benchmarks; the model and its gradients are the same)
+    dense_loss: bool = False
 
     def __init__(self, n_items: int, width: int, lam: float, mode: str | None = None):
         super().__init__()
@@ -89,12 +98,16 @@ class AutoRec(Recommender):
                     frozen_encoder: bool = False) -> dict[str, torch.Tensor]:
         """(B, n_items) scores of the named heads. ``frozen_encoder`` computes the code without
         autograd (limited fine-tune's phase 2) inside the same forward, so DDP sees every step."""
-        if frozen_encoder:
-            with torch.no_grad():
-                h = self.encode(items, offsets)
-        else:
-            h = self.encode(items, offsets)
+        h = self.code(items, offsets, frozen_encoder)
         return {name: self.heads[name](h) for name in heads}
+
+    def code(self, items: torch.Tensor, offsets: torch.Tensor, frozen: bool = False
+             ) -> torch.Tensor:
+        """``encode``, without autograd when ``frozen``."""
+        if frozen:
+            with torch.no_grad():
+                return self.encode(items, offsets)
+        return self.encode(items, offsets)
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         head = self.recommend_head
@@ -123,9 +136,14 @@ class AutoRec(Recommender):
     def forward(self, batch: Batch, step: Step | None = None) -> dict[str, torch.Tensor]:
         """Each trained head's loss, and ``l2`` over the matrices the step trains."""
         step = step or self.phases()[0][0]
-        scores = self.head_scores(batch.train_items, batch.train_offsets, step.heads,
-                                  frozen_encoder=not step.train_encoder)
-        terms = {name: head_loss(name, scores[name], batch) for name in step.heads}
+        items, offsets, frozen = batch.train_items, batch.train_offsets, not step.train_encoder
+        if self.dense_loss:
+            scores = self.head_scores(items, offsets, step.heads, frozen_encoder=frozen)
+            terms = {name: head_loss(name, scores[name], batch) for name in step.heads}
+        else:
+            h = self.code(items, offsets, frozen)
+            terms = {name: linear_head_loss(name, self.heads[name], h, batch)
+                     for name in step.heads}
         weights = [self.heads[name].weight for name in step.heads]
         if step.train_encoder:
             weights.append(self.encoder.weight)
@@ -141,6 +159,19 @@ def head_loss(name: str, scores: torch.Tensor, batch: Batch) -> torch.Tensor:
     if name == "ns":
         return ns_loss(scores, batch.train_items, batch.train_offsets, batch.neg_items,
                        batch.neg_counts, batch.neg_offsets)
+    raise ValueError(f"unknown head {name!r}")
+
+
+def linear_head_loss(name: str, head: nn.Linear, h: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """``head_loss(name, head(h), batch)`` without the (B, n_items) scores (models/losses.py)."""
+    w, b = head.weight, head.bias
+    if name == "predict":
+        return linear_mse(h, w, b, batch.train_items, batch.train_offsets)
+    if name == "nce":
+        return linear_mse(h, w, b, batch.train_items, batch.train_offsets, batch.train_rstar)
+    if name == "ns":
+        return linear_ns(h, w, b, batch.train_items, batch.train_offsets, batch.neg_items,
+                         batch.neg_counts, batch.neg_offsets)
     raise ValueError(f"unknown head {name!r}")
 
 

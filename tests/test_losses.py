@@ -86,3 +86,83 @@ def test_rstar_recomputed_for_another_beta_from_popularity():
     torch.testing.assert_close(gather(1.0), batch.train_rstar)  # same beta: the stored values
     expected = [max(math.log(z) - 1.3 * math.log(p), 0.0) for p in (50, 1, 5)]
     torch.testing.assert_close(gather(1.3), torch.tensor(expected, dtype=torch.float32))
+
+
+def random_head(b=5, n=11, d=3, seed=0):
+    """A float64 linear head, codes and sparse rows (distinct items per row; one row empty)."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(b, d, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(n, d, generator=g, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(n, generator=g, dtype=torch.float64, requires_grad=True)
+    rows = [torch.randperm(n, generator=g)[:k] for k in (3, 0, 1, 7, n)[:b]]
+    idx = torch.cat(rows)
+    offsets = torch.tensor([0] + [len(r) for r in rows[:-1]]).cumsum(0)
+    return h, w, bias, idx, offsets
+
+
+def grads(loss, tensors):
+    return torch.autograd.grad(loss, tensors)
+
+
+@pytest.mark.parametrize("with_values", [False, True], ids=["against-r", "against-rstar"])
+def test_linear_mse_equals_the_dense_mse_with_its_gradients(with_values):
+    from models.losses import linear_mse
+
+    h, w, bias, idx, offsets = random_head()
+    # float32-exact values: the dense reference's target (densify) is float32
+    values = (torch.rand(len(idx)) * 3).double() if with_values else None
+    dense = mse_loss(torch.nn.functional.linear(h, w, bias), idx, offsets, values)
+    fast = linear_mse(h, w, bias, idx, offsets, values)
+    assert fast.item() == pytest.approx(dense.item(), rel=1e-10)
+    for a, b in zip(grads(fast, (h, w, bias)), grads(dense, (h, w, bias))):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-12)
+
+
+def test_linear_ns_equals_the_dense_ns_with_its_gradients():
+    from models.losses import linear_ns
+
+    h, w, bias, idx, offsets = random_head()
+    neg = torch.tensor([1, 4, 4, 0, 9, 2, 10])  # user 1 (empty row) has negatives; user 4 none
+    counts = torch.tensor([2, 1, 3, 1, 5, 1, 2])
+    neg_off = torch.tensor([0, 2, 3, 5, 7])
+    dense = ns_loss(torch.nn.functional.linear(h, w, bias), idx, offsets, neg, counts, neg_off)
+    fast = linear_ns(h, w, bias, idx, offsets, neg, counts, neg_off)
+    assert fast.item() == pytest.approx(dense.item(), rel=1e-10)
+    for a, b in zip(grads(fast, (h, w, bias)), grads(dense, (h, w, bias))):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("name,mode", [("autorec", None), ("ohns-autorec", None),
+                                       *[(m, mode) for m in ("ns-autorec", "nce-autorec")
+                                         for mode in ("joint", "alternating", "limited-finetune",
+                                                      "full-finetune")]])
+def test_autorec_family_trains_the_same_through_the_fast_losses(name, mode):
+    """Every step of every mode: the loss terms and every parameter's gradient through the exact
+    fast losses equal those through the dense scores (float64)."""
+    from models.batch import Batch
+
+    torch.manual_seed(0)
+    args = {"n_items": 11, "width": 3, "lam": 0.5, **({"mode": mode} if mode else {})}
+    model = build(name, args).double()
+    _, _, _, idx, offsets = random_head()
+    batch = Batch(users=torch.arange(5), train_items=idx, train_offsets=offsets,
+                  train_rstar=(torch.rand(len(idx)) * 3).double(),
+                  neg_items=torch.tensor([1, 4, 4, 0, 9, 2, 10]),
+                  neg_counts=torch.tensor([2, 1, 3, 1, 5, 1, 2]),
+                  neg_offsets=torch.tensor([0, 2, 3, 5, 7]))
+    for steps in model.phases():
+        for step in steps:
+            out = {}
+            for dense in (False, True):
+                model.dense_loss = dense
+                model.zero_grad(set_to_none=True)
+                terms = model(batch, step)
+                sum(terms.values()).backward()
+                out[dense] = ({k: v.item() for k, v in terms.items()},
+                              {k: p.grad.clone() for k, p in model.named_parameters()
+                               if p.grad is not None})
+            (fast_terms, fast_grads), (dense_terms, dense_grads) = out[False], out[True]
+            assert fast_terms == pytest.approx(dense_terms, rel=1e-10)
+            assert fast_grads.keys() == dense_grads.keys() and fast_grads
+            for k in fast_grads:
+                torch.testing.assert_close(fast_grads[k], dense_grads[k], rtol=1e-6, atol=1e-12)
