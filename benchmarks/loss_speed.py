@@ -15,7 +15,8 @@ The batches have a real shape's catalogue and positives per user (``train_throug
 half of a user's positives are training items), items drawn from a power law as the synthetic
 ETL does, R* values on the positives and N = 200 popularity-drawn negatives per user as (item,
 count) pairs. Width 200. Each (shape, model, batch size, way): one warm-up step, then ``--steps``
-steps, each on another batch. Reported: users per second and the ratio fast / dense.
+steps, each on another batch. Reported: users per second, the ratio fast / dense, and which way
+the model takes by default at that batch size (``AutoRec.dense_loss``).
 Results: ``benchmarks/results/loss_speed.{json,md}``.
 """
 
@@ -116,11 +117,12 @@ def write(results: list[dict], args) -> None:
              f"Width {WIDTH}, N = {NEGATIVES} negatives per user, joint mode (both heads); the "
              f"bare step (forward, backward, Adam) on in-memory batches, {args.steps} timed steps "
              "after a warm-up. Users per second; ratio = fast / dense.\n",
-             "| shape | model | batch | dense users/s | fast users/s | fast / dense |",
-             "|---|---|---|---|---|---|"]
+             "| shape | model | batch | dense users/s | fast users/s | fast / dense | default |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['shape']} ({r['items']:,} items) | {r['model']} | {r['batch']:,} | "
-                     f"{r['dense']:,.0f} | {r['fast']:,.0f} | {r['ratio']:.1f}x |")
+                     f"{r['dense']:,.0f} | {r['fast']:,.0f} | {r['ratio']:.1f}x | "
+                     f"{'dense' if 3 * r['batch'] < 2 * WIDTH else 'fast'} |")
     tmp = out.parent / (out.name + ".md.tmp")
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, out.with_suffix(".md"))

@@ -18,10 +18,11 @@ Modes of the two-headed models (protocol.md, "Modes"), as this model's phases of
                       phase 2: predict head alone on MSE, the encoder frozen
     full-finetune     phase 1 as above; phase 2: encoder + predict head on MSE
 
-Training never forms the (B, n_items) scores: each head's loss is computed exactly from the code
+Training need not form the (B, n_items) scores: each head's loss is computed exactly from the code
 and the head's parameters (``models.losses.linear_mse`` for the predict and NCE heads,
-``linear_ns`` for the NS head), O(n d^2 + nnz d) a batch instead of O(B n d); ``dense_loss = True``
-trains through the dense scores instead (the reference: same values and gradients up to rounding).
+``linear_ns`` for the NS head), O(n d^2 + nnz d) a batch instead of O(B n d), where batches are
+large enough for that to be cheaper (``dense_loss``); else, and as the reference, through the
+dense scores (same values and gradients up to rounding).
 Scoring is dense: a recommendation ranks every item.
 
 L2 (``lam`` * mean(W^2) per matrix; biases are not regularised) covers the matrices a step trains;
@@ -62,9 +63,11 @@ class AutoRec(Recommender):
     embed_head: ClassVar[str | None] = None   # the de-popularising head (nce | ns), if any
     recommend_head: ClassVar[str] = "predict"
     hyperparameters = {"width": 200, "lam": 30.0}
-    #: train through the dense (B, n_items) scores instead of the exact fast losses (the
-    #: reference of tests and benchmarks; the model and its gradients are the same)
-    dense_loss: bool = False
+    #: train through the dense (B, n_items) scores (True) or the exact fast losses (False); None:
+    #: whichever costs less for the batch. Per head, the dense way costs about 3 B n d (product
+    #: and two gradients), the fast one about 2 n d^2 (W'W and its gradient): the fast way from
+    #: B >= 2d/3 on (benchmarks/results/loss_speed.md). The model and gradients are the same.
+    dense_loss: bool | None = None
 
     def __init__(self, n_items: int, width: int, lam: float, mode: str | None = None):
         super().__init__()
@@ -137,7 +140,10 @@ class AutoRec(Recommender):
         """Each trained head's loss, and ``l2`` over the matrices the step trains."""
         step = step or self.phases()[0][0]
         items, offsets, frozen = batch.train_items, batch.train_offsets, not step.train_encoder
-        if self.dense_loss:
+        dense = self.dense_loss
+        if dense is None:
+            dense = 3 * len(offsets) < 2 * self.width
+        if dense:
             scores = self.head_scores(items, offsets, step.heads, frozen_encoder=frozen)
             terms = {name: head_loss(name, scores[name], batch) for name in step.heads}
         else:

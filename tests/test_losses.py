@@ -166,3 +166,22 @@ def test_autorec_family_trains_the_same_through_the_fast_losses(name, mode):
             assert fast_grads.keys() == dense_grads.keys() and fast_grads
             for k in fast_grads:
                 torch.testing.assert_close(fast_grads[k], dense_grads[k], rtol=1e-6, atol=1e-12)
+
+
+def test_autorec_picks_the_cheaper_loss_per_batch(monkeypatch):
+    """Dense for a batch below 2/3 of the width, the fast losses from there on."""
+    from models import autorec
+    from models.batch import Batch
+
+    calls = []
+    monkeypatch.setattr(autorec, "linear_mse", lambda *a, **k: calls.append(len(a[0])) or
+                        torch.tensor(0.0))
+    model = build("autorec", {"n_items": 11, "width": 6})
+    for b in (3, 4):  # 3 * 3 < 2 * 6: dense; 3 * 4 >= 12: fast
+        rows = [torch.tensor([1, 2])] * b
+        model(Batch(users=torch.arange(b), train_items=torch.cat(rows),
+                    train_offsets=torch.arange(b) * 2, train_rstar=torch.zeros(0),
+                    neg_items=torch.zeros(0, dtype=torch.int64),
+                    neg_counts=torch.zeros(0, dtype=torch.int64),
+                    neg_offsets=torch.zeros(b, dtype=torch.int64)))
+    assert calls == [4]
