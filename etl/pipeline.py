@@ -197,23 +197,51 @@ def positives_of(rows: DataFrame, fast_key: bool, cfg: ETLConfig, partitions: in
     return pos.persist(StorageLevel.MEMORY_AND_DISK), pairs
 
 
+def positions(df: DataFrame, order: list, name: str) -> DataFrame:
+    """``df`` with an int column ``name``: each row's 0-based position in ``order``, which must be
+    a total order; persisted. What ``row_number()`` over a window with no partition gives, without
+    sorting every row in one task: a range-partitioned sort (parallel), then each row's place in
+    its partition plus the rows of the partitions before it (one count per partition on the
+    driver). The sort is cached while the counts and the positions are taken from it: a second
+    run of a range partitioning samples again and may cut the ranges elsewhere."""
+    ranked = (df.orderBy(*order)
+              .withColumn("_part", F.spark_partition_id())
+              # within a partition: consecutive from the partition's first row, in sorted order
+              .withColumn("_local", F.monotonically_increasing_id())
+              .persist(StorageLevel.MEMORY_AND_DISK))
+    parts = sorted(ranked.groupBy("_part").agg(F.count(F.lit(1)).alias("n"),
+                                               F.min("_local").alias("first")).collect())
+    before, shift = 0, []
+    for r in parts:  # position = _local - first + rows before the partition
+        shift += [F.lit(r["_part"]), F.lit(before - r["first"])]
+        before += r["n"]
+    at = F.create_map(*shift)[F.col("_part")] if shift else F.lit(0)
+    out = (ranked.withColumn(name, (F.col("_local") + at).cast("int")).drop("_part", "_local")
+           .persist(StorageLevel.MEMORY_AND_DISK))
+    out.count()  # cached before the sort it came from goes: a new sort may cut its ranges elsewhere
+    ranked.unpersist()
+    return out
+
+
 def index_users(pos: DataFrame, cfg: ETLConfig, progress: Progress, counts: dict) -> DataFrame:
-    """``user_id, user_index, cold, n``: contiguous indices in id order; a seeded cold-user draw."""
+    """``user_id, user_index, cold, n``: contiguous indices in id order; a seeded cold-user draw.
+    Both are positions in a sort (``positions``), so no step holds every user in one task."""
     base = pos.groupBy("user_id").agg(F.count(F.lit(1)).alias("n")).persist(StorageLevel.MEMORY_AND_DISK)
     numeric = _all_integers(base, "user_id")
     m = base.count()
     n_cold = int(round(cfg.cold_users * m))
     if cfg.cold_users > 0 and m - n_cold < 1:
         raise InputDataError(f"--cold-users {cfg.cold_users} leaves no training user out of {m}")
-    users = base.withColumn("user_index", (F.row_number().over(
-        Window.orderBy(*_order_key("user_id", numeric))) - 1).cast("int"))
+    by_id = positions(base, _order_key("user_id", numeric), "user_index")
+    base.unpersist()
     # seeded sample without replacement: the n_cold users with the smallest seeded hash
     # hash of the id as read (a string), so the draw does not depend on how ids are carried
-    draw = F.row_number().over(Window.orderBy(F.xxhash64(F.lit(cfg.seed), as_str("user_id")),
-                                              "user_index"))
-    users = users.withColumn("cold", draw <= n_cold).persist(StorageLevel.MEMORY_AND_DISK)
+    drawn = positions(by_id, [F.xxhash64(F.lit(cfg.seed), as_str("user_id")), "user_index"], "_draw")
+    by_id.unpersist()
+    users = (drawn.withColumn("cold", F.col("_draw") < n_cold).drop("_draw")
+             .persist(StorageLevel.MEMORY_AND_DISK))
     single = users.where(F.col("n") == 1).count()
-    base.unpersist()
+    drawn.unpersist()
     counts.update(users=m, cold_users=n_cold, users_single_positive=int(single),
                   users_numeric_ids=numeric)
     progress.done("users", users=m, cold=n_cold, single_positive=int(single))
@@ -224,9 +252,7 @@ def index_items(pos: DataFrame, progress: Progress, counts: dict) -> DataFrame:
     """``item_id, item_index``: contiguous indices in id order (as numbers when all are)."""
     base = pos.select("item_id").distinct().persist(StorageLevel.MEMORY_AND_DISK)
     numeric = _all_integers(base, "item_id")
-    items = base.withColumn("item_index", (F.row_number().over(
-        Window.orderBy(*_order_key("item_id", numeric))) - 1).cast("int"))
-    items = items.persist(StorageLevel.MEMORY_AND_DISK)
+    items = positions(base, _order_key("item_id", numeric), "item_index")
     n = items.count()
     base.unpersist()
     counts.update(items=n, items_numeric_ids=numeric)
@@ -255,7 +281,9 @@ def split_positives(pos: DataFrame, users: DataFrame, items: DataFrame,
     n_holdout = F.floor(n * h.numerator / h.denominator)
     label = F.when(k < n - n_holdout, "train").when(k < n - n_test, "valid").otherwise("test")
     df = (pos.join(F.broadcast(items), "item_id")
-          .join(F.broadcast(users.select("user_id", "user_index", "cold")), "user_id")
+          # users by a plain join: broadcast by Spark while they are small, never forced (10^8
+          # users would not fit a broadcast); the positives keep their partitioning by user
+          .join(users.select("user_id", "user_index", "cold"), "user_id")
           .withColumn("split", label))
     df = df.persist(StorageLevel.MEMORY_AND_DISK)
     per = df.groupBy("split", "cold").agg(F.count(F.lit(1)).alias("n")).collect()

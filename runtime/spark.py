@@ -56,16 +56,6 @@ def _code_zip() -> str:
     return str(path)
 
 
-def _quiet(spark, logger: str) -> None:
-    """Raise one JVM logger to ERROR (a warning that is expected and would bury real ones)."""
-    jvm = spark.sparkContext._jvm
-    try:
-        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
-            logger, jvm.org.apache.logging.log4j.Level.ERROR)
-    except Exception:  # a cluster with another logging backend: keep the warning
-        pass
-
-
 def loopback_conf(master: str, submitted: dict[str, str]) -> dict[str, str]:
     """Settings keeping a local-mode driver and UI on 127.0.0.1; ``submitted``: what the user
     configured already (spark-submit's ``--conf``), which always wins. Empty for cluster masters,
@@ -118,7 +108,6 @@ def get_spark(app_name: str, conf: dict[str, str] | None = None):
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "WARN"))
-    _quiet(spark, "org.apache.spark.sql.execution.window.WindowExec")  # global index windows: by design
     if not getattr(spark, "_nce_code_shipped", False):
         spark.sparkContext.addPyFile(_code_zip())
         spark._nce_code_shipped = True
