@@ -6,8 +6,8 @@ AutoRec never reads them). Cold-start users never reach training or validation.
     training:   warm users; their train items (train + valid items for the final retraining),
                 R* (stored, or from the per-item table for another beta / the final retraining),
                 negatives (the ETL's, or drawn per epoch from the training popularity)
-    validation: warm users with a validation item; each worker scores users with
-                user_index % world_size == rank, so every user counts exactly once
+    validation: warm users with a validation item; each worker reads and scores its own share
+                (``training.ingest``), so every user counts exactly once
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 One epoch = one pass over this worker's share of the warm users (Ray Data's equal streaming split,
 so every rank runs the same number of DDP steps), then validation over all validation users (each
-rank scores ``user_index % world == rank``; sums are all-reduced), then a checkpoint from rank 0 and
-a ``ray.train.report`` on every rank (it is a barrier).
+rank reads and scores its own share, ``training.ingest``; sums are all-reduced), then a checkpoint
+from rank 0 and a ``ray.train.report`` on every rank (it is a barrier).
 
 Progress lives in a plain dict saved with each checkpoint, so that a restarted worker group (a
 killed worker, ``FailureConfig``) or a rerun with the same run name resumes at the next epoch with
@@ -57,6 +57,13 @@ def new_progress() -> dict:
     return {"epoch": 0, "phase": 0, "phase_epoch": 0, "best_ndcg": -1.0, "best_epoch": -1,
             "bad_epochs": 0, "last_loss": None, "phase_epochs": [], "done": False,
             "diverged": None, "history": []}
+
+
+def allreduce_bytes(model, phases: list) -> int:
+    """The gradient bytes one optimisation step all-reduces (the largest step of any phase; a
+    per-user model's user vectors included: they are dense parameters)."""
+    return max(sum(p.numel() * p.element_size() for p in model.step_parameters(s)
+                   if p.requires_grad) for steps in phases for s in steps)
 
 
 def all_sum(values: list[float], device: torch.device) -> list[float]:
@@ -145,6 +152,9 @@ def train_loop(config: dict) -> None:
     optimizers = optimizers_for(progress["phase"], opt_states)
     make = BatchMaker(feed)
     per_worker = max(1, cfg.batch_size // world)
+    if rank == 0 and world > 1:
+        say(f"DDP: {per_worker} users per worker per step; each step all-reduces "
+            f"{allreduce_bytes(model, all_phases) / 2**20:,.1f} MiB of gradients")
     train_shard = ray.train.get_dataset_shard("train")
     valid_rows = ray.train.get_dataset_shard("valid") if not cfg.final_retraining else None
     times: list[float] = []
@@ -184,8 +194,7 @@ def train_loop(config: dict) -> None:
 
         ndcg = recall = None
         if valid_rows is not None and last_phase:
-            ndcg, recall = evaluate(net, valid_rows, rank, world, device,
-                                    batch_size=max(per_worker, 256))
+            ndcg, recall = evaluate(net, valid_rows, device, batch_size=max(per_worker, 256))
         diverged = not all(math.isfinite(v) for v in loss.values())
         phase_loss = None if last_phase else unwrap(net).monitor(phase, loss)
         record = {"epoch": epoch + 1, "phase": phase + 1, "train_seconds": train_s,
@@ -228,15 +237,14 @@ def train_loop(config: dict) -> None:
 
 
 @torch.no_grad()
-def evaluate(net, valid_rows, rank: int, world: int, device: torch.device,
-             batch_size: int) -> tuple[float, float]:
+def evaluate(net, valid_rows, device: torch.device, batch_size: int) -> tuple[float, float]:
     """Mean validation NDCG and Recall@50 over all validation users (all ranks together)."""
     net.eval()
     model = unwrap(net)
     ndcg_sum = recall_sum = 0.0
     count = 0
-    for rows in valid_rows.iter_batches(batch_size=batch_size * world, batch_format="pyarrow"):
-        vb = valid_batch(rows, rank, world)
+    for rows in valid_rows.iter_batches(batch_size=batch_size, batch_format="pyarrow"):
+        vb = valid_batch(rows, 0, 1)  # this rank's share already (training.ingest)
         if vb is None:
             continue
         vb = vb.to(device)

@@ -165,10 +165,10 @@ def start_ray(cfg: TrainConfig, address: str | None) -> float:
 
 
 def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
-    from ray.train import (CheckpointConfig, DataConfig, FailureConfig, RunConfig,
-                           ScalingConfig)
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    from training.ingest import ShardedValidation
     from training.loop import train_loop
 
     plan = F.plan(MODELS[cfg.model], prep, cfg)
@@ -192,7 +192,7 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
         run_config=RunConfig(name=cfg.run_name, storage_path=cfg.output,
                              failure_config=FailureConfig(max_failures=cfg.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=2)),
-        datasets=datasets, dataset_config=DataConfig(datasets_to_split=["train"]))
+        datasets=datasets, dataset_config=ShardedValidation())
     return trainer.fit()
 
 
