@@ -58,6 +58,7 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
     opts = make_optimizers(model, all_phases[0], cfg.learning_rate)
     p = new_progress()
     rng = np.random.default_rng(cfg.seed)
+    curve = []  # (seconds so far, validation NDCG) after each validated epoch
     t0 = time.perf_counter()
     while not p["done"]:
         phase = p["phase"]
@@ -72,13 +73,14 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
         if valid is not None and phase == len(all_phases) - 1:
             model.eval()  # in chunks of users: a fold-in over every user at once would not fit
             ndcg = validate(model, rows)[0]
+            curve.append((time.perf_counter() - t0, ndcg))
         embed = (model.monitor(phase, {h: v / rows.num_rows for h, v in sums.items()})
                  if phase < len(all_phases) - 1 else None)
         _, switched = next_state(p, cfg, len(all_phases), embed, ndcg)
         if switched:
             opts = make_optimizers(model, all_phases[p["phase"]], cfg.learning_rate)
     return {"best_ndcg": p["best_ndcg"], "best_epoch": p["best_epoch"], "epochs": p["epoch"],
-            "seconds": time.perf_counter() - t0, "net": model.eval()}
+            "seconds": time.perf_counter() - t0, "curve": curve, "net": model.eval()}
 
 
 def load(data: str):
@@ -109,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             for width, lr, lam in itertools.product(*GRID.values()):
                 cfg = replace(base, data=data, model=model, width=width, lr=lr, lam=lam, epochs=EPOCHS)
                 r = {"dataset": prep.dataset, "model": model, "width": width, "lr": lr, "lam": lam,
-                     **{k: v for k, v in train_one(cfg, prep, rows, valid).items() if k != "net"}}
+                     **{k: v for k, v in train_one(cfg, prep, rows, valid).items()
+                        if k not in ("net", "curve")}}
                 results.append(r)
                 print(json.dumps(r), flush=True)
     write(results, args, base)
