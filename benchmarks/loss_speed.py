@@ -82,7 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="128,1024,4096")
     p.add_argument("--steps", type=int, default=4, help="timed steps per measurement")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "loss_speed"))
+    p.add_argument("--note", default="", help="a line on the conditions, kept with the results")
+    p.add_argument("--report-only", action="store_true",
+                   help="rewrite the .md from the .json (with --note, if given)")
     args = p.parse_args(argv)
+    if args.report_only:
+        saved = json.loads(Path(args.out).with_suffix(".json").read_text())
+        write(saved["results"], args, saved)
+        return 0
     torch.set_num_threads(os.cpu_count() or 1)
     results = []
     for shape in args.shapes.split(","):
@@ -102,27 +109,39 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def write(results: list[dict], args) -> None:
+def default_way(model: str, batch: int) -> str:
+    """What the model trains with by default at this batch size (``AutoRec.dense_for``)."""
+    net = MODELS[model].from_config(1, {"width": WIDTH})
+    ways = {"dense" if net.dense_for(h, batch) else "fast" for h in net.heads_trained}
+    return "/".join(sorted(ways)) if len(ways) > 1 else ways.pop()
+
+
+def write(results: list[dict], args, saved: dict | None = None) -> None:
     out = Path(args.out)
     stamp = {"command": "python benchmarks/loss_speed.py " + " ".join(sys.argv[1:]),
              "machine": f"{platform.node()}, {os.cpu_count()} cores, "
                         f"{torch.get_num_threads()} torch threads",
              "date": time.strftime("%Y-%m-%d"), "width": WIDTH, "negatives": NEGATIVES,
-             "steps": args.steps}
+             "steps": args.steps, "note": args.note}
+    if saved:  # --report-only: the measured run's stamp, the note as given now (or as saved)
+        stamp = {**{k: saved.get(k, v) for k, v in stamp.items()}, "note": args.note or
+                 saved.get("note", "")}
     tmp = out.parent / (out.name + ".json.tmp")
     tmp.write_text(json.dumps({**stamp, "results": results}, indent=2) + "\n")
     os.replace(tmp, out.with_suffix(".json"))
     lines = ["# The AutoRec family's training step: exact fast losses against dense scores\n",
              f"Command: `{stamp['command']}`  ", f"Machine: {stamp['machine']}; {stamp['date']}.  ",
              f"Width {WIDTH}, N = {NEGATIVES} negatives per user, joint mode (both heads); the "
-             f"bare step (forward, backward, Adam) on in-memory batches, {args.steps} timed steps "
-             "after a warm-up. Users per second; ratio = fast / dense.\n",
+             f"bare step (forward, backward, Adam) on in-memory batches, {stamp['steps']} timed "
+             "steps after a warm-up. Users per second; ratio = fast / dense; default: the way "
+             "the model takes at that batch size (the NS head always dense).  ",
+             f"{stamp['note']}\n",
              "| shape | model | batch | dense users/s | fast users/s | fast / dense | default |",
              "|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['shape']} ({r['items']:,} items) | {r['model']} | {r['batch']:,} | "
                      f"{r['dense']:,.0f} | {r['fast']:,.0f} | {r['ratio']:.1f}x | "
-                     f"{'dense' if 3 * r['batch'] < 2 * WIDTH else 'fast'} |")
+                     f"{default_way(r['model'], r['batch'])} |")
     tmp = out.parent / (out.name + ".md.tmp")
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, out.with_suffix(".md"))

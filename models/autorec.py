@@ -19,10 +19,9 @@ Modes of the two-headed models (protocol.md, "Modes"), as this model's phases of
     full-finetune     phase 1 as above; phase 2: encoder + predict head on MSE
 
 Training need not form the (B, n_items) scores: each head's loss is computed exactly from the code
-and the head's parameters (``models.losses.linear_mse`` for the predict and NCE heads,
-``linear_ns`` for the NS head), O(n d^2 + nnz d) a batch instead of O(B n d), where batches are
-large enough for that to be cheaper (``dense_loss``); else, and as the reference, through the
-dense scores (same values and gradients up to rounding).
+and the head's parameters (``models.losses.linear_mse`` for the predict and NCE heads: O(n d^2 +
+nnz d) a batch instead of O(B n d)) where that is cheaper (``dense_for``); else, and as the
+reference, through the dense scores (same values and gradients up to rounding).
 Scoring is dense: a recommendation ranks every item.
 
 L2 (``lam`` * mean(W^2) per matrix; biases are not regularised) covers the matrices a step trains;
@@ -63,10 +62,13 @@ class AutoRec(Recommender):
     embed_head: ClassVar[str | None] = None   # the de-popularising head (nce | ns), if any
     recommend_head: ClassVar[str] = "predict"
     hyperparameters = {"width": 200, "lam": 30.0}
-    #: train through the dense (B, n_items) scores (True) or the exact fast losses (False); None:
-    #: whichever costs less for the batch. Per head, the dense way costs about 3 B n d (product
-    #: and two gradients), the fast one about 2 n d^2 (W'W and its gradient): the fast way from
-    #: B >= 2d/3 on (benchmarks/results/loss_speed.md). The model and gradients are the same.
+    #: train each head through the dense (B, n_items) scores (True) or its exact fast loss
+    #: (False); None: whichever is cheaper. For the predict and NCE heads the dense way costs
+    #: about 3 B n d (product and two gradients), the fast one about 2 n d^2 (W'W and its
+    #: gradient): fast from B >= 2d/3 on. The NS head stays dense: scoring its positives and N
+    #: negatives per user gathers (nnz + N) x d per batch in each direction, which measured slower
+    #: than the dense product on a CPU at every batch size (benchmarks/results/loss_speed.md).
+    #: The model and its gradients are the same either way.
     dense_loss: bool | None = None
 
     def __init__(self, n_items: int, width: int, lam: float, mode: str | None = None):
@@ -136,20 +138,22 @@ class AutoRec(Recommender):
     def monitor(self, phase: int, terms: dict[str, float]) -> float:
         return terms[self.embed_head] if self.embed_head in terms else sum(terms.values())
 
+    def dense_for(self, head: str, batch_size: int) -> bool:
+        """Whether ``head`` trains through the dense scores for a batch of this size."""
+        if self.dense_loss is not None:
+            return self.dense_loss
+        return head == "ns" or 3 * batch_size < 2 * self.width
+
     def forward(self, batch: Batch, step: Step | None = None) -> dict[str, torch.Tensor]:
         """Each trained head's loss, and ``l2`` over the matrices the step trains."""
         step = step or self.phases()[0][0]
         items, offsets, frozen = batch.train_items, batch.train_offsets, not step.train_encoder
-        dense = self.dense_loss
-        if dense is None:
-            dense = 3 * len(offsets) < 2 * self.width
-        if dense:
-            scores = self.head_scores(items, offsets, step.heads, frozen_encoder=frozen)
-            terms = {name: head_loss(name, scores[name], batch) for name in step.heads}
-        else:
-            h = self.code(items, offsets, frozen)
-            terms = {name: linear_head_loss(name, self.heads[name], h, batch)
-                     for name in step.heads}
+        fast = [name for name in step.heads if not self.dense_for(name, len(offsets))]
+        h = self.code(items, offsets, frozen)
+        terms = {name: linear_head_loss(name, self.heads[name], h, batch) for name in fast}
+        terms.update({name: head_loss(name, self.heads[name](h), batch)
+                      for name in step.heads if name not in fast})
+        terms = {name: terms[name] for name in step.heads}  # the step's order, for the logs
         weights = [self.heads[name].weight for name in step.heads]
         if step.train_encoder:
             weights.append(self.encoder.weight)

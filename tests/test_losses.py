@@ -169,7 +169,8 @@ def test_autorec_family_trains_the_same_through_the_fast_losses(name, mode):
 
 
 def test_autorec_picks_the_cheaper_loss_per_batch(monkeypatch):
-    """Dense for a batch below 2/3 of the width, the fast losses from there on."""
+    """Dense for a batch below 2/3 of the width, the fast losses from there on; the NS head dense
+    unless asked (its gathered loss measured slower on a CPU)."""
     from models import autorec
     from models.batch import Batch
 
@@ -185,3 +186,7 @@ def test_autorec_picks_the_cheaper_loss_per_batch(monkeypatch):
                     neg_counts=torch.zeros(0, dtype=torch.int64),
                     neg_offsets=torch.zeros(b, dtype=torch.int64)))
     assert calls == [4]
+    ns = build("ohns-autorec", {"n_items": 11, "width": 6})
+    assert ns.dense_for("ns", 10_000) and not model.dense_for("predict", 10_000)
+    ns.dense_loss = False
+    assert not ns.dense_for("ns", 1)
