@@ -21,10 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks import report  # noqa: E402
 from benchmarks.baselines import prepare  # noqa: E402
 from benchmarks.tune_defaults import load, train_one  # noqa: E402
 from models.autorec import AutoRec  # noqa: E402
@@ -94,14 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write(results: list[dict], args) -> None:
-    out = Path(args.out)
-    stamp = {"command": "python benchmarks/batch_defaults.py " + " ".join(sys.argv[1:]),
-             "machine": f"{platform.node()}, {os.cpu_count()} cores, "
-                        f"{torch.get_num_threads()} torch threads",
-             "date": time.strftime("%Y-%m-%d"), "epochs_cap": EPOCHS, "reference": REFERENCE}
-    tmp = out.parent / (out.name + ".json.tmp")
-    tmp.write_text(json.dumps({**stamp, "results": results}, indent=2) + "\n")
-    os.replace(tmp, out.with_suffix(".json"))
+    stamp = {**report.stamp("batch_defaults.py"), "epochs_cap": EPOCHS, "reference": REFERENCE}
     lines = ["# Batch size and learning rate of the AutoRec family: quality against time\n",
              f"Command: `{stamp['command']}`  ", f"Machine: {stamp['machine']}; {stamp['date']}.  ",
              f"Width 200, joint mode, lambda as chosen in baselines.md, early stopping (patience "
@@ -120,9 +112,7 @@ def write(results: list[dict], args) -> None:
         lines.append(f"| {r['dataset']} | {r['model']} | {r['batch']} | {r['lr']:g} | {r['way']} | "
                      f"{r['best_ndcg']:.4f} | {frac} | {r['best_epoch']} | "
                      f"{r['seconds_to_best']:.1f} | {speed} |")
-    tmp = out.parent / (out.name + ".md.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, out.with_suffix(".md"))
+    report.publish(Path(args.out), {**stamp, "results": results}, lines)
 
 
 if __name__ == "__main__":

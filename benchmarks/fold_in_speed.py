@@ -23,9 +23,7 @@ float rounding). Results: ``benchmarks/results/fold_in_speed.{json,md}``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -36,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks import report  # noqa: E402
 from benchmarks.baselines import prepare  # noqa: E402
 from benchmarks.tune_defaults import load  # noqa: E402
 from models import peruser  # noqa: E402
@@ -88,15 +87,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write(results: list[dict], args) -> None:
-    out = Path(args.out)
-    stamp = {"command": "python benchmarks/fold_in_speed.py " + " ".join(sys.argv[1:]),
-             "machine": f"{platform.node()}, {os.cpu_count()} cores, "
-                        f"{torch.get_num_threads()} torch threads",
-             "date": time.strftime("%Y-%m-%d"), "fold_steps": peruser.FOLD_STEPS,
+    stamp = {**report.stamp("fold_in_speed.py"), "fold_steps": peruser.FOLD_STEPS,
              "block_floats": DEFAULT[1], "gather_cost": DEFAULT[0]}
-    tmp = out.parent / (out.name + ".json.tmp")
-    tmp.write_text(json.dumps({**stamp, "results": results}, indent=2) + "\n")
-    os.replace(tmp, out.with_suffix(".json"))
     lines = ["# Fold-in speed: one validation of every warm user (fold-in + top 50)\n",
              f"Command: `{stamp['command']}`  ", f"Machine: {stamp['machine']}; {stamp['date']}.  ",
              f"{stamp['fold_steps']} Adam steps per fold-in; blocks of at most "
@@ -112,10 +104,7 @@ def write(results: list[dict], args) -> None:
                      f" | {r['blocked']['seconds']:.2f} ({d / r['blocked']['seconds']:.1f}x) | "
                      f"{r['default']['seconds']:.2f} ({d / r['default']['seconds']:.1f}x) | "
                      f"{r['dense']['ndcg']:.5f} / {r['default']['ndcg']:.5f} |")
-    tmp = out.parent / (out.name + ".md.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, out.with_suffix(".md"))
-
+    report.publish(Path(args.out), {**stamp, "results": results}, lines)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks import report  # noqa: E402
 from benchmarks.train_throughput import SHAPES  # noqa: E402
 from models.batch import Batch  # noqa: E402
 from models.registry import MODELS  # noqa: E402
@@ -117,18 +117,11 @@ def default_way(model: str, batch: int) -> str:
 
 
 def write(results: list[dict], args, saved: dict | None = None) -> None:
-    out = Path(args.out)
-    stamp = {"command": "python benchmarks/loss_speed.py " + " ".join(sys.argv[1:]),
-             "machine": f"{platform.node()}, {os.cpu_count()} cores, "
-                        f"{torch.get_num_threads()} torch threads",
-             "date": time.strftime("%Y-%m-%d"), "width": WIDTH, "negatives": NEGATIVES,
+    stamp = {**report.stamp("loss_speed.py"), "width": WIDTH, "negatives": NEGATIVES,
              "steps": args.steps, "note": args.note}
     if saved:  # --report-only: the measured run's stamp, the note as given now (or as saved)
         stamp = {**{k: saved.get(k, v) for k, v in stamp.items()}, "note": args.note or
                  saved.get("note", "")}
-    tmp = out.parent / (out.name + ".json.tmp")
-    tmp.write_text(json.dumps({**stamp, "results": results}, indent=2) + "\n")
-    os.replace(tmp, out.with_suffix(".json"))
     lines = ["# The AutoRec family's training step: exact fast losses against dense scores\n",
              f"Command: `{stamp['command']}`  ", f"Machine: {stamp['machine']}; {stamp['date']}.  ",
              f"Width {WIDTH}, N = {NEGATIVES} negatives per user, joint mode (both heads); the "
@@ -142,9 +135,7 @@ def write(results: list[dict], args, saved: dict | None = None) -> None:
         lines.append(f"| {r['shape']} ({r['items']:,} items) | {r['model']} | {r['batch']:,} | "
                      f"{r['dense']:,.0f} | {r['fast']:,.0f} | {r['ratio']:.1f}x | "
                      f"{default_way(r['model'], r['batch'])} |")
-    tmp = out.parent / (out.name + ".md.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, out.with_suffix(".md"))
+    report.publish(Path(args.out), {**stamp, "results": results}, lines)
 
 
 if __name__ == "__main__":

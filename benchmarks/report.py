@@ -1,0 +1,33 @@
+"""What every benchmark's results carry, and how they are written: the command, machine and date
+that produced them, and a JSON + Markdown pair replaced atomically (a run that fails midway
+leaves the committed results as they were)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def stamp(script: str, argv: list[str] | None = None) -> dict:
+    """The command (as typed), machine (cores, torch threads) and date of this run."""
+    args = sys.argv[1:] if argv is None else argv
+    return {"command": f"python benchmarks/{script} " + " ".join(args),
+            "machine": f"{platform.node()}, {os.cpu_count()} cores, "
+                       f"{torch.get_num_threads()} torch threads",
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def publish(out: Path, payload: dict, lines: list[str]) -> None:
+    """``out``.json (``payload``) and ``out``.md (``lines``), each written whole, then renamed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for suffix, text in ((".json", json.dumps(payload, indent=2) + "\n"),
+                         (".md", "\n".join(lines) + "\n")):
+        tmp = out.parent / (out.name + suffix + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, out.with_suffix(suffix))
