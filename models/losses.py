@@ -86,7 +86,9 @@ def linear_mse(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, idx: t
     t = torch.ones(len(idx), device=h.device, dtype=h.dtype) if values is None else values.to(h.dtype)
     every = ((h @ (weight.T @ weight)) * h).sum() + 2 * (h @ (weight.T @ bias)).sum() \
         + b * bias.pow(2).sum()
-    at_target = (t * linear_at(h, weight, bias, row_ids(offsets, len(idx)), idx)).sum()
+    # sum_i h_i . (sum_j t_ij W_j): one EmbeddingBag of W's rows per user, no (nnz, d) gather of h
+    sums = F.embedding_bag(idx, weight, offsets, mode="sum", per_sample_weights=t)
+    at_target = (h * sums).sum() + (t * bias.index_select(0, idx)).sum()
     return (every - 2 * at_target + t.pow(2).sum()) / (b * n)
 
 
