@@ -96,6 +96,9 @@ OVERRIDES = {"citeulike-a": {
 }}
 
 
+CITEULIKE_AUTOREC = {"lam": [0.3, 3.0]}  # the AutoRec family there, with --with-autorec-on-citeulike
+
+
 def points(grid: dict) -> list[dict]:
     keys = sorted(grid)
     return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
@@ -242,7 +245,7 @@ def write(results: dict, args) -> None:
                          f"{v['test_ci95']:.4f} | {seconds} |")
         lines.append("")
     lines.append("Grids: " + "; ".join(f"{m}: {g or 'none'}" for m, g in GRIDS.items()))
-    lines.append("\nOn citeulike-a: " + "; ".join(f"{m}: {g if g is not None else 'not run'}"
+    lines.append("\nOn citeulike-a: " + "; ".join(f"{m}: {g if g is not None else CITEULIKE_AUTOREC}"
                                                  for m, g in OVERRIDES["citeulike-a"].items()))
     (out.parent / (out.name + ".md.tmp")).write_text("\n".join(lines) + "\n")
     os.replace(out.parent / (out.name + ".md.tmp"), out.with_suffix(".md"))
@@ -277,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
              "date": time.strftime("%Y-%m-%d")}
     results = previous(Path(args.out))
     if args.with_autorec_on_citeulike:
-        OVERRIDES["citeulike-a"].update({m: {"lam": [0.3, 3.0]} for m in ("autorec", "nce-autorec")})
+        OVERRIDES["citeulike-a"].update({m: CITEULIKE_AUTOREC for m in ("autorec", "nce-autorec")})
     for name in args.datasets.split(","):
         merge(results, name, run_dataset(name, prepare(name, Path(args.shared), work), models, stamp))
         write(results, args)  # after each dataset: a long run that stops keeps what it measured
