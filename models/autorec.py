@@ -65,9 +65,10 @@ class AutoRec(Recommender):
     #: train each head through the dense (B, n_items) scores (True) or its exact fast loss
     #: (False); None: whichever is cheaper. For the predict and NCE heads the dense way costs
     #: about 3 B n d (product and two gradients), the fast one about 2 n d^2 (W'W and its
-    #: gradient): fast from B >= 2d/3 on. The NS head stays dense: scoring its positives and N
-    #: negatives per user gathers (nnz + N) x d per batch in each direction, which measured slower
-    #: than the dense product on a CPU at every batch size (benchmarks/results/loss_speed.md).
+    #: gradient): fast from B >= 2d/3 on (NCE-AutoRec's step at batch 4096: 12.8x at the Yahoo
+    #: shape). The NS head stays dense: scoring its positives and N negatives per user gathers
+    #: (nnz + N) x d per batch in each direction, which measured 0.5-2.2x of the dense product on
+    #: a CPU, slower for OHNS-AutoRec at every batch size (benchmarks/results/loss_speed.md).
     #: The model and its gradients are the same either way.
     dense_loss: bool | None = None
 
