@@ -149,12 +149,10 @@ class AutoRec(Recommender):
         """Each trained head's loss, and ``l2`` over the matrices the step trains."""
         step = step or self.phases()[0][0]
         items, offsets, frozen = batch.train_items, batch.train_offsets, not step.train_encoder
-        fast = [name for name in step.heads if not self.dense_for(name, len(offsets))]
         h = self.code(items, offsets, frozen)
-        terms = {name: linear_head_loss(name, self.heads[name], h, batch) for name in fast}
-        terms.update({name: head_loss(name, self.heads[name](h), batch)
-                      for name in step.heads if name not in fast})
-        terms = {name: terms[name] for name in step.heads}  # the step's order, for the logs
+        terms = {name: head_loss(name, self.heads[name](h), batch)
+                 if self.dense_for(name, len(offsets))
+                 else linear_head_loss(name, self.heads[name], h, batch) for name in step.heads}
         weights = [self.heads[name].weight for name in step.heads]
         if step.train_encoder:
             weights.append(self.encoder.weight)

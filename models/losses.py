@@ -6,7 +6,7 @@ Sparse targets use the EmbeddingBag layout of ``models.batch``: values for user 
 Each loss of a linear head ``y = W h + b`` comes twice: from the dense (B, n_items) scores
 (``mse_loss``, ``ns_loss``: the reference, O(B n d) for the product and its gradients), and from
 the code ``h`` and the head's parameters without forming them (``linear_mse``, ``linear_ns``: the
-exact fast path the AutoRec family trains with). The fast MSE expands the square:
+exact fast paths; ``AutoRec.dense_for`` picks per head and batch). The fast MSE expands the square:
 
     sum_ij (t_ij - y_ij)^2 = sum_i [ h_i' (W'W) h_i + 2 h_i' W'b + |b|^2 ]       (every entry)
                              - 2 sum_(i,j) in t t_ij y_ij + sum_(i,j) in t t_ij^2   (t's non-zeros)
