@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks import report  # noqa: E402
 from prepared import schema as S  # noqa: E402
 from evaluation.metrics import hit_matrix, per_user  # noqa: E402
 from infra.submit import spark_submit  # noqa: E402
@@ -216,11 +217,6 @@ def merge(results: dict, name: str, new: dict) -> None:
 
 
 def write(results: dict, args) -> None:
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    (out.parent / (out.name + ".json.tmp")).write_text(json.dumps(
-        {"grids": GRIDS, "results": results}, indent=2))
-    os.replace(out.parent / (out.name + ".json.tmp"), out.with_suffix(".json"))
     rows = [v for r in results.values() for v in r["models"].values()]
     commands = sorted({(v["command"], v["machine"], v["date"]) for v in rows})
     lines = ["# Baselines and the AutoRec family by the protocol: validation-chosen, retrained on "
@@ -247,8 +243,7 @@ def write(results: dict, args) -> None:
     lines.append("Grids: " + "; ".join(f"{m}: {g or 'none'}" for m, g in GRIDS.items()))
     lines.append("\nOn citeulike-a: " + "; ".join(f"{m}: {g if g is not None else CITEULIKE_AUTOREC}"
                                                  for m, g in OVERRIDES["citeulike-a"].items()))
-    (out.parent / (out.name + ".md.tmp")).write_text("\n".join(lines) + "\n")
-    os.replace(out.parent / (out.name + ".md.tmp"), out.with_suffix(".md"))
+    report.publish(Path(args.out), {"grids": GRIDS, "results": results}, lines)
 
 
 def main(argv: list[str] | None = None) -> int:

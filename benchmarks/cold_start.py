@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks import report  # noqa: E402
 from benchmarks.baselines import DATASETS, fit, prepare  # noqa: E402
 from infra.demo import commit  # noqa: E402
 from models.registry import save  # noqa: E402
@@ -151,10 +152,6 @@ def previous(out: Path) -> dict:
 def write(results: dict, out: Path) -> None:
     """Every dataset's results (JSON and Markdown, replaced atomically), each under the command,
     machine, date and commit that produced it."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / (out.name + ".json.tmp")
-    tmp.write_text(json.dumps({"results": results}, indent=2) + "\n")
-    os.replace(tmp, out.with_suffix(".json"))
     md = ["# Cold-start study: every model on users held out of training\n",
           "Each model at the configuration `baselines.md` chose on validation, retrained on "
           "train+valid; scored by `evaluation/score.py` (cold-start users: their train part as "
@@ -179,9 +176,7 @@ def write(results: dict, out: Path) -> None:
                f"![scatter](cold_start/{name}-scatter.png)\n",
                "<details><summary>every metric (evaluate.py's report)</summary>\n", "```",
                r["report"], "```", "</details>\n"]
-    tmp = out.parent / (out.name + ".md.tmp")
-    tmp.write_text("\n".join(md))
-    os.replace(tmp, out.with_suffix(".md"))
+    report.publish(out, {"results": results}, md)
 
 
 def main(argv: list[str] | None = None) -> int:
