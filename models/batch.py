@@ -29,8 +29,13 @@ class Batch:
         return len(self.users)
 
     def to(self, device: torch.device) -> Batch:
-        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=True)
-                        for f in fields(self)})
+        """On ``device``. To a GPU through pinned host memory, so the copies are asynchronous
+        (non_blocking from pageable memory is a synchronous copy)."""
+        device = torch.device(device)
+        pin = device.type == "cuda"
+        return Batch(**{f.name: (t.pin_memory() if pin and not t.is_pinned() else t)
+                        .to(device, non_blocking=True)
+                        for f in fields(self) for t in [getattr(self, f.name)]})
 
 
 def flat(col) -> tuple[np.ndarray, np.ndarray]:

@@ -81,15 +81,58 @@ def linear_at(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, rows: t
 def linear_mse(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, idx: torch.Tensor,
                offsets: torch.Tensor, values: torch.Tensor | None = None) -> torch.Tensor:
     """``mse_loss(F.linear(h, weight, bias), idx, offsets, values)`` exactly, without the (B, n)
-    scores (the expansion in the module docstring). ``h`` (B, d), ``weight`` (n, d), ``bias`` (n,)."""
-    b, n = h.shape[0], weight.shape[0]
+    scores (the expansion in the module docstring). ``h`` (B, d), ``weight`` (n, d), ``bias`` (n,).
+
+    Always computed in float32 or wider, autocast or not: the expansion subtracts large terms
+    (h'W'Wh against the target's), which bf16 would not resolve."""
     t = torch.ones(len(idx), device=h.device, dtype=h.dtype) if values is None else values.to(h.dtype)
-    every = ((h @ (weight.T @ weight)) * h).sum() + 2 * (h @ (weight.T @ bias)).sum() \
-        + b * bias.pow(2).sum()
-    # sum_i h_i . (sum_j t_ij W_j): one EmbeddingBag of W's rows per user, no (nnz, d) gather of h
-    sums = F.embedding_bag(idx, weight, offsets, mode="sum", per_sample_weights=t)
-    at_target = (h * sums).sum() + (t * bias.index_select(0, idx)).sum()
-    return (every - 2 * at_target + t.pow(2).sum()) / (b * n)
+    wide = torch.promote_types(h.dtype, torch.float32)
+    with torch.autocast(h.device.type, enabled=False):
+        return _LinearMSE.apply(h.to(wide), weight.to(wide), bias.to(wide), idx, offsets,
+                                t.to(wide))
+
+
+class _LinearMSE(torch.autograd.Function):
+    """The expansion with its gradient written out, so a step costs two (n, d) x (d, d) products
+    and one pass over W's gradient (autograd through ``W.T @ W`` takes three products, and the
+    EmbeddingBag over W another dense (n, d) gradient and its sum):
+
+        dL/dh = 2 [h G + W'b - S] / (B n)           G = W'W, S_i = sum_j t_ij W_j
+        dL/dW = 2 [W (h'h) + b (sum_i h_i)' - T'h] / (B n)
+        dL/db = 2 [W sum_i h_i + B b - T' 1] / (B n)   T: the (B, n) sparse target
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, idx, offsets, t):
+        b, n = h.shape[0], weight.shape[0]
+        gram = weight.T @ weight
+        wtb = weight.T @ bias
+        # S = T W: one EmbeddingBag of W's rows per user, no (nnz, d) gather of h
+        sums = F.embedding_bag(idx, weight, offsets, mode="sum", per_sample_weights=t)
+        every = ((h @ gram) * h).sum() + 2 * (h.sum(0) @ wtb) + b * bias.dot(bias)
+        at_target = (h * sums).sum() + t.dot(bias.index_select(0, idx))
+        ctx.save_for_backward(h, weight, bias, idx, offsets, t, gram, wtb, sums)
+        return (every - 2 * at_target + t.dot(t)) / (b * n)
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, weight, bias, idx, offsets, t, gram, wtb, sums = ctx.saved_tensors
+        b, n = h.shape[0], weight.shape[0]
+        c = 2 * grad / (b * n)
+        grad_h = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_h = torch.addmm(wtb - sums, h, gram).mul_(c)
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            h_sum = h.sum(0)
+            # T'h: each target entry adds t_ij h_i to W's row j (index_add: touched rows only)
+            rows = row_ids(offsets, len(idx))
+            if ctx.needs_input_grad[1]:
+                grad_w = (weight @ (h.T @ h).mul_(c)).addr_(bias, h_sum * c)
+                grad_w.index_add_(0, idx, h.index_select(0, rows) * (t * -c)[:, None])
+            if ctx.needs_input_grad[2]:
+                grad_b = torch.addmv(bias, weight, h_sum, beta=b).mul_(c)
+                grad_b.index_add_(0, idx, t * -c)
+        return grad_h, grad_w, grad_b, None, None, None
 
 
 def linear_ns(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pos_idx: torch.Tensor,
@@ -106,4 +149,21 @@ def linear_ns(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pos_idx
 
 def l2_penalty(weights: list[torch.Tensor], lam: float) -> torch.Tensor:
     """lambda * sum over weight matrices of mean(W^2)."""
-    return lam * sum(w.pow(2).mean() for w in weights)
+    return sum(_MeanSquare.apply(w, lam) for w in weights)
+
+
+class _MeanSquare(torch.autograd.Function):
+    """``lam * mean(w ** 2)`` in one read of ``w`` forward and one pass backward (autograd's pow
+    keeps a copy of w and makes three passes over an (n, d) matrix: a tenth of a Yahoo-shape step)."""
+
+    @staticmethod
+    def forward(ctx, w, lam):
+        ctx.save_for_backward(w)
+        ctx.lam = lam
+        flat = w.reshape(-1)
+        return lam * flat.dot(flat) / w.numel()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (w,) = ctx.saved_tensors
+        return w * (2 * ctx.lam * grad / w.numel()), None

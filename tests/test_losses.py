@@ -190,3 +190,40 @@ def test_autorec_picks_the_cheaper_loss_per_batch(monkeypatch):
     assert ns.dense_for("ns", 10_000) and not model.dense_for("predict", 10_000)
     ns.dense_loss = False
     assert not ns.dense_for("ns", 1)
+
+
+def test_l2_gradient_is_two_lambda_w_over_its_size():
+    w = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    (g,) = grads(l2_penalty([w], 0.7), (w,))
+    torch.testing.assert_close(g, 2 * 0.7 * w.detach() / 12)
+    assert torch.autograd.gradcheck(lambda x: l2_penalty([x], 0.7), (w,))
+
+
+@pytest.mark.parametrize("needs", ["h", "w", "bias", "w+bias"])
+def test_linear_mse_gradient_when_only_some_inputs_train(needs):
+    """A frozen encoder (h without grad) or a frozen head: the hand-written backward returns
+    each requested gradient alone, equal to the dense reference's."""
+    from models.losses import linear_mse
+
+    h, w, bias, idx, offsets = random_head(seed=3)
+    tensors = {"h": h, "w": w, "bias": bias}
+    for name, x in tensors.items():
+        x.requires_grad_(name in needs.split("+"))
+    wanted = [x for x in tensors.values() if x.requires_grad]
+    fast = grads(linear_mse(h, w, bias, idx, offsets), wanted)
+    dense = grads(mse_loss(torch.nn.functional.linear(h, w, bias), idx, offsets), wanted)
+    for a, b in zip(fast, dense):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-12)
+
+
+def test_linear_mse_stays_float32_under_bf16_autocast():
+    """The expansion subtracts terms of similar size: under autocast it must not run in bf16."""
+    from models.losses import linear_mse
+
+    h, w, bias, idx, offsets = (x.detach().float() if x.is_floating_point() else x
+                                for x in random_head(b=5, n=11, d=3, seed=4))
+    want = linear_mse(h, w, bias, idx, offsets)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = linear_mse(h, w, bias, idx, offsets)
+    assert got.dtype == torch.float32
+    assert got.item() == pytest.approx(want.item(), rel=1e-6)  # bf16 products: ~1e-2 off

@@ -179,6 +179,7 @@ def test_finetune_phase_one_ends_when_its_loss_converges_or_after_fixed_epochs()
     (dict(model="nce-autorec", mode="full-finetune", train_splits="train,valid"),
      "pass phase 1's epoch count"),
     (dict(train_splits="valid"), "--train-splits valid"),
+    (dict(model="bpr", loss_path="fast"), "--loss-path fast: bpr has one way"),
 ])
 def test_bad_configuration_names_the_flag_and_the_fix(kwargs, match):
     with pytest.raises(UsageError, match=match):
@@ -222,3 +223,52 @@ def test_under_ray_job_submit_paths_must_be_absolute(monkeypatch):
         check_job_paths(args)
     check_job_paths(build_parser().parse_args(["--data", "/abs/x", "--output", "/abs/runs",
                                                "--mlflow-uri", "http://127.0.0.1:5000"]))
+
+
+@pytest.mark.parametrize("path,dense", [("auto", None), ("fast", False), ("dense", True)])
+def test_loss_path_sets_how_the_autorec_family_computes_its_loss(path, dense):
+    from training.loop import build_model
+
+    model = build_model(cfg(model="nce-autorec", loss_path=path), n_items=50, n_users=None)
+    assert model.dense_loss is dense
+    assert model.dense_for("nce", 4096) is (dense if dense is not None else False)
+
+
+def test_bf16_step_on_cpu_trains_like_float32():
+    """The --bf16 path runs on a CPU (autocast's CPU backend): the loss terms are close to the
+    float32 step's, the parameters stay float32, and they move."""
+    from models.batch import Batch
+    from models.registry import build
+    from training.step import make_optimizers, train_batch
+
+    def step(bf16):
+        torch.manual_seed(0)
+        model = build("nce-autorec", {"n_items": 30, "width": 8})
+        model.dense_loss = True  # the heads' nn.Linear: what autocast runs in bf16
+        batch = Batch(users=torch.arange(3), train_items=torch.tensor([0, 4, 7, 1, 29]),
+                      train_offsets=torch.tensor([0, 3, 4]), train_rstar=torch.rand(5),
+                      neg_items=torch.zeros(0, dtype=torch.long),
+                      neg_counts=torch.zeros(0, dtype=torch.long),
+                      neg_offsets=torch.zeros(3, dtype=torch.long))
+        before = model.heads["predict"].weight.detach().clone()
+        steps = model.phases()[0]
+        terms = train_batch(model, batch, steps, make_optimizers(model, steps, 0.01), bf16=bf16)
+        w = model.heads["predict"].weight
+        assert w.dtype == torch.float32 and not torch.equal(w.detach(), before)
+        return {k: float(v) for k, v in terms.items()}
+
+    full, half = step(False), step(True)
+    assert full.keys() == half.keys()
+    assert half["predict"] != full["predict"]  # the products did run in bf16
+    for k in full:
+        assert half[k] == pytest.approx(full[k], rel=2e-2), k
+
+
+def test_batch_to_cpu_is_not_pinned():
+    """Pinning is for host-to-GPU copies; a CPU batch stays as it is (pin_memory needs CUDA)."""
+    from models.batch import Batch
+
+    t = torch.arange(4)
+    b = Batch(users=t, train_items=t, train_offsets=t, train_rstar=t.float(), neg_items=t,
+              neg_counts=t, neg_offsets=t).to(torch.device("cpu"))
+    assert b.users is t and not b.train_rstar.is_pinned()

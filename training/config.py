@@ -19,6 +19,7 @@ NEGATIVES = ("etl", "resample")
 TRAIN_SPLITS = ("train", "train,valid")
 DATA_CACHE = ("auto", "memory", "stream")
 PLACEMENTS = ("PACK", "SPREAD")
+LOSS_PATHS = ("auto", "fast", "dense")
 
 
 DATA, HYPER, TRAINING, CLUSTER = ("data and model", "model hyperparameters (a model refuses one it "
@@ -105,6 +106,11 @@ class TrainConfig:
                               help="Adam learning rate (default: the model's own, "
                                    f"{model_defaults('learning_rate')})")
     batch_size: int = option(128, group=TRAINING, help="users per step over all workers")
+    loss_path: str = option("auto", group=TRAINING, choices=LOSS_PATHS,
+                            help="the AutoRec family's losses: fast = the exact expansion without "
+                                 "the (batch, items) scores; dense = through the scores (the "
+                                 "reference, same values and gradients); auto = the cheaper per "
+                                 "head and batch size")
     epochs: int = option(200, group=TRAINING,
                          help="most epochs (of phase 2 for the fine-tune modes); early stopping "
                               "ends sooner")
@@ -122,6 +128,9 @@ class TrainConfig:
                                     help="CPUs (and torch threads) per worker; 0 = share the "
                                          "CPUs out (default)")
     use_gpu: bool = option(False, group=CLUSTER, help="one GPU per worker (NCCL)")
+    bf16: bool = option(False, group=CLUSTER,
+                        help="bf16 autocast on the matrix products (for GPUs; the fast loss's "
+                             "expansion and the optimizer stay float32)")
     placement: str = option("PACK", group=CLUSTER, choices=PLACEMENTS,
                             help="PACK fills one node before the next (fast on one machine); "
                                  "SPREAD puts the workers on different nodes first")
@@ -195,6 +204,9 @@ def check(cfg: TrainConfig) -> None:
                     if field == "mode" else "does not take it")
             bad(field.replace("_", "-"), getattr(cfg, field),
                 f"{cfg.model} {what}; its hyperparameters: {takes}. Drop the flag")
+    if cfg.loss_path != "auto" and not hasattr(cls, "dense_loss"):
+        bad("loss-path", cfg.loss_path, f"{cfg.model} has one way to compute its loss; only the "
+            "AutoRec family has a fast and a dense one. Drop the flag")
     if cfg.mode is not None and cfg.mode not in MODES:
         bad("mode", cfg.mode, "choose one of " + ", ".join(MODES))
     if cfg.width is not None and not 1 <= cfg.width <= 100_000:

@@ -107,6 +107,14 @@ def next_state(p: dict, cfg: TrainConfig, n_phases: int, phase_loss: float | Non
     return improved, switched
 
 
+def build_model(cfg: TrainConfig, n_items: int, n_users: int | None):
+    """The model to train, with ``--loss-path`` applied (the AutoRec family's ``dense_loss``)."""
+    model = MODELS[cfg.model].from_config(n_items, cfg.hyperparameters(), n_users)
+    if cfg.loss_path != "auto":
+        model.dense_loss = cfg.loss_path == "dense"
+    return model
+
+
 def train_loop(config: dict) -> None:
     import ray
     import ray.train
@@ -119,7 +127,7 @@ def train_loop(config: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = MODELS[cfg.model].from_config(n_items, cfg.hyperparameters(), config.get("n_users"))
+    model = build_model(cfg, n_items, config.get("n_users"))
     all_phases = model.phases()
     progress, best_state, opt_states = new_progress(), None, None
     checkpoint = ray.train.get_checkpoint()
@@ -181,7 +189,7 @@ def train_loop(config: dict) -> None:
                                              local_shuffle_seed=cfg.seed + epoch + 1,
                                              prefetch_batches=2):
             batch = make(rows, epoch).to(device)
-            terms = train_batch(net, batch, steps, optimizers)
+            terms = train_batch(net, batch, steps, optimizers, bf16=cfg.bf16)
             for name, value in terms.items():
                 sums[name] = sums.get(name, 0.0) + value * len(batch)
             users += len(batch)

@@ -20,18 +20,33 @@ def unwrap(net: torch.nn.Module) -> Recommender:
 
 
 def make_optimizers(net: torch.nn.Module, steps: list, lr: float) -> list[torch.optim.Optimizer]:
-    return [torch.optim.Adam(unwrap(net).step_parameters(s), lr=lr) for s in steps]
+    """One Adam per step. The fused kernel (one pass over each parameter, CPU or GPU) is the same
+    update as the default multi-tensor one up to rounding, and 5x faster on a CPU at the Yahoo
+    shape (85 against 17 ms a step for three 44,865 x 200 matrices, 2 threads)."""
+    return [adam(unwrap(net).step_parameters(s), lr) for s in steps]
+
+
+def adam(params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    try:
+        return torch.optim.Adam(params, lr=lr, fused=True)
+    except RuntimeError:  # a device or dtype the fused kernel lacks: the multi-tensor one
+        return torch.optim.Adam(params, lr=lr)
 
 
 def train_batch(net: torch.nn.Module, batch: Batch, steps: list,
-                optimizers: list[torch.optim.Optimizer]) -> dict[str, torch.Tensor]:
+                optimizers: list[torch.optim.Optimizer], bf16: bool = False
+                ) -> dict[str, torch.Tensor]:
     """Run each step of the phase on ``batch``; returns the loss terms as detached 0-d tensors (no
     host sync per batch: the caller accumulates them on the device). ``net`` is the model or its
-    DDP wrapper: the forward goes through the wrapper so that gradients are synchronised."""
+    DDP wrapper: the forward goes through the wrapper so that gradients are synchronised.
+    ``bf16``: the forward under bf16 autocast (its matrix products in bf16; parameters, gradients
+    and Adam stay float32, and so does the fast loss's expansion, models/losses.py)."""
+    device = batch.train_items.device.type
     out = {}
     for step, opt in zip(steps, optimizers):
         opt.zero_grad(set_to_none=True)
-        terms = net(batch, step)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            terms = net(batch, step)
         sum(terms.values()).backward()
         opt.step()
         out.update({k: v.detach() for k, v in terms.items()})

@@ -40,6 +40,7 @@ from prepared.reader import Prepared, filesystem, join, open_prepared
 ROOT = Path(__file__).resolve().parents[1]
 # fields that may change when a run resumes (where and how it runs, not what it trains)
 RESUMABLE_CHANGES = {"data_cache", "num_workers", "cpus_per_worker", "use_gpu", "placement",
+                     "loss_path",
                      "max_failures", "mlflow_wait",
                      "fault_kill_epoch", "output", "run_name", "experiment"}
 
@@ -166,7 +167,7 @@ def start_ray(cfg: TrainConfig, address: str | None) -> float:
 
 def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     from training.ingest import ShardedValidation
     from training.loop import train_loop
@@ -192,6 +193,8 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
         run_config=RunConfig(name=cfg.run_name, storage_path=cfg.output,
                              failure_config=FailureConfig(max_failures=cfg.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=2)),
+        # Ray's own default too, made explicit: NCCL between GPUs, gloo between CPU processes
+        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
         datasets=datasets, dataset_config=ShardedValidation())
     return trainer.fit()
 
