@@ -25,7 +25,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.spark, pytest.mark.ray]
-EPOCHS = 6
+# long enough that the fault lands mid-training: an ml-100k epoch of this model takes about 2 s
+# (validation and checkpoint included), and 6 epochs finished before the fault was injected
+EPOCHS = 20
 
 
 class Streamed:
@@ -79,7 +81,7 @@ def test_mlflow_killed_during_training_loses_no_run(ml100k_prepared, ray_head, t
         rc = first.finish()
         assert rc == 1, first.text[-3000:]
         assert re.search(r"warning: MLflow at .* failed at epoch \d", first.text)
-        assert f"epoch   {EPOCHS}" in first.text  # training went on to the end
+        assert re.search(rf"epoch +{EPOCHS}\b", first.text)  # training went on to the end
         assert "model saved at" in first.text and "does not answer" in first.text
         assert "rerun the same command" in first.text
         run_dir = tmp_path / "runs" / "mlflow-fault"
@@ -90,7 +92,8 @@ def test_mlflow_killed_during_training_loses_no_run(ml100k_prepared, ray_head, t
         again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
         log = again.stdout + again.stderr
         assert again.returncode == 0, log[-3000:]
-        assert "training finished already" in log and "epoch   1" not in log  # not retrained
+        assert "training finished already" in log
+        assert not re.search(r"epoch +1\b", log)  # not retrained
         assert re.search(r"MLflow: logged [1-9]\d* epoch\(s\) missed", log)
         summary = json.loads(log.split("SUMMARY ", 1)[1].splitlines()[0])
         client = MlflowClient(server.url)
@@ -140,7 +143,7 @@ def test_ray_head_killed_then_a_rerun_resumes_from_the_last_checkpoint(ml100k_pr
     assert out.returncode == 0, log[-3000:]
     resumed = int(re.search(r"resuming after epoch (\d+)", log).group(1))
     assert resumed >= 2, log[-3000:]
-    assert f"epoch   {resumed}" not in log.split("resuming after epoch")[1]  # not retrained
+    assert not re.search(rf"epoch +{resumed}\b", log.split("resuming after epoch")[1])  # not retrained
     summary = json.loads(log.split("SUMMARY ", 1)[1].splitlines()[0])
     assert summary["epochs_run"] == EPOCHS and summary["mlflow_run_id"] == record["mlflow_run_id"]
     steps = {m.step for m in MlflowClient(mlflow_server.url).get_metric_history(

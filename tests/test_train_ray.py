@@ -220,7 +220,11 @@ def test_the_gradient_baselines_train_distributed_and_report_exact_validation(
     assert result["epochs_run"] == 3
     assert result["best_valid_ndcg"] > 0.06  # random ranking: about 0.02
     ndcg, _ = reference_validation(load_model(result["model_path"]), warm_rows(ml100k_prepared))
-    assert result["best_valid_ndcg"] == pytest.approx(ndcg, abs=1e-5)
+    # Fold-in is a function of the row, but its dot products run in user blocks of another size
+    # here, so float32 sums differ in the last bits and, after 60 Adam steps, can swap two nearly
+    # tied items for a user: one such swap moves the mean by about 3e-5 (seen with CML). A lost
+    # or doubled share of users would move it by 1e-2.
+    assert result["best_valid_ndcg"] == pytest.approx(ndcg, abs=2e-4)
     if model == "bpr":  # per-user parameters under DDP: one worker learns what two do
         one = run(replace(cfg, run_name="bpr-one", num_workers=1), mlflow_server.url)
         assert abs(one["best_valid_ndcg"] - result["best_valid_ndcg"]) < 0.02
