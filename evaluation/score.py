@@ -115,26 +115,18 @@ def score_batches(batches, *, key: str, bc_weights, bc_item_ids, model: str, mod
     import torch
     from pyspark import TaskContext
 
-    from models.batch import row_ids
-
     ctx = TaskContext.get()
     torch.set_num_threads(max(1, int(ctx.cpus())) if ctx else 1)
     net = _model(key, bc_weights, model, model_args)
     item_ids = bc_item_ids.value
-    n_items = net.n_items
     for rb in batches:
         if rb.num_rows == 0:
             continue
         cold = rb.column(S.COLD).to_numpy(zero_copy_only=False)
         items, offsets = union_rows(rb, input_cols, cold, cold_input_cols)
         ex_items, ex_offsets = union_rows(rb, exclude_cols, cold, cold_exclude_cols)
-        with torch.no_grad():
-            scores = net.score(items, offsets)
-            if len(ex_items):
-                scores[row_ids(ex_offsets, len(ex_items)), ex_items] = -torch.inf
-            kk = min(k, n_items)
-            top = torch.topk(scores, kk, dim=1)
-        vals, idx = top.values.numpy(), top.indices.numpy()
+        values, indices = net.recommend(items, offsets, k, exclude=(ex_items, ex_offsets))
+        vals, idx = values.numpy(), indices.numpy()
         keep = np.isfinite(vals)  # a user with fewer than K candidates: drop the excluded tail
         lengths = keep.sum(axis=1)
         out_items = item_ids.take(pa.array(idx[keep]))

@@ -68,6 +68,14 @@ def row_ids(offsets: torch.Tensor, nnz: int) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(offsets), device=offsets.device), lengths)
 
 
+def user_slice(items: torch.Tensor, offsets: torch.Tensor, lo: int, hi: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of users ``lo:hi`` of (items, offsets), as (items, offsets) of their own."""
+    start = int(offsets[lo]) if lo < len(offsets) else len(items)
+    end = int(offsets[hi]) if hi < len(offsets) else len(items)
+    return items[start:end], offsets[lo:hi] - start
+
+
 def to_csr(items: torch.Tensor, offsets: torch.Tensor, n_items: int, values=None):
     """A scipy CSR matrix (B, n_items) float32 of sparse rows (ones, or ``values``)."""
     import scipy.sparse as sp

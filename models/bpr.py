@@ -31,6 +31,7 @@ from models.peruser import (FOLD_STEPS, fold_in, fold_rows, hashed_negatives, is
 class BPR(Recommender):
     name = "bpr"
     per_user = True
+    score_in_blocks = False  # a fold-in per call (models/peruser.py), in blocks of its own
     hyperparameters = {"width": 64, "lam": 1e-4, "neg_ratio": 1}
     learning_rate = 1e-2  # probed on ml-100k validation (README, "Models")
 

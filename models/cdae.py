@@ -39,6 +39,7 @@ from models.peruser import (FOLD_STEPS, fold_in, fold_rows, hashed_negatives, is
 class CDAE(Recommender):
     name = "cdae"
     per_user = True
+    score_in_blocks = False  # a fold-in per call (models/peruser.py), in blocks of its own
     hyperparameters = {"width": 200, "lam": 1e-2, "dropout": 0.5, "neg_ratio": 5}
     learning_rate = 3e-3  # probed on ml-100k validation (README, "Models")
     # its validation NDCG first climbs to the popularity ranking's (the output biases learn

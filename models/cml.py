@@ -41,6 +41,7 @@ def clip(x: torch.Tensor) -> torch.Tensor:
 class CML(Recommender):
     name = "cml"
     per_user = True
+    score_in_blocks = False  # a fold-in per call (models/peruser.py), in blocks of its own
     hyperparameters = {"width": 64, "margin": 0.5, "neg_ratio": 10, "cov_weight": 0.0}
     learning_rate = 3e-3  # probed on ml-100k validation (README, "Models")
     regularisers = frozenset({"cov"})

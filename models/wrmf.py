@@ -30,6 +30,7 @@ FOLD_IN_USERS = 256  # users solved at once: a (users x longest row x rank) gath
 
 class WRMF(ClosedForm):
     name = "wrmf"
+    score_in_blocks = False  # each call builds the (rank, rank) Gram of every item factor first
     engine = "spark"
     hyperparameters = {"rank": 50, "lam": 0.1, "alpha": 5.0, "iterations": 15}  # baselines.md
 

@@ -17,7 +17,7 @@ from training.feed import BatchMaker, FeedPlan, union_sorted, epoch_seed, valid_
 from training.loop import new_progress, next_state
 from prepared.reader import Prepared, open_prepared
 from runtime.tracking import check_reachable, tracking_uri
-from training.validate import batch_metrics
+from training.validate import batch_metrics, model_metrics
 
 def L(rows):  # noqa: N802
     return pa.array(rows, pa.list_(pa.int32()))
@@ -117,6 +117,59 @@ def test_batch_metrics_match_the_evaluation_module():
     ref = per_user(hit_matrix(recs, [np.array(v) for v in valid]), np.array([len(v) for v in valid]))
     assert ndcg.numpy() == pytest.approx(ref["NDCG"], abs=1e-9)
     assert recall.numpy() == pytest.approx(ref["Recall@50"], abs=1e-9)
+
+
+def random_rows(rng, b, n_items, most):
+    return [sorted(rng.choice(n_items, rng.integers(0, most), replace=False).tolist())
+            for _ in range(b)]
+
+
+def test_recommend_in_cache_sized_blocks_equals_one_block(monkeypatch):
+    """Users scored a few at a time give the lists of one product over all of them: the input
+    and exclusion rows are sliced per block (users without items, exclusions other than the
+    input, and no exclusion at all included)."""
+    import models.base
+    from models.batch import sparse_rows
+    from models.registry import build
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(1)
+    n_items = 57
+    model = build("autorec", {"n_items": n_items, "width": 8}).eval()
+    items, offsets = sparse_rows(random_rows(rng, 23, n_items, 12))
+    ex_items, ex_offsets = sparse_rows(random_rows(rng, 23, n_items, 30))
+    whole = [model.recommend(items, offsets, 10), model.recommend(items, offsets, 10, False),
+             model.recommend(items, offsets, 50, exclude=(ex_items, ex_offsets))]
+    monkeypatch.setattr(models.base, "SCORE_BLOCK_FLOATS", 3 * n_items)  # blocks of 3 users
+    blocked = [model.recommend(items, offsets, 10), model.recommend(items, offsets, 10, False),
+               model.recommend(items, offsets, 50, exclude=(ex_items, ex_offsets))]
+    for (v1, i1), (v2, i2) in zip(whole, blocked):
+        assert v1.shape == v2.shape and torch.equal(i1, i2)
+        assert torch.allclose(v1, v2, atol=1e-6)
+    # what is excluded never appears (its -inf tail aside) and the rest is the plain top-k
+    values, top = blocked[2]
+    for u, lo in enumerate(ex_offsets.tolist()):
+        hi = ex_offsets[u + 1] if u + 1 < len(ex_offsets) else len(ex_items)
+        ranked = top[u][torch.isfinite(values[u])].tolist()
+        assert not set(ranked) & set(ex_items[lo:hi].tolist())
+        assert len(ranked) == min(50, n_items - (hi - lo))
+
+
+def test_model_metrics_equal_the_metrics_of_the_model_scores():
+    from models.registry import build
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(2)
+    n_items, b = 300, 64
+    train = [sorted(rng.choice(n_items, rng.integers(1, 40), replace=False).tolist()) for _ in range(b)]
+    valid = [sorted(rng.choice(sorted(set(range(n_items)) - set(t)), rng.integers(1, 20),
+                               replace=False).tolist()) for t in train]
+    vb = valid_batch(rows_table(train, valid), 0, 1)
+    model = build("nce-autorec", {"n_items": n_items, "width": 16}).eval()
+    got = model_metrics(model, vb)
+    want = batch_metrics(model.score(vb.train_items, vb.train_offsets), vb)
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, atol=1e-12) and float(w.sum()) > 0
 
 
 # -- early stopping and phases ----------------------------------------------------------------------

@@ -24,7 +24,7 @@ from training.config import TrainConfig
 from training.feed import union_sorted
 from training.feed import valid_batch
 from prepared.reader import filesystem
-from training.validate import batch_metrics
+from training.validate import model_metrics
 
 SCORE_USERS = 1024  # validation users scored at once: 1024 x n_items float32
 
@@ -64,7 +64,7 @@ def validate(model, rows) -> tuple[float, float, int]:
         vb = valid_batch(rows.slice(lo, SCORE_USERS), 0, 1)
         if vb is None:
             continue
-        ndcg, recall = batch_metrics(model.score(vb.train_items, vb.train_offsets), vb)
+        ndcg, recall = model_metrics(model, vb)
         ndcg_sum += float(ndcg.sum())
         recall_sum += float(recall.sum())
         count += len(vb)

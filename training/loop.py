@@ -26,7 +26,7 @@ from training.config import TrainConfig
 from training.feed import BatchMaker, valid_batch
 from models.registry import MODELS, load_weights_only
 from training.step import make_optimizers, train_batch, unwrap
-from training.validate import batch_metrics
+from training.validate import model_metrics
 
 STATE, BEST = "state.pt", "best.pt"
 CONVERGED = 1e-3  # fine-tune phase 1 ends when its loss improves by less than this (relative)
@@ -257,8 +257,7 @@ def evaluate(net, valid_rows, device: torch.device, batch_size: int) -> tuple[fl
             continue
         vb = vb.to(device)
         # the wrapped module, not DDP: scoring needs no gradient synchronisation
-        scores = model.score(vb.train_items, vb.train_offsets)
-        ndcg, recall = batch_metrics(scores, vb)
+        ndcg, recall = model_metrics(model, vb)
         ndcg_sum += float(ndcg.sum())
         recall_sum += float(recall.sum())
         count += len(vb)

@@ -16,23 +16,44 @@ from training.feed import ValidBatch
 
 
 @torch.no_grad()
+def model_metrics(model, batch: ValidBatch, k: int = TOP_K) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-user (NDCG, Recall@k), each (B,) float64, of ``model``'s top k (``recommend``: users
+    in cache-sized blocks, no (B, n_items) matrix kept)."""
+    _, top = model.recommend(batch.train_items, batch.train_offsets, k)
+    return top_metrics(top, batch)
+
+
+@torch.no_grad()
 def batch_metrics(scores: torch.Tensor, batch: ValidBatch, k: int = TOP_K
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-user (NDCG, Recall@k), each (B,) float64, from (B, n_items) scores."""
-    b, n_items = scores.shape
+    """Per-user (NDCG, Recall@k), each (B,) float64, from (B, n_items) scores (left unchanged)."""
     scores = scores.clone()
     scores[row_ids(batch.train_offsets, len(batch.train_items)), batch.train_items] = -torch.inf
-    top = torch.topk(scores, min(k, n_items), dim=1).indices
-    truth = torch.zeros(b, n_items, dtype=torch.bool, device=scores.device)
-    truth[row_ids(batch.valid_offsets, len(batch.valid_items)), batch.valid_items] = True
-    hits = torch.gather(truth, 1, top).to(torch.float64)
+    return top_metrics(torch.topk(scores, min(k, scores.shape[1]), dim=1).indices, batch)
+
+
+@torch.no_grad()
+def top_metrics(top: torch.Tensor, batch: ValidBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-user (NDCG, Recall@k), each (B,) float64, from (B, k) ranked item indices."""
+    b, k = top.shape
+    device = top.device
+    # hits by lookup of (user, item) keys among the sorted validation keys: O(B k log nnz), where
+    # a dense (B, n_items) truth matrix would cost more than the top-k itself
+    n_truth = torch.diff(batch.valid_offsets, append=torch.tensor(
+        [len(batch.valid_items)], device=device)).to(torch.float64)
+    span = int(max(int(top.max()) if top.numel() else 0,
+                   int(batch.valid_items.max()) if len(batch.valid_items) else 0)) + 1
+    keys = row_ids(batch.valid_offsets, len(batch.valid_items)) * span + batch.valid_items
+    keys = keys.sort().values
+    query = torch.arange(b, device=device).unsqueeze(1) * span + top
+    at = torch.searchsorted(keys, query).clamp(max=max(len(keys) - 1, 0))
+    hits = (keys[at] == query).to(torch.float64) if len(keys) else torch.zeros(
+        b, k, dtype=torch.float64, device=device)
     # a top-k slot holding a training item (users with < k unseen items) is never a hit: the
     # training and validation sets are disjoint
-    n_truth = truth.sum(dim=1).to(torch.float64)
-    discount = 1.0 / torch.log2(torch.arange(2, top.shape[1] + 2, device=scores.device,
-                                             dtype=torch.float64))
+    discount = 1.0 / torch.log2(torch.arange(2, k + 2, device=device, dtype=torch.float64))
     ideal_all = torch.cumsum(1.0 / torch.log2(torch.arange(
-        2, int(n_truth.max()) + 2, device=scores.device, dtype=torch.float64)), 0)
+        2, int(n_truth.max()) + 2, device=device, dtype=torch.float64)), 0)
     ndcg = (hits * discount).sum(dim=1) / ideal_all[n_truth.long() - 1]
     recall = hits.sum(dim=1) / n_truth
     return ndcg, recall
