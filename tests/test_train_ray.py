@@ -90,6 +90,16 @@ def test_two_workers_learn_as_one_does_and_report_exact_validation(one_worker, t
     assert two_workers["best_valid_recall_at_50"] == pytest.approx(recall, abs=1e-5)
 
 
+def test_validation_is_shared_out_evenly_between_the_ranks(two_workers, mlflow_server):
+    """Each rank scores about half the validation users (ml-100k's rows are one Parquet file,
+    which an unequal split of Ray Data's blocks handed entirely to one rank)."""
+    from mlflow.tracking import MlflowClient
+
+    shares = [m.value for m in MlflowClient(mlflow_server.url).get_metric_history(
+        two_workers["mlflow_run_id"], "valid_largest_rank_share")]
+    assert len(shares) == EPOCHS and all(0.5 <= s <= 0.6 for s in shares), shares
+
+
 def test_mlflow_holds_params_epoch_metrics_artifacts_and_a_loadable_model(two_workers, mlflow_server,
                                                                           ml100k_prepared):
     import mlflow.pyfunc

@@ -74,6 +74,13 @@ def all_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
+def all_max(value: float, device: torch.device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
 def next_state(p: dict, cfg: TrainConfig, n_phases: int, phase_loss: float | None,
                ndcg: float | None) -> tuple[bool, bool]:
     """Advance ``p`` after an epoch; returns (new best model, phase changed)."""
@@ -201,15 +208,19 @@ def train_loop(config: dict) -> None:
         train_s = time.perf_counter() - t0
 
         ndcg = recall = None
+        t_valid = time.perf_counter()
         if valid_rows is not None and last_phase:
-            ndcg, recall = evaluate(net, valid_rows, device, batch_size=max(per_worker, 256))
+            (ndcg, recall), valid_share = evaluate(net, valid_rows, device,
+                                                   batch_size=max(per_worker, 256))
+        valid_s = time.perf_counter() - t_valid
         diverged = not all(math.isfinite(v) for v in loss.values())
         phase_loss = None if last_phase else unwrap(net).monitor(phase, loss)
         record = {"epoch": epoch + 1, "phase": phase + 1, "train_seconds": train_s,
                   "users_per_second": n_users / train_s if train_s > 0 else 0.0,
                   **{f"loss_{h}": v for h, v in loss.items()}}
         if ndcg is not None:
-            record.update({"valid_ndcg": ndcg, "valid_recall_at_50": recall})
+            record.update({"valid_ndcg": ndcg, "valid_recall_at_50": recall,
+                           "valid_seconds": valid_s, "valid_largest_rank_share": valid_share})
         if diverged:
             progress["epoch"] += 1
             progress["diverged"] = progress["epoch"]
@@ -245,8 +256,10 @@ def train_loop(config: dict) -> None:
 
 
 @torch.no_grad()
-def evaluate(net, valid_rows, device: torch.device, batch_size: int) -> tuple[float, float]:
-    """Mean validation NDCG and Recall@50 over all validation users (all ranks together)."""
+def evaluate(net, valid_rows, device: torch.device, batch_size: int
+             ) -> tuple[tuple[float, float], float]:
+    """(mean validation NDCG, Recall@50) over all validation users (all ranks together), and the
+    largest share of them one rank scored."""
     net.eval()
     model = unwrap(net)
     ndcg_sum = recall_sum = 0.0
@@ -261,8 +274,12 @@ def evaluate(net, valid_rows, device: torch.device, batch_size: int) -> tuple[fl
         ndcg_sum += float(ndcg.sum())
         recall_sum += float(recall.sum())
         count += len(vb)
+    mine = count
     ndcg_sum, recall_sum, count = all_sum([ndcg_sum, recall_sum, count], device)
-    return (ndcg_sum / count, recall_sum / count) if count else (float("nan"), float("nan"))
+    # the largest rank's share of the users (1 / world when balanced): validation runs at the
+    # pace of the rank with the most
+    share = all_max(mine / count if count else 0.0, device)
+    return ((ndcg_sum / count, recall_sum / count) if count else (float("nan"), float("nan"))), share
 
 
 def progress_line(record: dict, p: dict, cfg: TrainConfig, n_phases: int, times: list[float]) -> str:
@@ -273,7 +290,9 @@ def progress_line(record: dict, p: dict, cfg: TrainConfig, n_phases: int, times:
         parts.append(f"valid NDCG {record['valid_ndcg']:.4f} Recall@50 "
                      f"{record['valid_recall_at_50']:.4f} (best {p['best_ndcg']:.4f} @ "
                      f"{p['best_epoch']})")
-    parts.append(f"{record['users_per_second']:,.0f} users/s {record['epoch_seconds']:.1f}s")
+    parts.append(f"{record['users_per_second']:,.0f} users/s {record['epoch_seconds']:.1f}s"
+                 + (f" (validation {record['valid_seconds']:.1f}s)" if "valid_seconds" in record
+                    else ""))
     if p["diverged"]:
         parts.append("loss is not finite: stopping")
     elif p["done"]:
