@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -76,7 +77,8 @@ def run_stage(name: str, cmd: list[str], env: dict | None = None) -> dict:
     watcher.join()
     if rc != 0:
         raise SystemExit(f"{name} failed (exit {rc}); see the lines above")
-    out = {"stage": name, "wall_s": round(wall, 1), "peak_used_gib": round(peak[0] / GIB, 2),
+    out = {"stage": name, "date": time.strftime("%Y-%m-%d %H:%M"),
+           "wall_s": round(wall, 1), "peak_used_gib": round(peak[0] / GIB, 2),
            "peak_over_start_gib": round((peak[0] - base) / GIB, 2)}
     if summary is not None:
         out["summary"] = summary
@@ -93,7 +95,7 @@ def epoch_times(mlflow_uri: str, summary: dict) -> list[dict]:
     client = MlflowClient(mlflow_uri)
     history = {name: {m.step: m.value for m in client.get_metric_history(
         summary["mlflow_run_id"], name)} for name in
-        ("train_seconds", "epoch_seconds", "users_per_second", "valid_ndcg")}
+        ("train_seconds", "valid_seconds", "epoch_seconds", "users_per_second", "valid_ndcg")}
     return [{"epoch": e, **{name: round(h[e], 4) for name, h in history.items() if e in h}}
             for e in sorted(history["epoch_seconds"])]
 
@@ -136,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             "--items", str(YAHOO["items"]), "--positives", str(positives),
             "--output", str(data), "--overwrite"))
     if "train" in stages:
+        shutil.rmtree(runs / "yahoo-nce", ignore_errors=True)  # a rerun trains again
         results["train"] = run_stage("train", [
             sys.executable, "training/train.py", "--data", str(data), "--model", "nce-autorec",
             "--epochs", str(a.epochs), "--patience", str(a.epochs), "--batch-size",
@@ -164,17 +167,18 @@ def main(argv: list[str] | None = None) -> int:
              "thread; top 50 of every user. Memory: the machine's used memory (MemTotal - "
              "MemAvailable) at its peak during the stage, and that peak less the use at the "
              "stage's start.", "",
-             "| stage | wall | peak used GiB | peak over start GiB |", "|---|---|---|---|"]
+             "| stage | wall | peak used GiB | peak over start GiB | run at |", "|---|---|---|---|---|"]
     for name in STAGES:
         if name in results:
             r = results[name]
             lines.append(f"| {name} | {r['wall_s'] / 60:.1f} min | {r['peak_used_gib']} | "
-                         f"{r['peak_over_start_gib']} |")
-    lines.append(f"| **total** | **{total / 60:.1f} min** | | |")
+                         f"{r['peak_over_start_gib']} | {r.get('date', '')} |")
+    lines.append(f"| **total** | **{total / 60:.1f} min** | | | |")
     if "train" in results:
-        lines += ["", "| epoch | training pass s | whole epoch s (validation, checkpoint) | "
-                  "users/s | valid NDCG |", "|---|---|---|---|---|"]
-        lines += [f"| {e['epoch']} | {e.get('train_seconds', 0):.0f} | {e['epoch_seconds']:.0f} | "
+        lines += ["", "| epoch | training pass s | validation s | whole epoch s (checkpoint "
+                  "included) | users/s | valid NDCG |", "|---|---|---|---|---|---|"]
+        lines += [f"| {e['epoch']} | {e.get('train_seconds', 0):.0f} | "
+                  f"{e.get('valid_seconds', float('nan')):.0f} | {e['epoch_seconds']:.0f} | "
                   f"{e.get('users_per_second', 0):,.0f} | {e.get('valid_ndcg', float('nan')):.4f} |"
                   for e in results["train"].get("epochs", [])]
     if "evaluate" in results:
