@@ -101,12 +101,20 @@ def test_validation_rows_are_split_over_ranks_exactly_once():
     assert sorted(seen) == [1, 2, 3, 4, 6]  # every user with a validation item, once
 
 
+def train_valid_rows(rng, b, n_items, most_train, most_valid):
+    """``b`` users' sorted training rows (1 to ``most_train`` - 1 items) and disjoint validation
+    rows (1 to ``most_valid`` - 1 items)."""
+    train = [sorted(rng.choice(n_items, rng.integers(1, most_train), replace=False).tolist())
+             for _ in range(b)]
+    valid = [sorted(rng.choice(sorted(set(range(n_items)) - set(t)), rng.integers(1, most_valid),
+                               replace=False).tolist()) for t in train]
+    return train, valid
+
+
 def test_batch_metrics_match_the_evaluation_module():
     rng = np.random.default_rng(0)
     n_items, b = 120, 40
-    train = [sorted(rng.choice(n_items, rng.integers(1, 30), replace=False).tolist()) for _ in range(b)]
-    valid = [sorted(rng.choice(sorted(set(range(n_items)) - set(t)), rng.integers(1, 70),
-                               replace=False).tolist()) for t in train]
+    train, valid = train_valid_rows(rng, b, n_items, 30, 70)
     vb = valid_batch(rows_table(train, valid), 0, 1)
     scores = torch.from_numpy(rng.normal(size=(b, n_items)).astype(np.float32))
     ndcg, recall = batch_metrics(scores, vb)
@@ -161,9 +169,7 @@ def test_model_metrics_equal_the_metrics_of_the_model_scores():
     torch.manual_seed(0)
     rng = np.random.default_rng(2)
     n_items, b = 300, 64
-    train = [sorted(rng.choice(n_items, rng.integers(1, 40), replace=False).tolist()) for _ in range(b)]
-    valid = [sorted(rng.choice(sorted(set(range(n_items)) - set(t)), rng.integers(1, 20),
-                               replace=False).tolist()) for t in train]
+    train, valid = train_valid_rows(rng, b, n_items, 40, 20)
     vb = valid_batch(rows_table(train, valid), 0, 1)
     model = build("nce-autorec", {"n_items": n_items, "width": 16}).eval()
     got = model_metrics(model, vb)

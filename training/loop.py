@@ -66,19 +66,13 @@ def allreduce_bytes(model, phases: list) -> int:
                    if p.requires_grad) for steps in phases for s in steps)
 
 
-def all_sum(values: list[float], device: torch.device) -> list[float]:
-    """Sum of each value over the ranks (float64: sums of per-user metrics over millions of users)."""
+def all_sum(values: list[float], device: torch.device, op=dist.ReduceOp.SUM) -> list[float]:
+    """Sum (or ``op``) of each value over the ranks (float64: sums of per-user metrics over
+    millions of users)."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t)
+        dist.all_reduce(t, op=op)
     return t.tolist()
-
-
-def all_max(value: float, device: torch.device) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
 
 
 def next_state(p: dict, cfg: TrainConfig, n_phases: int, phase_loss: float | None,
@@ -278,7 +272,7 @@ def evaluate(net, valid_rows, device: torch.device, batch_size: int
     ndcg_sum, recall_sum, count = all_sum([ndcg_sum, recall_sum, count], device)
     # the largest rank's share of the users (1 / world when balanced): validation runs at the
     # pace of the rank with the most
-    share = all_max(mine / count if count else 0.0, device)
+    share, = all_sum([mine / count if count else 0.0], device, op=dist.ReduceOp.MAX)
     return ((ndcg_sum / count, recall_sum / count) if count else (float("nan"), float("nan"))), share
 
 
