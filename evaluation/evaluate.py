@@ -294,6 +294,7 @@ def evaluate(spark, **kwargs) -> dict:
         if seen[f.label] > 1:
             f.label = f"{f.label} #{seen[f.label]}"
     for f in files:
+        log.info("checking the users of %s (%s)", f.path, f.label)
         check_users(spark, prep, f)
         if f.manifest.get("data") and f.manifest.get("dataset") != prep.dataset:
             raise UsageError(f"--recs {f.path} was scored on dataset {f.manifest['dataset']}, "
@@ -331,7 +332,9 @@ def evaluate(spark, **kwargs) -> dict:
             for r in summarise(users_df, ["label", "group"])]
     order = {f.label: i for i, f in enumerate(files)}
     rows.sort(key=lambda r: (order[r["label"]], r["group"] != "warm", METRICS.index(r["metric"])))
-    log.info("metrics done in %.1fs", time.perf_counter() - t0)
+    log.info("metrics of %s user(s) x %d file(s) done (%.0fs so far); popularity of the "
+             "recommendations next", f"{sum(n_truth.values()):,}", len(files),
+             time.perf_counter() - t0)
 
     pop_counts = {f.label: popularity_counts(f, truth, items) for f in files}
     pop = {label: summary_from_counts(c, p) for label, (p, c) in pop_counts.items()}
@@ -352,10 +355,15 @@ def evaluate(spark, **kwargs) -> dict:
             labels_in[0], {k: wide[k].to_numpy() for k in labels_in},
             f"Cold-start users of {prep.dataset}: per-user NDCG ({len(wide):,} users)"))
 
+    log.info("popularity and plots done (%.0fs so far); writing the per-user metrics",
+             time.perf_counter() - t0)
     with publisher.staging() as tmp:
         users_df.write.parquet(f"{tmp}/per_user")
         for name, data_bytes in out_files.items():
             publisher.write_bytes(f"{tmp}/{name}", data_bytes)
+        if not cfg.no_mlflow:
+            log.info("logging %d run(s) to MLflow (%.0fs so far)", len(files),
+                     time.perf_counter() - t0)
         runs = log_to_mlflow(files, rows, pop, out_files, target, publisher.target,
                              mlflow_uri) if not cfg.no_mlflow else {}
         manifest = {"kind": "evaluation", "created": started.isoformat(timespec="seconds"),

@@ -100,6 +100,16 @@ def test_validation_is_shared_out_evenly_between_the_ranks(two_workers, mlflow_s
     assert len(shares) == EPOCHS and all(0.5 <= s <= 0.6 for s in shares), shares
 
 
+def test_a_validation_sample_reads_only_its_users(ml100k_prepared, ray_head):
+    from training.feed import in_valid_sample, valid_dataset
+
+    rows = warm_rows(ml100k_prepared)
+    got = sorted(r["user_index"] for r in valid_dataset(str(ml100k_prepared / "rows"), 0.3)
+                 .select_columns(["user_index"]).take_all())
+    want = rows["user_index"][in_valid_sample(rows["user_index"].to_numpy(), 0.3)].tolist()
+    assert got == sorted(want) and 0.2 * len(rows) < len(got) < 0.4 * len(rows)
+
+
 def test_mlflow_holds_params_epoch_metrics_artifacts_and_a_loadable_model(two_workers, mlflow_server,
                                                                           ml100k_prepared):
     import mlflow.pyfunc

@@ -13,7 +13,8 @@ from prepared import schema as S
 from prepared.errors import UsageError
 from evaluation.metrics import hit_matrix, per_user
 from training.config import TrainConfig, check
-from training.feed import BatchMaker, FeedPlan, union_sorted, epoch_seed, valid_batch
+from training.feed import (BatchMaker, FeedPlan, epoch_seed, in_valid_sample, union_sorted,
+                           valid_batch)
 from training.loop import new_progress, next_state
 from prepared.reader import Prepared, open_prepared
 from runtime.tracking import check_reachable, tracking_uri
@@ -99,6 +100,19 @@ def test_validation_rows_are_split_over_ranks_exactly_once():
         if vb is not None:
             seen += [int(x) for x in vb.valid_items[vb.valid_offsets]]  # first item of each user
     assert sorted(seen) == [1, 2, 3, 4, 6]  # every user with a validation item, once
+
+
+def test_a_validation_sample_is_fixed_nested_spread_and_the_size_asked_for():
+    users = np.arange(200_000)
+    tenth, fifth = in_valid_sample(users, 0.1), in_valid_sample(users, 0.2)
+    assert abs(tenth.mean() - 0.1) < 0.003 and abs(fifth.mean() - 0.2) < 0.004
+    assert not (tenth & ~fifth).any()  # nested: the smaller sample's users are in the larger
+    # the same users whatever else is in the array (a hash of the index, not of the position)
+    assert np.array_equal(in_valid_sample(users[::-1], 0.1), tenth[::-1])
+    # spread over the whole index range, not its first tenth (indices follow the ids' order)
+    per_quarter = tenth.reshape(4, -1).mean(axis=1)
+    assert np.all(np.abs(per_quarter - 0.1) < 0.005), per_quarter
+    assert in_valid_sample(users, 1.0).all()
 
 
 def train_valid_rows(rng, b, n_items, most_train, most_valid):
@@ -238,6 +252,8 @@ def test_finetune_phase_one_ends_when_its_loss_converges_or_after_fixed_epochs()
     (dict(model="nce-autorec", mode="full-finetune", train_splits="train,valid"),
      "pass phase 1's epoch count"),
     (dict(train_splits="valid"), "--train-splits valid"),
+    (dict(valid_sample=0.0), "--valid-sample 0.0: a fraction of the validation users"),
+    (dict(valid_sample=1.5), "--valid-sample 1.5"),
     (dict(model="bpr", loss_path="fast"), "--loss-path fast: bpr has one way"),
 ])
 def test_bad_configuration_names_the_flag_and_the_fix(kwargs, match):

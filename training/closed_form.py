@@ -21,8 +21,7 @@ from prepared import schema as S
 from models.batch import flat, to_csr
 from models.registry import MODELS
 from training.config import TrainConfig
-from training.feed import union_sorted
-from training.feed import valid_batch
+from training.feed import in_valid_sample, union_sorted, valid_batch
 from prepared.reader import filesystem
 from training.validate import model_metrics
 
@@ -56,8 +55,11 @@ def matrices(prep, cfg: TrainConfig, rows):
 
 
 @torch.no_grad()
-def validate(model, rows) -> tuple[float, float, int]:
-    """(mean NDCG, mean Recall@50, users) over the users of ``rows`` with a validation item."""
+def validate(model, rows, fraction: float = 1.0) -> tuple[float, float, int]:
+    """(mean NDCG, mean Recall@50, users) over the users of ``rows`` with a validation item
+    (those of the sample ``fraction`` keeps, as the gradient loop's, ``training.feed``)."""
+    if fraction < 1:
+        rows = rows.filter(in_valid_sample(rows.column(S.USER_INDEX).to_numpy(), fraction))
     ndcg_sum = recall_sum = 0.0
     count = 0
     for lo in range(0, rows.num_rows, SCORE_USERS):
@@ -77,7 +79,7 @@ def finish(cfg: TrainConfig, model, rows, info: dict, fit_s: float, read_s: floa
     record = {"epoch": 1, "phase": 1, "train_seconds": fit_s, "read_seconds": read_s,
               "users_per_second": users / max(fit_s, 1e-9), **info}
     if not cfg.final_retraining:
-        ndcg, recall, n = validate(model.eval(), rows)
+        ndcg, recall, n = validate(model.eval(), rows, cfg.valid_sample)
         record.update({"valid_ndcg": ndcg, "valid_recall_at_50": recall})
         print(f"{model.describe()}: fitted in {fit_s:.1f}s; validation NDCG {ndcg:.4f} "
               f"Recall@50 {recall:.4f} ({n:,} users)", flush=True)

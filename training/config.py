@@ -121,6 +121,12 @@ class TrainConfig:
                                   help="stop after this many epochs without a better validation "
                                        f"NDCG (default: the model's own, "
                                        f"{model_defaults('patience')})")
+    valid_sample: float = option(1.0, group=TRAINING,
+                                 help="the fraction of validation users scored each epoch: a "
+                                      "fixed subset, the same every epoch and run (1 = all). "
+                                      "Scoring every user dominates an epoch at millions of "
+                                      "users; 0.1 of Yahoo's 1.8M still measures NDCG to about "
+                                      "+-0.001")
     seed: int = option(0, group=TRAINING, help="model init, data order, resampling (default 0)",
                        show_default=False)
     num_workers: int = option(2, group=CLUSTER, help="Ray Train workers (DDP ranks)")
@@ -250,6 +256,8 @@ def check(cfg: TrainConfig) -> None:
     if cfg.batch_size < cfg.num_workers:
         bad("batch-size", cfg.batch_size, f"the global batch is split over {cfg.num_workers} "
             "workers: pass at least one user per worker")
+    if not 0 < cfg.valid_sample <= 1:
+        bad("valid-sample", cfg.valid_sample, "a fraction of the validation users, in (0, 1]")
     if not 1 <= cfg.epochs <= 100_000:
         bad("epochs", cfg.epochs, "must be in 1..100000")
     if cfg.pretrain_epochs < 0:

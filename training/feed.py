@@ -96,8 +96,29 @@ def train_dataset(rows_uri: str, feed: FeedPlan):
     return _warm_rows(rows_uri, feed.columns())
 
 
-def valid_dataset(rows_uri: str):
-    return _warm_rows(rows_uri, [S.USER_INDEX, S.TRAIN_ITEMS, S.VALID_ITEMS])
+def valid_dataset(rows_uri: str, fraction: float = 1.0):
+    """The validation users' rows; with ``fraction`` < 1 only the fixed subset
+    ``in_valid_sample`` keeps (the same users every epoch and every run)."""
+    ds = _warm_rows(rows_uri, [S.USER_INDEX, S.TRAIN_ITEMS, S.VALID_ITEMS])
+    if fraction >= 1:
+        return ds
+    return ds.map_batches(lambda rows: rows.filter(in_valid_sample(
+        rows.column(S.USER_INDEX).to_numpy(), fraction)), batch_format="pyarrow")
+
+
+def in_valid_sample(users: np.ndarray, fraction: float) -> np.ndarray:
+    """Which users (by index) a validation sample of ``fraction`` keeps: a hash of the index
+    (splitmix64's finaliser) against the fraction, so the subset is fixed, spread over the whole
+    index range (indices follow the ids' order, which may carry meaning) and nested (a smaller
+    fraction keeps a subset of a larger one's users)."""
+    if fraction >= 1:
+        return np.ones(len(users), bool)
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps by design
+        x = users.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return (x >> np.uint64(11)) < np.uint64(int(fraction * (1 << 53)))
 
 
 def batch_from_arrow(rows: pa.Table | pa.RecordBatch) -> Batch:

@@ -204,8 +204,8 @@ def train_loop(config: dict) -> None:
         ndcg = recall = None
         t_valid = time.perf_counter()
         if valid_rows is not None and last_phase:
-            (ndcg, recall), valid_share = evaluate(net, valid_rows, device,
-                                                   batch_size=max(per_worker, 256))
+            (ndcg, recall), valid_share, valid_users = evaluate(
+                net, valid_rows, device, batch_size=max(per_worker, 256))
         valid_s = time.perf_counter() - t_valid
         diverged = not all(math.isfinite(v) for v in loss.values())
         phase_loss = None if last_phase else unwrap(net).monitor(phase, loss)
@@ -214,7 +214,8 @@ def train_loop(config: dict) -> None:
                   **{f"loss_{h}": v for h, v in loss.items()}}
         if ndcg is not None:
             record.update({"valid_ndcg": ndcg, "valid_recall_at_50": recall,
-                           "valid_seconds": valid_s, "valid_largest_rank_share": valid_share})
+                           "valid_seconds": valid_s, "valid_largest_rank_share": valid_share,
+                           "valid_users": valid_users})
         if diverged:
             progress["epoch"] += 1
             progress["diverged"] = progress["epoch"]
@@ -251,9 +252,9 @@ def train_loop(config: dict) -> None:
 
 @torch.no_grad()
 def evaluate(net, valid_rows, device: torch.device, batch_size: int
-             ) -> tuple[tuple[float, float], float]:
-    """(mean validation NDCG, Recall@50) over all validation users (all ranks together), and the
-    largest share of them one rank scored."""
+             ) -> tuple[tuple[float, float], float, int]:
+    """(mean validation NDCG, Recall@50) over all validation users (all ranks together), the
+    largest share of them one rank scored, and how many there were."""
     net.eval()
     model = unwrap(net)
     ndcg_sum = recall_sum = 0.0
@@ -273,7 +274,8 @@ def evaluate(net, valid_rows, device: torch.device, batch_size: int
     # the largest rank's share of the users (1 / world when balanced): validation runs at the
     # pace of the rank with the most
     share, = all_sum([mine / count if count else 0.0], device, op=dist.ReduceOp.MAX)
-    return ((ndcg_sum / count, recall_sum / count) if count else (float("nan"), float("nan"))), share
+    means = (ndcg_sum / count, recall_sum / count) if count else (float("nan"), float("nan"))
+    return means, share, int(count)
 
 
 def progress_line(record: dict, p: dict, cfg: TrainConfig, n_phases: int, times: list[float]) -> str:
@@ -285,8 +287,8 @@ def progress_line(record: dict, p: dict, cfg: TrainConfig, n_phases: int, times:
                      f"{record['valid_recall_at_50']:.4f} (best {p['best_ndcg']:.4f} @ "
                      f"{p['best_epoch']})")
     parts.append(f"{record['users_per_second']:,.0f} users/s {record['epoch_seconds']:.1f}s"
-                 + (f" (validation {record['valid_seconds']:.1f}s)" if "valid_seconds" in record
-                    else ""))
+                 + (f" (validation {record['valid_seconds']:.1f}s, {record['valid_users']:,} "
+                    "users)" if "valid_seconds" in record else ""))
     if p["diverged"]:
         parts.append("loss is not finite: stopping")
     elif p["done"]:

@@ -175,7 +175,7 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
     plan = F.plan(MODELS[cfg.model], prep, cfg)
     datasets = {"train": F.train_dataset(prep.rows_uri, plan)}
     if not cfg.final_retraining:
-        datasets["valid"] = F.valid_dataset(prep.rows_uri)
+        datasets["valid"] = F.valid_dataset(prep.rows_uri, cfg.valid_sample)
     if F.fits_in_object_store(prep.rows_uri, cfg.data_cache):
         # small data: read the Parquet once; re-reading it costs seconds per epoch in task
         # scheduling alone, more than an epoch of training on MovieLens-sized data
