@@ -190,9 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reference-steps", type=int, default=8,
                    help="batches the reference times, each another one")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "train_throughput"))
+    p.add_argument("--merge", action="store_true",
+                   help="keep the rows of the existing results that this run does not measure "
+                        "(each row keeps its own command and date)")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="throughput-"))
+    kept = kept_rows(Path(args.out)) if args.merge else []
     rows, refs = [], {}
+    st = report.stamp("train_throughput.py")
     for shape in args.shapes:
         data = prepare(shape, args.users, work)
         for model in args.models:
@@ -204,18 +209,45 @@ def main(argv: list[str] | None = None) -> int:
                 r = {**measure(data, shape, model, run, work), "reference_users_per_second":
                      refs[key]}
                 r["ratio_to_reference"] = r["users_per_second"] / refs[key]
+                r.update(command=st["command"], date=st["date"])
                 rows.append(r)
                 print(json.dumps(r), flush=True)
-    write(rows, args)
+                # after every run: a long benchmark stopped midway keeps what it measured
+                write(merge(kept, rows), args)
     return 0
+
+
+def row_key(r: dict) -> tuple:
+    return r["shape"], r["model"], r["workers"], r["batch"], r["loss_path"]
+
+
+def kept_rows(out: Path) -> list[dict]:
+    """The rows of the results at ``out``, each with the command and date that measured it."""
+    try:
+        old = json.loads(out.with_suffix(".json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return []
+    return [{"command": old.get("command"), "date": old.get("date"), **r} for r in old["results"]]
+
+
+def merge(kept: list[dict], rows: list[dict]) -> list[dict]:
+    """This run's rows, and the kept ones it did not measure again, in shape/model order."""
+    new = {row_key(r) for r in rows}
+    out = [r for r in kept if row_key(r) not in new] + rows
+    order = {s: i for i, s in enumerate(SHAPES)}
+    return sorted(out, key=lambda r: (order[r["shape"]], MODELS.index(r["model"]),
+                                      r["loss_path"] != "auto", r["batch"], r["workers"]))
 
 
 def write(rows: list[dict], args) -> None:
     st = report.stamp("train_throughput.py")
     one = {(r["shape"], r["model"], r["batch"], r["loss_path"]): r["users_per_second"]
            for r in rows if r["workers"] == 1}
-    lines = ["# Training throughput (users/s per epoch)\n", f"Command: `{st['command']}`  ",
-             f"Machine: {st['machine']}; {st['date']}.  ",
+    commands = list(dict.fromkeys((r.get("command") or st["command"], r.get("date") or st["date"])
+                                  for r in rows))
+    lines = ["# Training throughput (users/s per epoch)\n",
+             *[f"Command: `{c}` ({d})  " for c, d in commands],
+             f"Machine: {st['machine']}.  ",
              f"Width {WIDTH}, N = {NEGATIVES} negatives/user, {args.users:,} synthetic users per "
              "shape (a real epoch = real users / users/s); 2 cores shared out: 1 worker x 2 "
              "threads or 2 workers x 1 thread.  ",

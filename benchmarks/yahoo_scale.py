@@ -2,7 +2,8 @@
 points, with each stage's wall time and peak memory.
 
     .venv/bin/python benchmarks/yahoo_scale.py [--epochs 3] [--batch-size 8192] [--lr 3e-3]
-                                               [--work DIR] [--stages etl,train,score,evaluate]
+                                               [--valid-sample 0.1] [--work DIR]
+                                               [--stages etl,train,score,evaluate]
 
     1. spark-submit etl/prepare.py --dataset synthetic   1.88M users, 44.9k items, 49M positives
     2. python training/train.py --model nce-autorec      2 Ray Train workers x 1 thread, local Ray,
@@ -95,7 +96,8 @@ def epoch_times(mlflow_uri: str, summary: dict) -> list[dict]:
     client = MlflowClient(mlflow_uri)
     history = {name: {m.step: m.value for m in client.get_metric_history(
         summary["mlflow_run_id"], name)} for name in
-        ("train_seconds", "valid_seconds", "epoch_seconds", "users_per_second", "valid_ndcg")}
+        ("train_seconds", "valid_seconds", "epoch_seconds", "users_per_second", "valid_ndcg",
+         "valid_users")}
     return [{"epoch": e, **{name: round(h[e], 4) for name, h in history.items() if e in h}}
             for e in sorted(history["epoch_seconds"])]
 
@@ -107,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=3, help="training epochs (all run)")
     p.add_argument("--batch-size", type=int, default=8192, help="users per step, all workers")
     p.add_argument("--lr", type=float, default=3e-3, help="Adam's learning rate")
+    p.add_argument("--valid-sample", type=float, default=1.0,
+                   help="fraction of validation users scored each epoch (train.py --valid-sample)")
     p.add_argument("--work", default=None, help="where the outputs go (default: a new /tmp folder)")
     p.add_argument("--stages", default=",".join(STAGES), help="comma-separated subset of "
                    + ",".join(STAGES))
@@ -143,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.executable, "training/train.py", "--data", str(data), "--model", "nce-autorec",
             "--epochs", str(a.epochs), "--patience", str(a.epochs), "--batch-size",
             str(a.batch_size), "--lr", str(a.lr), "--num-workers", "2", "--cpus-per-worker", "1",
+            "--valid-sample", str(a.valid_sample),
             "--output", str(runs), "--run-name", "yahoo-nce", "--mlflow-uri", mlflow_uri])
         results["train"]["epochs"] = epoch_times(mlflow_uri, results["train"]["summary"])
     if "score" in stages:
@@ -164,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
              f"Synthetic data at {a.scale:g} of the paper's Yahoo scale ({users:,} users, "
              f"{YAHOO['items']:,} items, {positives:,} positives); NCE-AutoRec, width "
              f"200, {a.epochs} epochs, global batch {a.batch_size}, lr {a.lr}, 2 workers x 1 "
-             "thread; top 50 of every user. Memory: the machine's used memory (MemTotal - "
+             f"thread, validation on {a.valid_sample:g} of the validation users each epoch; top "
+             "50 of every user. Memory: the machine's used memory (MemTotal - "
              "MemAvailable) at its peak during the stage, and that peak less the use at the "
              "stage's start.", "",
              "| stage | wall | peak used GiB | peak over start GiB | run at |", "|---|---|---|---|---|"]
@@ -175,11 +181,12 @@ def main(argv: list[str] | None = None) -> int:
                          f"{r['peak_over_start_gib']} | {r.get('date', '')} |")
     lines.append(f"| **total** | **{total / 60:.1f} min** | | | |")
     if "train" in results:
-        lines += ["", "| epoch | training pass s | validation s | whole epoch s (checkpoint "
-                  "included) | users/s | valid NDCG |", "|---|---|---|---|---|---|"]
+        lines += ["", "| epoch | training pass s | validation s (users) | whole epoch s "
+                  "(checkpoint included) | users/s | valid NDCG |", "|---|---|---|---|---|---|"]
         lines += [f"| {e['epoch']} | {e.get('train_seconds', 0):.0f} | "
-                  f"{e.get('valid_seconds', float('nan')):.0f} | {e['epoch_seconds']:.0f} | "
-                  f"{e.get('users_per_second', 0):,.0f} | {e.get('valid_ndcg', float('nan')):.4f} |"
+                  f"{e.get('valid_seconds', float('nan')):.0f} ({e.get('valid_users', 0):,.0f}) | "
+                  f"{e['epoch_seconds']:.0f} | {e.get('users_per_second', 0):,.0f} | "
+                  f"{e.get('valid_ndcg', float('nan')):.4f} |"
                   for e in results["train"].get("epochs", [])]
     if "evaluate" in results:
         lines += ["", "| group | metric | mean | 95% CI | users |", "|---|---|---|---|---|"]
