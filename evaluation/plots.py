@@ -79,6 +79,47 @@ def cold_start_scatter(reference: str, ndcg: dict[str, np.ndarray], title: str):
     return fig
 
 
+def setting_effect(series: dict[str, dict], setting: str, title: str, log_x: bool = False):
+    """Best validation NDCG at each value of one setting (the others searched over), a line (or
+    bars, for a categorical setting) per model: the paper's per-mode, N and beta figures.
+    ``series[model] = {value: ndcg}``."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    numeric = all(isinstance(v, int | float) for s in series.values() for v in s)
+    if numeric:
+        for model, s in series.items():
+            xs = sorted(s)
+            ax.plot(xs, [s[x] for x in xs], marker="o", label=model)
+        if log_x:
+            ax.set_xscale("log")
+    else:
+        cats = list(dict.fromkeys(v for s in series.values() for v in s))
+        width = 0.8 / max(len(series), 1)
+        for i, (model, s) in enumerate(series.items()):
+            xs = [j + i * width for j, c in enumerate(cats) if c in s]
+            ax.bar(xs, [s[c] for c in cats if c in s], width=width, label=model)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats)
+    ax.set(xlabel=setting, ylabel="best validation NDCG")
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def convergence(curves: dict[str, tuple[list[float], list[float]]], title: str):
+    """Validation NDCG against training wall time, one line per label (the paper's convergence
+    figure: one per optimisation mode). ``curves[label] = (seconds, ndcg)`` per epoch."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, (t, y) in curves.items():
+        ax.plot(t, y, marker=".", label=label)
+    ax.set(xlabel="training wall time (s)", ylabel="validation NDCG")
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def png_bytes(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)

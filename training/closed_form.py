@@ -120,7 +120,10 @@ def fit(cfg: TrainConfig, prep, cpus: float) -> tuple[dict, list[dict], dict, di
     import ray
 
     t0 = time.perf_counter()
-    task = ray.remote(fit_task).options(num_cpus=cpus, max_retries=0)
+    # "DEFAULT": scheduled on the cluster, not inside the placement group of a caller that has
+    # one (a Ray Tune trial's, which holds no CPU: training/experiment.py)
+    task = ray.remote(fit_task).options(num_cpus=cpus, max_retries=0,
+                                        scheduling_strategy="DEFAULT")
     return summarise(ray.get(task.remote(cfg.to_dict(), prep, int(cpus))), t0)
 
 

@@ -200,9 +200,10 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
 
 
 def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None = None,
-        prep: Prepared | None = None) -> dict:
+        prep: Prepared | None = None, tags: dict[str, str] | None = None) -> dict:
     """Train ``cfg``; returns the summary (best epoch, metrics, where the model is). ``prep`` is
-    ``cfg.data`` already opened (the CLI opens it to name the run)."""
+    ``cfg.data`` already opened (the CLI opens it to name the run); ``tags`` go on a new MLflow
+    run (``mlflow.parentRunId`` nests it under an experiment's run)."""
     import torch
 
     from runtime import tracking
@@ -224,7 +225,7 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
                                (record or {}).get("mlflow_run_id"),
                                tags={"dataset": prep.dataset, "model": cfg.model,
                                      "mode": cfg.resolved().get("mode") or "-",
-                                     "train_splits": cfg.train_splits})
+                                     "train_splits": cfg.train_splits, **(tags or {})})
     tracking.log_params(uri, run_id, {**cfg.to_dict(), **cfg.resolved(), "n_items": prep.n_items,
                                       "dataset": prep.dataset,
                                       "etl_beta": prep.beta(), "etl_negatives": prep.negatives(),

@@ -1,0 +1,183 @@
+"""The experiment runner's parts without a cluster: grids, the plan's checks, selection, the final
+run's epochs, the table (training/grids.py, training/experiment.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from prepared.errors import UsageError
+from training import grids
+from training.config import check
+from training.experiment import (ExperimentConfig, final_config, open_state, plan, select,
+                                 table_csv, table_md, table_rows, trial_config)
+
+
+def prep(valid: int = 100):
+    return SimpleNamespace(manifest={"counts": {"positives": {"train": 1000, "valid": valid,
+                                                             "test": valid}}},
+                           dataset="toy")
+
+
+def exp(tmp_path: Path, **kw) -> ExperimentConfig:
+    return ExperimentConfig(**{"data": str(tmp_path / "data"), "name": "e", **kw})
+
+
+@pytest.mark.parametrize("name", list(grids.NAMED))
+def test_every_point_of_the_named_grids_is_a_valid_training_run(name, tmp_path):
+    cfg = exp(tmp_path, grid=name, models=",".join(grids.NAMED[name]))
+    points = plan(cfg, prep(), str(tmp_path))
+    assert set(points) == set(grids.NAMED[name])
+    # the paper's grid is the product of its settings (section 4.2): 4 widths x 12 lambdas x
+    # 7 betas x 4 modes for NCE-AutoRec
+    if name == "paper":
+        assert len(points["nce-autorec"]) == 4 * 12 * 7 * 4
+        assert len(points["ns-autorec"]) == 4 * 12 * 6 * 4
+    # names identify points: no two share a run directory
+    for model, pts in points.items():
+        names = [grids.point_name(model, p) for p in pts]
+        assert len(set(names)) == len(names)
+
+
+@pytest.mark.parametrize("grid, models, match", [
+    ({"autorec": {"lam": []}}, "autorec", "lam has no values, so the grid has no points"),
+    ({"autorec": {"num_workers": [1, 2]}}, "autorec", "'num_workers' cannot be searched"),
+    ({"autorec": {"mode": ["joint"]}}, "autorec", "autorec .*has one head"),
+    ({"autorec": {"lam": [-1.0]}}, "autorec", "--lam -1.0"),
+    ({"gru4rec": {"width": [8]}}, "autorec", "no model gru4rec"),
+    ({}, "autorec,gru4rec", "--models: no model gru4rec"),
+])
+def test_a_bad_grid_fails_in_one_line_before_anything_runs(grid, models, match, tmp_path):
+    path = tmp_path / "grid.json"
+    path.write_text(json.dumps(grid))
+    with pytest.raises(UsageError, match=match):
+        plan(exp(tmp_path, grid=str(path), models=models), prep(), str(tmp_path))
+
+
+def test_grid_files_are_yaml_or_json_and_a_broken_one_names_the_line(tmp_path):
+    good = tmp_path / "g.yaml"
+    good.write_text("autorec:\n  lam: [10, 30]\n  width: 32\npuresvd:\n")
+    assert grids.grid(str(good), ["autorec", "puresvd"]) == {
+        "autorec": {"lam": [10, 30], "width": [32]}, "puresvd": {}}
+    bad = tmp_path / "b.yaml"
+    bad.write_text("autorec:\n  lam: [10, 30\n")
+    with pytest.raises(UsageError, match=r"b.yaml: not valid YAML: .*"):
+        grids.grid(str(bad), ["autorec"])
+    with pytest.raises(UsageError, match="neither a named grid .* nor a file"):
+        grids.grid(str(tmp_path / "missing.json"), ["autorec"])
+
+
+def test_a_dataset_without_a_validation_split_is_refused(tmp_path):
+    with pytest.raises(UsageError, match="no validation split.*--holdout-fraction"):
+        plan(exp(tmp_path), prep(valid=0), str(tmp_path))
+
+
+def test_points_are_the_product_of_the_axes():
+    assert grids.points({"lam": [1.0, 2.0], "mode": ["joint", "alternating"]}) == [
+        {"lam": 1.0, "mode": "joint"}, {"lam": 1.0, "mode": "alternating"},
+        {"lam": 2.0, "mode": "joint"}, {"lam": 2.0, "mode": "alternating"}]
+    assert grids.points({}) == [{}]
+    assert grids.point_name("nce-autorec", {"mode": "joint", "lam": 30.0}) == \
+        "nce-autorec-lam30-modejoint"
+
+
+def finished_trial(root: Path, model: str, point: dict, ndcg, best_epoch=5, phases=None):
+    name = grids.point_name(model, point)
+    d = root / "trials" / name
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"summary": {
+        "best_valid_ndcg": ndcg, "best_epoch": best_epoch, "run_name": name,
+        "phase_epochs": phases or [best_epoch + 3], "wall_seconds": 60.0}}))
+
+
+def test_selection_takes_the_best_finished_trial_and_skips_failed_and_unfinished(tmp_path):
+    pts = [{"lam": 1.0}, {"lam": 2.0}, {"lam": 3.0}, {"lam": 4.0}]
+    finished_trial(tmp_path, "autorec", pts[0], 0.20)
+    finished_trial(tmp_path, "autorec", pts[1], 0.25, best_epoch=7)
+    finished_trial(tmp_path, "autorec", pts[2], float("nan"))  # diverged
+    # pts[3] never finished (no directory)
+    chosen = select(tmp_path, "autorec", pts)
+    assert chosen["point"] == {"lam": 2.0} and chosen["best_epoch"] == 7
+    assert chosen["trials"] == 4 and chosen["finished"] == 2
+    assert chosen["search_seconds"] == pytest.approx(180.0)
+
+
+def test_the_final_run_retrains_on_train_and_valid_for_the_chosen_epochs(tmp_path):
+    cfg = exp(tmp_path)
+    joint = final_config(cfg, tmp_path, "nce-autorec", {
+        "point": {"lam": 30.0, "mode": "joint"}, "best_epoch": 12, "phase_epochs": [15]})
+    assert (joint.train_splits, joint.epochs, joint.pretrain_epochs) == ("train,valid", 12, 0)
+    assert joint.lam == 30.0 and joint.run_name == "nce-autorec-final"
+    # fine-tune: phase 1 as long as the selection run's; best epoch 12 counts phase 1's 8
+    ft = final_config(cfg, tmp_path, "nce-autorec", {
+        "point": {"mode": "limited-finetune"}, "best_epoch": 12, "phase_epochs": [8, 7]})
+    assert (ft.pretrain_epochs, ft.epochs) == (8, 4)
+    check(ft)
+
+
+def test_a_resumed_experiment_refuses_changed_settings(tmp_path):
+    cfg = exp(tmp_path)
+    root = tmp_path / "e"
+    root.mkdir()
+    (root / "experiment.json").write_text(json.dumps({"config": {**cfg.__dict__}, "models": {}}))
+    assert open_state(cfg, root)["models"] == {}
+    # more models and other cluster settings resume; another seed is another experiment
+    open_state(ExperimentConfig(**{**cfg.__dict__, "models": "autorec", "num_workers": 4}), root)
+    with pytest.raises(UsageError, match="seed was 0, now 1.*another --name"):
+        open_state(ExperimentConfig(**{**cfg.__dict__, "seed": 1}), root)
+
+
+def test_trials_are_training_runs_of_the_experiment(tmp_path):
+    t = trial_config(exp(tmp_path, epochs=7), str(tmp_path), "autorec", {"lam": 3.0})
+    assert (t.model, t.lam, t.epochs, t.experiment, t.run_name) == (
+        "autorec", 3.0, 7, "e", "autorec-lam3")
+    assert t.output == f"{tmp_path}/trials"
+
+
+def test_the_table_holds_every_model_with_cis_and_the_choice():
+    state = {"models": {"autorec": {
+        "evaluation_label": "autorec",
+        "chosen": {"point": {"lam": 30.0}, "valid_ndcg": 0.25, "trials": 3,
+                   "search_seconds": 120.0},
+        "final": {"epochs_run": 9, "wall_seconds": 30.0}}}}
+    rows = [{"label": "autorec", "group": "warm", "metric": "NDCG", "mean": 0.31, "ci95": 0.02,
+             "users": 900},
+            {"label": "autorec", "group": "cold", "metric": "NDCG", "mean": 0.11, "ci95": 0.05,
+             "users": 40}]
+    pop = {"autorec": {"median_popularity": 212.0, "share_top10pct": 0.61}}
+    t = table_rows(state, rows, pop)
+    assert t[0]["NDCG"] == (0.31, 0.02) and t[0]["users"] == 900  # warm users only
+    md = table_md(t, "toy")
+    assert "| autorec | – | 0.3100 ± 0.0200 |" in md and "| 212 | 0.610 | lam=30 |" in md
+    assert "| 2.0 | 0.5 |" in md
+    csv_text = table_csv(t)
+    assert csv_text.splitlines()[1].startswith("autorec,,,0.310000,0.020000")
+
+
+def test_the_figures_are_drawn_for_the_settings_the_grid_varied(tmp_path):
+    import torch
+
+    from training.experiment import best_by, figures, trial_results
+
+    pts = grids.points({"mode": ["joint", "limited-finetune"], "beta": [0.8, 1.0]})
+    ndcg = {("joint", 0.8): 0.20, ("joint", 1.0): 0.22, ("limited-finetune", 0.8): 0.25,
+            ("limited-finetune", 1.0): 0.21}
+    for p in pts:
+        name = grids.point_name("nce-autorec", p)
+        d = tmp_path / "trials" / name
+        d.mkdir(parents=True)
+        history = [{"epoch": e, "epoch_seconds": 2.0, "valid_ndcg": ndcg[p["mode"], p["beta"]] * e / 3}
+                   for e in (1, 2, 3)]
+        torch.save({"history": history}, d / "model.pt")
+        (d / "run.json").write_text(json.dumps({"summary": {
+            "best_valid_ndcg": ndcg[p["mode"], p["beta"]], "best_epoch": 3, "run_name": name,
+            "model_path": str(d / "model.pt")}}))
+    results = trial_results(tmp_path, "nce-autorec", pts)
+    assert best_by(results, "mode") == {"joint": 0.22, "limited-finetune": 0.25}
+    assert best_by(results, "beta") == {0.8: 0.25, 1.0: 0.22}
+    out = figures(tmp_path, {"nce-autorec": pts, "puresvd": [{}]})
+    assert sorted(out) == ["convergence.png", "ndcg_against_beta.png", "ndcg_per_mode.png"]
+    assert all(v[:4] == b"\x89PNG" for v in out.values())

@@ -1,0 +1,596 @@
+"""The paper's experiment on one prepared dataset, from one command: every model searched on
+validation with Ray Tune, retrained on train+valid, scored and evaluated on test, tabled.
+
+    python training/experiment.py --data var/data/ml-100k --models nce-autorec,autorec,puresvd
+    ray job submit --address http://127.0.0.1:8265 --working-dir . -- \\
+        python training/experiment.py --data /abs/var/data/ml-100k --models nce-autorec,autorec \\
+        --grid paper --output /abs/var/experiments --mlflow-uri http://127.0.0.1:5000
+
+Stages (a rerun with the same --name skips every finished one, trial by trial):
+  1. search    per model, a Ray Tune grid search (``--grid small|paper|FILE``, training/grids.py)
+               whose trials are training/train.py runs: train split, early stopping on validation
+               NDCG, DDP inside a trial (--num-workers), as many trials at once as the cluster
+               fits. An interrupted trial resumes from its last checkpoint.
+  2. select    per model, the trial with the best validation NDCG, and its best epoch (and the
+               length of fine-tune phase 1).
+  3. retrain   from scratch on train+valid with that configuration for exactly that many epochs
+               (``--train-splits train,valid``: the protocol's final model).
+  4. register  the final model in the MLflow Model Registry as DATASET-MODEL, alias @champion.
+  5. score     top-50 of every user with ``models:/DATASET-MODEL@champion`` (evaluation/score.py).
+  6. evaluate  the paper's metrics on test with 95% CIs, popularity, cold start
+               (evaluation/evaluate.py), and the experiment's table (table.md, table.csv).
+
+MLflow: one run per experiment (experiment NAME), one child per model, whose children are the
+trials and the final retraining; the table and plots are artifacts of the experiment's run.
+Everything lands under OUTPUT/NAME: trials/, final/, recs/, evaluation/, experiment.json.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (python training/experiment.py)
+    _root = str(Path(__file__).resolve().parents[1])
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
+    sys.path.insert(0, _root)
+
+import argparse
+import csv
+import dataclasses
+import io
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+
+from models.registry import MODELS
+from prepared.errors import UsageError
+from prepared.protocol import TOP_K
+from prepared.reader import Prepared, open_prepared
+from runtime.cli import add_options, option, strict_parser, values
+from training import grids
+from training.config import TrainConfig, check
+
+ROOT = Path(__file__).resolve().parents[1]
+PARENT = "mlflow.parentRunId"  # MLflow's tag that nests a run under another in the UI
+TABLE = ("R-Precision", "NDCG", "MAP@5", "MAP@50", "Precision@5", "Precision@50", "Recall@5",
+         "Recall@50")
+# what a trial changes in the experiment's configuration: never where or how it runs
+FIXED = ("data", "grid", "epochs", "patience", "seed", "valid_sample", "batch_size")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Every flag of training/experiment.py (``runtime.cli`` builds the parser from the fields)."""
+
+    data: str = option(help="a prepared directory (etl/prepare.py --output) with a validation "
+                            "split")
+    models: str = option("nce-autorec,autorec,puresvd",
+                         help="comma-separated models to search, in the table's order")
+    grid: str = option("small", help="small (ml-100k in under an hour on 2 cores), paper (the "
+                                     "paper's settings), or a YAML/JSON file {model: {flag: "
+                                     "[values]}} (training/grids.py)")
+    name: str = option("", show_default=False,
+                       help="the experiment: its folder under --output and its MLflow experiment; "
+                            "an existing name resumes it (default: DATASET-GRID)")
+    output: str = option("", show_default=False,
+                         help="where experiments live, absolute path (default: ./var/experiments)")
+    epochs: int = option(200, help="most epochs a trial trains (early stopping ends sooner)")
+    patience: int | None = option(None, help="epochs without a better validation NDCG before a "
+                                             "trial stops (default: each model's own)")
+    batch_size: int = option(128, help="users per step over all workers (every trial)")
+    valid_sample: float = option(1.0, help="fraction of validation users scored each epoch "
+                                           "(training/train.py --valid-sample)")
+    seed: int = option(0, help="every trial's and the final runs' seed", show_default=False)
+    num_workers: int = option(2, help="Ray Train workers per trial (DDP ranks)")
+    cpus_per_worker: float = option(0.0, show_default=False,
+                                    help="CPUs per worker; 0 = share the cluster's out")
+    concurrency: int = option(0, show_default=False,
+                              help="trials at once; 0 = as many as the cluster's CPUs fit")
+    no_register: bool = option(False, help="do not register the final models (score them from "
+                                            "their runs)")
+
+    def model_list(self) -> list[str]:
+        return [m.strip() for m in self.models.split(",") if m.strip()]
+
+
+# -- the plan: every trial's configuration, checked before anything runs --------------------------
+
+def trial_config(cfg: ExperimentConfig, root: str, model: str, point: dict) -> TrainConfig:
+    return TrainConfig(data=cfg.data, model=model, epochs=cfg.epochs, patience=cfg.patience,
+                       batch_size=cfg.batch_size, valid_sample=cfg.valid_sample, seed=cfg.seed,
+                       num_workers=cfg.num_workers, cpus_per_worker=cfg.cpus_per_worker,
+                       run_name=grids.point_name(model, point), output=f"{root}/trials",
+                       experiment=cfg.name, **point)
+
+
+def plan(cfg: ExperimentConfig, prep: Prepared, root: str) -> dict[str, list[dict]]:
+    """Per model, its points; every point's TrainConfig checked (a bad grid fails here)."""
+    if not cfg.model_list():
+        raise UsageError("--models: name at least one model, e.g. --models nce-autorec,autorec")
+    if int(prep.manifest["counts"].get("positives", {}).get("valid", 0)) == 0:
+        raise UsageError(f"--data {cfg.data}: the dataset has no validation split, so nothing can "
+                         "be selected; prepare it with a --holdout-fraction larger than "
+                         "--test-fraction")
+    axes = grids.grid(cfg.grid, cfg.model_list())
+    out = {}
+    for model, model_axes in axes.items():
+        pts = grids.points(model_axes)
+        for p in pts:
+            try:
+                check(trial_config(cfg, root, model, p))
+            except UsageError as e:
+                raise UsageError(f"--grid {cfg.grid}: {model} {p}: {e}") from None
+        out[model] = pts
+    return out
+
+
+# -- the experiment's state: OUTPUT/NAME/experiment.json, rewritten after every stage -------------
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Through a temporary sibling and a rename: never half-written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def finished(run_dir: Path) -> dict | None:
+    """A train.py run's summary if it finished (its run.json has one)."""
+    return (read_json(run_dir / "run.json") or {}).get("summary")
+
+
+def open_state(cfg: ExperimentConfig, root: Path) -> dict:
+    state = read_json(root / "experiment.json")
+    if state is None:
+        return {"config": dataclasses.asdict(cfg), "models": {}}
+    old = state["config"]
+    changed = {k: (old.get(k), getattr(cfg, k)) for k in FIXED if old.get(k) != getattr(cfg, k)}
+    if changed:
+        raise UsageError(
+            f"experiment {cfg.name!r} exists in {root.parent} with other settings: "
+            + ", ".join(f"{k} was {a!r}, now {b!r}" for k, (a, b) in changed.items())
+            + ". Pass the same flags to resume it, or another --name for a new experiment")
+    state["config"] = dataclasses.asdict(cfg)  # models and cluster settings may change
+    return state
+
+
+# -- MLflow: experiment run > model run > trial and final runs ------------------------------------
+
+def parent_runs(uri: str, cfg: ExperimentConfig, state: dict, models: list[str],
+                dataset: str) -> None:
+    from runtime import tracking
+
+    state["mlflow_uri"] = uri
+    state["run_id"] = tracking.open_run(uri, cfg.name, f"experiment {cfg.name}",
+                                        state.get("run_id"),
+                                        tags={"dataset": dataset, "kind": "experiment",
+                                              "grid": cfg.grid})
+    tracking.log_params(uri, state["run_id"], {k: v for k, v in dataclasses.asdict(cfg).items()})
+    for m in models:
+        s = state["models"].setdefault(m, {})
+        s["run_id"] = tracking.open_run(uri, cfg.name, f"{m} (search)", s.get("run_id"),
+                                        tags={PARENT: state["run_id"], "dataset": dataset,
+                                              "model": m, "kind": "model"})
+
+
+# -- 1. search -------------------------------------------------------------------------------------
+
+def trial(config: dict) -> dict:
+    """One Tune trial: a training/train.py run of one point (resumes its checkpoint if any)."""
+    from training.train import TrainingError, run
+
+    cfg = TrainConfig.from_dict(config["train"])
+    try:
+        s = run(cfg, config["mlflow_uri"], tags={PARENT: config["parent"], "kind": "trial"})
+    except TrainingError as e:  # diverged, or workers kept failing: a result, not a crash
+        return {"valid_ndcg": float("nan"), "failed": str(e).splitlines()[0]}
+    return {"valid_ndcg": s["best_valid_ndcg"], "best_epoch": s["best_epoch"],
+            "wall_seconds": s.get("wall_seconds", 0.0)}
+
+
+def concurrency(cfg: ExperimentConfig) -> int:
+    """Trials at once: as many as the cluster's CPUs give every trial's workers (and one CPU
+    over for Ray Data's reads, as training/train.py keeps)."""
+    import ray
+
+    if cfg.concurrency:
+        return cfg.concurrency
+    cpus = ray.cluster_resources().get("CPU", 1)
+    cpw = cfg.cpus_per_worker or max(1.0, float(int((cpus - 1) // cfg.num_workers)))
+    return max(1, int((cpus - 1) // (cfg.num_workers * cpw)))
+
+
+class Progress:
+    """Prints a line per finished trial: done / left, the best so far, time left."""
+
+    def __init__(self, model: str, total: int, done_before: int, at_once: int):
+        self.model, self.total, self.done, self.at_once = model, total, done_before, at_once
+        self.t0, self.ran, self.best = time.perf_counter(), 0, (-1.0, "")
+
+    def trial_done(self, name: str, result: dict) -> None:
+        self.done += 1
+        self.ran += 1
+        ndcg = result.get("valid_ndcg")
+        if ndcg is not None and not math.isnan(ndcg) and ndcg > self.best[0]:
+            self.best = (ndcg, name)
+        left = self.total - self.done
+        per = (time.perf_counter() - self.t0) / self.ran
+        eta = f", about {per * left / self.at_once / 60:.0f} min left" if left else ""
+        what = (f"failed ({result['failed']})" if result.get("failed") else
+                f"validation NDCG {ndcg:.4f}")
+        best = f"; best {self.best[0]:.4f} ({self.best[1]})" if self.best[1] else ""
+        print(f"[{self.model}] trial {self.done}/{self.total} {name}: {what}{best}; "
+              f"{left} left{eta}", flush=True)
+
+
+def search(cfg: ExperimentConfig, root: Path, model: str, points: list[dict],
+           state: dict) -> None:
+    """Run the points of ``model`` whose run has not finished, as one Tune grid search."""
+    from ray import tune
+
+    runs = root / "trials"
+    pending = [p for p in points if not finished(runs / grids.point_name(model, p))]
+    done = len(points) - len(pending)
+    at_once = concurrency(cfg)
+    print(f"\n== search {model}: {len(points)} point(s), {done} finished already; "
+          f"{at_once} at a time", flush=True)
+    if not pending:
+        return
+    progress = Progress(model, len(points), done, at_once)
+
+    class Report(tune.Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            progress.trial_done(trial.config["train"]["run_name"], result)
+
+    base = {"mlflow_uri": state["mlflow_uri"], "parent": state["models"][model]["run_id"]}
+    space = {**base, "train": tune.grid_search(
+        [trial_config(cfg, str(root), model, p).to_dict() for p in pending])}
+    tuner = tune.Tuner(
+        # the trial itself only waits on its Ray Train run, whose workers hold the CPUs: no CPU
+        # (a CPU per trial would starve Ray Data's reads on small clusters), and one byte of
+        # memory because Tune refuses a request of nothing
+        tune.with_resources(trial, {"CPU": 0, "memory": 1}),
+        param_space=space,
+        tune_config=tune.TuneConfig(max_concurrent_trials=at_once),
+        run_config=tune.RunConfig(name=f"{model}-{time.strftime('%Y%m%d-%H%M%S')}",
+                                  storage_path=str(root / "tune"), verbose=0,
+                                  callbacks=[Report()]))
+    grid = tuner.fit()
+    errors = [r.error for r in grid if r.error]
+    if errors:
+        raise RuntimeError(f"{len(errors)} trial(s) of {model} crashed; the first: "
+                           f"{str(errors[0]).strip().splitlines()[-1]}. Rerun the same command: "
+                           "finished trials are kept")
+
+
+# -- 2. select, 3. retrain -------------------------------------------------------------------------
+
+def select(root: Path, model: str, points: list[dict]) -> dict:
+    """The finished point with the best validation NDCG (the first of equals)."""
+    rows = []
+    for p in points:
+        s = finished(root / "trials" / grids.point_name(model, p))
+        if s and s.get("best_valid_ndcg") is not None and not math.isnan(s["best_valid_ndcg"]):
+            rows.append({"point": p, "summary": s})
+    if not rows:
+        raise RuntimeError(f"no trial of {model} finished with a validation NDCG; see the trials' "
+                           f"logs above and their runs in {root / 'trials'}")
+    best = max(rows, key=lambda r: r["summary"]["best_valid_ndcg"])
+    s = best["summary"]
+    return {"point": best["point"], "valid_ndcg": s["best_valid_ndcg"],
+            "valid_recall_at_50": s.get("best_valid_recall_at_50"),
+            "best_epoch": s["best_epoch"], "phase_epochs": s.get("phase_epochs") or [],
+            "trial": s["run_name"], "trials": len(points), "finished": len(rows),
+            "search_seconds": sum(finished(root / "trials" / grids.point_name(model, p))
+                                  .get("wall_seconds", 0.0) for p in points
+                                  if finished(root / "trials" / grids.point_name(model, p))),
+            "all": [{"point": r["point"], "valid_ndcg": r["summary"]["best_valid_ndcg"],
+                     "best_epoch": r["summary"]["best_epoch"]} for r in rows]}
+
+
+def final_config(cfg: ExperimentConfig, root: Path, model: str, chosen: dict) -> TrainConfig:
+    """The chosen point on train+valid for the chosen epochs: phase 1 as long as the selection
+    run's, phase 2 (or the only phase) up to its best epoch."""
+    two_phase = len(chosen["phase_epochs"]) > 1
+    pre = chosen["phase_epochs"][0] if two_phase else 0
+    base = trial_config(cfg, str(root), model, chosen["point"])
+    return dataclasses.replace(base, train_splits="train,valid", pretrain_epochs=pre,
+                               epochs=max(1, chosen["best_epoch"] - pre), patience=None,
+                               valid_sample=1.0, run_name=f"{model}-final",
+                               output=str(root / "final"))
+
+
+# -- 4. register -----------------------------------------------------------------------------------
+
+def register(uri: str, name: str, model_uri: str, run_id: str) -> str:
+    """``models:/NAME@champion`` pointing at ``model_uri`` (a new version unless the alias already
+    points at this run's model)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    try:
+        current = client.get_model_version_by_alias(name, "champion")
+        if current.run_id == run_id:
+            return f"models:/{name}@champion"
+    except Exception:  # noqa: BLE001 (no such model or alias yet)
+        pass
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    # register_model resolves MLflow 3's logged-model URIs (models:/m-...) to their source
+    version = mlflow.register_model(model_uri, name)
+    client.set_registered_model_alias(name, "champion", version.version)
+    return f"models:/{name}@champion"
+
+
+# -- 6. the table ----------------------------------------------------------------------------------
+
+def fmt_point(p: dict) -> str:
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in sorted(p.items())) or "defaults"
+
+
+def table_rows(state: dict, rows: list[dict], pop: dict | None = None) -> list[dict]:
+    """One row per model: test metrics (mean, CI) of warm users, the popularity of what it
+    recommends, the choice and the times."""
+    out = []
+    for model, s in state["models"].items():
+        if "evaluation_label" not in s:
+            continue
+        mine = {r["metric"]: r for r in rows if r["label"] == s["evaluation_label"]
+                and r["group"] == "warm"}
+        out.append({"model": model, "chosen": fmt_point(s["chosen"]["point"]),
+                    "valid_ndcg": s["chosen"]["valid_ndcg"], "epochs": s["final"]["epochs_run"],
+                    "trials": s["chosen"]["trials"],
+                    "search_minutes": s["chosen"]["search_seconds"] / 60,
+                    "final_minutes": s["final"].get("wall_seconds", 0.0) / 60,
+                    "users": next(iter(mine.values()))["users"] if mine else 0,
+                    "median_popularity": (pop or {}).get(s["evaluation_label"], {}).get(
+                        "median_popularity", float("nan")),
+                    "share_top10pct": (pop or {}).get(s["evaluation_label"], {}).get(
+                        "share_top10pct", float("nan")),
+                    **{m: (mine[m]["mean"], mine[m]["ci95"]) for m in TABLE if m in mine}})
+    return out
+
+
+def table_md(rows: list[dict], title: str) -> str:
+    head = ["model", *TABLE, "median pop.", "top-10% share", "chosen (validation)", "valid NDCG",
+            "epochs", "trials", "search min", "final min"]
+    lines = [f"# {title}", "", "Test metrics of warm users, mean ± 95% CI; models chosen by "
+             "validation NDCG and retrained on train+valid. Median pop.: the median training "
+             "popularity of the recommended items; top-10% share: the share of recommendations "
+             "from the 10% most popular items.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [f"{r[m][0]:.4f} ± {r[m][1]:.4f}" if m in r else "–" for m in TABLE]
+        lines.append(f"| {r['model']} | " + " | ".join(cells) + f" | {r['median_popularity']:,.0f}"
+                     f" | {r['share_top10pct']:.3f} | {r['chosen']} | "
+                     f"{r['valid_ndcg']:.4f} | {r['epochs']} | {r['trials']} | "
+                     f"{r['search_minutes']:.1f} | {r['final_minutes']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def table_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["model", *[f"{m} {x}" for m in TABLE for x in ("mean", "ci95")],
+                "median_popularity", "share_top10pct", "chosen",
+                "valid_ndcg", "epochs", "trials", "search_minutes", "final_minutes", "users"])
+    for r in rows:
+        w.writerow([r["model"], *[f"{r[m][i]:.6f}" if m in r else "" for m in TABLE
+                                  for i in (0, 1)], f"{r['median_popularity']:.1f}",
+                    f"{r['share_top10pct']:.4f}", r["chosen"], f"{r['valid_ndcg']:.6f}",
+                    r["epochs"], r["trials"], f"{r['search_minutes']:.2f}",
+                    f"{r['final_minutes']:.2f}", r["users"]])
+    return buf.getvalue()
+
+
+# -- the paper's figures from the trials ----------------------------------------------------------
+
+def trial_results(root: Path, model: str, pts: list[dict]) -> list[tuple[dict, dict]]:
+    out = []
+    for p in pts:
+        s = finished(root / "trials" / grids.point_name(model, p))
+        if s and s.get("best_valid_ndcg") is not None and not math.isnan(s["best_valid_ndcg"]):
+            out.append((p, s))
+    return out
+
+
+def best_by(results: list[tuple[dict, dict]], key: str) -> dict:
+    """The best validation NDCG at each value of ``key`` (over every other setting)."""
+    out: dict = {}
+    for p, s in results:
+        if key in p:
+            out[p[key]] = max(out.get(p[key], -1.0), s["best_valid_ndcg"])
+    return out
+
+
+def figures(root: Path, points: dict[str, list[dict]]) -> dict[str, bytes]:
+    """The paper's figures that the search answers: validation NDCG per optimisation mode, against
+    N (NS heads) and against beta, and validation NDCG against wall time per mode (convergence);
+    each drawn for the models whose grid varied that setting."""
+    from evaluation import plots
+    from training.train import read_model_file
+
+    results = {m: trial_results(root, m, pts) for m, pts in points.items()}
+    varied = lambda m, k: len({p[k] for p in points[m] if k in p}) > 1
+    out = {}
+    for key, name, label, log_x in (("mode", "ndcg_per_mode.png", "optimisation mode", False),
+                                    ("num_negatives", "ndcg_against_n.png", "N (negatives)", True),
+                                    ("beta", "ndcg_against_beta.png", "beta", False)):
+        series = {m: best_by(results[m], key) for m in points if varied(m, key)}
+        if series:
+            out[name] = plots.png_bytes(plots.setting_effect(
+                series, label, f"Best validation NDCG per {label} ({root.name})", log_x))
+    curves = {}
+    for m in points:
+        if not varied(m, "mode"):
+            continue
+        for mode in dict.fromkeys(p["mode"] for p in points[m]):
+            mine = [(p, s) for p, s in results[m] if p.get("mode") == mode]
+            if not mine:
+                continue
+            p, s = max(mine, key=lambda r: r[1]["best_valid_ndcg"])
+            history = read_model_file(s["model_path"]).get("history", [])
+            t, y, clock = [], [], 0.0
+            for rec in history:
+                clock += rec.get("epoch_seconds", rec.get("train_seconds", 0.0))
+                if "valid_ndcg" in rec:
+                    t.append(clock)
+                    y.append(rec["valid_ndcg"])
+            curves[f"{m} {mode}"] = (t, y)
+    if curves:
+        out["convergence.png"] = plots.png_bytes(plots.convergence(
+            curves, f"Validation NDCG against training time, best trial per mode ({root.name})"))
+    return out
+
+
+# -- the whole experiment --------------------------------------------------------------------------
+
+def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
+                   ray_address: str | None = None) -> dict:
+    """Every stage, skipping what finished; returns the experiment's state (also
+    OUTPUT/NAME/experiment.json)."""
+    import ray
+
+    from runtime import tracking
+    from training.train import run as train
+
+    prep = open_prepared(cfg.data)
+    cfg = dataclasses.replace(
+        cfg, data=cfg.data if "://" in cfg.data else str(Path(cfg.data).resolve()),
+        name=cfg.name or f"{prep.dataset}-{Path(cfg.grid).stem}",
+        output=str(Path(cfg.output or ROOT / "var" / "experiments").resolve()))
+    root = Path(cfg.output) / cfg.name
+    points = plan(cfg, prep, str(root))
+    total = sum(len(p) for p in points.values())
+    print(f"experiment {cfg.name}: {', '.join(f'{m} {len(p)}' for m, p in points.items())} "
+          f"point(s), {total} trial(s) on {prep.dataset}; in {root}", flush=True)
+    uri = tracking.tracking_uri(mlflow_uri)
+    tracking.check_reachable(uri)
+    state = open_state(cfg, root)
+    parent_runs(uri, cfg, state, list(points), prep.dataset)
+    write_json(root / "experiment.json", state)
+    if not ray.is_initialized():
+        address = ray_address or os.environ.get("RAY_ADDRESS")
+        ray.init(address=address, log_to_driver=True) if address else ray.init(
+            num_cpus=max(os.cpu_count() or 1, cfg.num_workers + 1), log_to_driver=True)
+
+    for model, pts in points.items():  # 1-3: search, select, retrain
+        s = state["models"][model]
+        search(cfg, root, model, pts, state)
+        s["chosen"] = select(root, model, pts)
+        write_json(root / "experiment.json", state)
+        fc = final_config(cfg, root, model, s["chosen"])
+        print(f"\n== {model}: chose {fmt_point(s['chosen']['point'])} (validation NDCG "
+              f"{s['chosen']['valid_ndcg']:.4f} at epoch {s['chosen']['best_epoch']}); "
+              f"retraining on train+valid for {fc.epochs} epoch(s)", flush=True)
+        s["final"] = train(fc, uri, ray_address, prep,
+                           tags={PARENT: s["run_id"], "kind": "final"})
+        write_json(root / "experiment.json", state)
+
+    from evaluation.evaluate import evaluate
+    from evaluation.score import score
+    from runtime.spark import get_spark
+
+    spark = get_spark("experiment")
+    recs = []
+    for model in points:  # 4-5: register, score
+        s = state["models"][model]
+        f = s["final"]
+        s["model_uri"] = f["model_uri"] if cfg.no_register else register(
+            uri, f"{prep.dataset}-{model}", f["model_uri"], f["mlflow_run_id"])
+        out = root / "recs" / model
+        current = (read_json(out / "_manifest.json") or {}).get("mlflow_run_id") == \
+            f["mlflow_run_id"] and s.get("scored") == s["model_uri"]
+        if not current:
+            print(f"\n== score {model}: top {TOP_K} of every user with {s['model_uri']}",
+                  flush=True)
+            score(spark, model=s["model_uri"], data=cfg.data, output=str(out), k=TOP_K,
+                  users="all", mlflow_uri=uri, overwrite=True)
+            s["scored"] = s["model_uri"]
+        s["evaluation_label"] = model
+        recs.append(str(out))
+        write_json(root / "experiment.json", state)
+
+    print(f"\n== evaluate {len(recs)} model(s) on test", flush=True)
+    m = evaluate(spark, recs=recs, labels=list(points), data=cfg.data,
+                 output=str(root / "evaluation"), target="test", mlflow_uri=uri, overwrite=True)
+    rows = table_rows(state, m["rows"], m.get("popularity"))
+    title = f"{cfg.name}: {prep.dataset}, grid {Path(cfg.grid).name}"
+    files = {"table.md": table_md(rows, title).encode(), "table.csv": table_csv(rows).encode(),
+             **{f"figures/{k}": v for k, v in figures(root, points).items()}}
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        tmp = root / f"{name}.tmp"
+        tmp.write_bytes(data)
+        tmp.replace(root / name)
+    state["figures"] = sorted(str(root / k) for k in files if k.startswith("figures/"))
+    log_report(uri, state["run_id"], root, rows)
+    state["table"] = str(root / "table.md")
+    state["done"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    write_json(root / "experiment.json", state)
+    return state
+
+
+def log_report(uri: str, run_id: str, root: Path, rows: list[dict]) -> None:
+    """The table and the evaluation's plots as artifacts of the experiment's run; per model its
+    test NDCG as a metric (compare experiments in the UI)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    for name in ("table.md", "table.csv"):
+        client.log_artifact(run_id, str(root / name))
+    for plot in sorted([*(root / "evaluation").glob("*.png"), *(root / "figures").glob("*.png")]):
+        client.log_artifact(run_id, str(plot), "plots")
+    for r in rows:
+        if "NDCG" in r:
+            client.log_metric(run_id, f"test_ndcg_{r['model']}", r["NDCG"][0])
+    client.set_terminated(run_id, "FINISHED")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = strict_parser(prog="training/experiment.py", description=__doc__.split("\n\n")[0],
+                      formatter_class=argparse.RawDescriptionHelpFormatter,
+                      epilog=__doc__.split("\n\n", 1)[1])
+    add_options(p, ExperimentConfig)
+    g = p.add_argument_group("connections")
+    g.add_argument("--mlflow-uri", default=None,
+                   help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite under "
+                        "./mlflow/state)")
+    g.add_argument("--ray-address", default=None,
+                   help="Ray cluster to join (default: $RAY_ADDRESS, else a local Ray)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        state = run_experiment(ExperimentConfig(**values(args, ExperimentConfig)),
+                               args.mlflow_uri, args.ray_address)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # a trial crashed, no trial finished, a final run failed
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print("\n" + Path(state["table"]).read_text(), flush=True)
+    print(f"table: {state['table']} (and table.csv); figures: "
+          f"{', '.join(Path(f).name for f in state['figures']) or 'none (no setting varied)'} in "
+          f"{Path(state['table']).parent / 'figures'}; MLflow: run {state['run_id']} in "
+          f"{state['mlflow_uri']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
