@@ -269,6 +269,7 @@ def evaluate(spark, **kwargs) -> dict:
     from pyspark.sql import functions as F
 
     from runtime.publish import Publisher
+    from runtime.spark import heartbeat
     from prepared.reader import open_prepared
 
     t0 = time.perf_counter()
@@ -328,8 +329,9 @@ def evaluate(spark, **kwargs) -> dict:
         users_df = users_df.unionByName(df, allowMissingColumns=True)
     users_df = users_df.cache()
 
-    rows = [{**r, "target": target if r["group"] == "warm" else "valid+test"}
-            for r in summarise(users_df, ["label", "group"])]
+    with heartbeat(spark, "per-user metrics", log):
+        rows = [{**r, "target": target if r["group"] == "warm" else "valid+test"}
+                for r in summarise(users_df, ["label", "group"])]
     order = {f.label: i for i, f in enumerate(files)}
     rows.sort(key=lambda r: (order[r["label"]], r["group"] != "warm", METRICS.index(r["metric"])))
     log.info("metrics of %s user(s) x %d file(s) done (%.0fs so far); popularity of the "
@@ -357,7 +359,7 @@ def evaluate(spark, **kwargs) -> dict:
 
     log.info("popularity and plots done (%.0fs so far); writing the per-user metrics",
              time.perf_counter() - t0)
-    with publisher.staging() as tmp:
+    with publisher.staging() as tmp, heartbeat(spark, "writing the per-user metrics", log):
         users_df.write.parquet(f"{tmp}/per_user")
         for name, data_bytes in out_files.items():
             publisher.write_bytes(f"{tmp}/{name}", data_bytes)

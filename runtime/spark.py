@@ -112,3 +112,38 @@ def get_spark(app_name: str, conf: dict[str, str] | None = None):
         spark.sparkContext.addPyFile(_code_zip())
         spark._nce_code_shipped = True
     return spark
+
+
+class heartbeat:
+    """``with heartbeat(spark, "per-user metrics", logger):`` logs, every ``every`` seconds while
+    the block runs, how far Spark's active stages are (tasks done / total), so that one long action
+    (minutes at millions of users) shows progress. Quiet when the block is short."""
+
+    def __init__(self, spark, what: str, logger: logging.Logger, every: float = 30.0):
+        import threading
+
+        self.spark, self.what, self.log, self.every = spark, what, logger, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import time
+
+        t0 = time.perf_counter()
+        tracker = self.spark.sparkContext.statusTracker()
+        while not self._stop.wait(self.every):
+            stages = [s for s in (tracker.getStageInfo(i) for i in tracker.getActiveStageIds())
+                      if s is not None]
+            done = sum(s.numCompletedTasks for s in stages)
+            total = sum(s.numTasks for s in stages)
+            where = f"{done}/{total} tasks of {len(stages)} active stage(s)" if stages else \
+                "between stages"
+            self.log.info("%s: %.0fs, %s", self.what, time.perf_counter() - t0, where)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()

@@ -73,6 +73,20 @@ def test_local_spark_binds_driver_and_ui_to_loopback(spark):
     assert listening_addresses(ui_port) and listening_addresses(ui_port) <= loopback  # not 0.0.0.0/::
 
 
+@pytest.mark.spark
+def test_a_long_spark_action_logs_its_progress(spark, caplog):
+    import logging
+    import time
+
+    from runtime.spark import heartbeat
+
+    log = logging.getLogger("etl")
+    with caplog.at_level(logging.INFO, "etl"), heartbeat(spark, "slow count", log, every=0.3):
+        spark.sparkContext.parallelize(range(4), 4).map(lambda x: time.sleep(0.6) or x).count()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("slow count: ")]
+    assert lines and any("tasks of 1 active stage(s)" in ln for ln in lines), lines
+
+
 def test_loopback_settings_leave_what_the_user_configured(monkeypatch):
     from runtime.spark import loopback_conf
 
@@ -96,7 +110,8 @@ CLIS = [("etl.prepare", "ETLConfig", "etl.config", ["--dataset", "ml-100k", "--o
         ("evaluation.score", "ScoreConfig", "evaluation.score", ["--model", "m", "--data", "d",
                                                                  "--output", "o"]),
         ("evaluation.evaluate", "EvaluateConfig", "evaluation.evaluate",
-         ["--recs", "r", "--data", "d", "--output", "o"])]
+         ["--recs", "r", "--data", "d", "--output", "o"]),
+        ("training.experiment", "ExperimentConfig", "training.experiment", ["--data", "d"])]
 
 
 @pytest.mark.parametrize("cli, cls_name, where, required", CLIS)
