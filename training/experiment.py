@@ -69,9 +69,9 @@ class ExperimentConfig:
                             "split")
     models: str = option("nce-autorec,autorec,puresvd",
                          help="comma-separated models to search, in the table's order")
-    grid: str = option("small", help="small (ml-100k in under an hour on 2 cores), paper (the "
-                                     "paper's settings), or a YAML/JSON file {model: {flag: "
-                                     "[values]}} (training/grids.py)")
+    grid: str = option("small", help="small (45 trials over every model, joint mode), paper "
+                                     "(the paper's settings), or a YAML/JSON file {model: "
+                                     "{flag: [values]}} (training/grids.py)")
     name: str = option("", show_default=False,
                        help="the experiment: its folder under --output and its MLflow experiment; "
                             "an existing name resumes it (default: DATASET-GRID)")
