@@ -45,7 +45,6 @@ import os
 import time
 from dataclasses import dataclass
 
-from models.registry import MODELS
 from prepared.errors import UsageError
 from prepared.protocol import TOP_K
 from prepared.reader import Prepared, open_prepared
