@@ -51,6 +51,7 @@ from prepared.reader import Prepared, open_prepared
 from runtime.cli import add_options, option, strict_parser, values
 from training import grids
 from training.config import TrainConfig, check
+from training.train import add_connection_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 PARENT = "mlflow.parentRunId"  # MLflow's tag that nests a run under another in the UI
@@ -276,25 +277,19 @@ def search(cfg: ExperimentConfig, root: Path, model: str, points: list[dict],
 
 def select(root: Path, model: str, points: list[dict]) -> dict:
     """The finished point with the best validation NDCG (the first of equals)."""
-    rows = []
-    for p in points:
-        s = finished(root / "trials" / grids.point_name(model, p))
-        if s and s.get("best_valid_ndcg") is not None and not math.isnan(s["best_valid_ndcg"]):
-            rows.append({"point": p, "summary": s})
+    done = finished_trials(root, model, points)
+    rows = with_ndcg(done)
     if not rows:
         raise RuntimeError(f"no trial of {model} finished with a validation NDCG; see the trials' "
                            f"logs above and their runs in {root / 'trials'}")
-    best = max(rows, key=lambda r: r["summary"]["best_valid_ndcg"])
-    s = best["summary"]
-    return {"point": best["point"], "valid_ndcg": s["best_valid_ndcg"],
+    point, s = max(rows, key=lambda r: r[1]["best_valid_ndcg"])
+    return {"point": point, "valid_ndcg": s["best_valid_ndcg"],
             "valid_recall_at_50": s.get("best_valid_recall_at_50"),
             "best_epoch": s["best_epoch"], "phase_epochs": s.get("phase_epochs") or [],
             "trial": s["run_name"], "trials": len(points), "finished": len(rows),
-            "search_seconds": sum(finished(root / "trials" / grids.point_name(model, p))
-                                  .get("wall_seconds", 0.0) for p in points
-                                  if finished(root / "trials" / grids.point_name(model, p))),
-            "all": [{"point": r["point"], "valid_ndcg": r["summary"]["best_valid_ndcg"],
-                     "best_epoch": r["summary"]["best_epoch"]} for r in rows]}
+            "search_seconds": sum(t.get("wall_seconds", 0.0) for _, t in done),
+            "all": [{"point": p, "valid_ndcg": t["best_valid_ndcg"],
+                     "best_epoch": t["best_epoch"]} for p, t in rows]}
 
 
 def final_config(cfg: ExperimentConfig, root: Path, model: str, chosen: dict) -> TrainConfig:
@@ -396,13 +391,20 @@ def table_csv(rows: list[dict]) -> str:
 
 # -- the paper's figures from the trials ----------------------------------------------------------
 
+def finished_trials(root: Path, model: str, pts: list[dict]) -> list[tuple[dict, dict]]:
+    """(point, summary) of every finished trial of ``model``, failed ones included."""
+    runs = ((p, finished(root / "trials" / grids.point_name(model, p))) for p in pts)
+    return [(p, s) for p, s in runs if s]
+
+
+def with_ndcg(trials: list[tuple[dict, dict]]) -> list[tuple[dict, dict]]:
+    """The trials that ended with a validation NDCG (not diverged)."""
+    return [(p, s) for p, s in trials if s.get("best_valid_ndcg") is not None
+            and not math.isnan(s["best_valid_ndcg"])]
+
+
 def trial_results(root: Path, model: str, pts: list[dict]) -> list[tuple[dict, dict]]:
-    out = []
-    for p in pts:
-        s = finished(root / "trials" / grids.point_name(model, p))
-        if s and s.get("best_valid_ndcg") is not None and not math.isnan(s["best_valid_ndcg"]):
-            out.append((p, s))
-    return out
+    return with_ndcg(finished_trials(root, model, pts))
 
 
 def best_by(results: list[tuple[dict, dict]], key: str) -> dict:
@@ -563,12 +565,7 @@ def build_parser() -> argparse.ArgumentParser:
                       formatter_class=argparse.RawDescriptionHelpFormatter,
                       epilog=__doc__.split("\n\n", 1)[1])
     add_options(p, ExperimentConfig)
-    g = p.add_argument_group("connections")
-    g.add_argument("--mlflow-uri", default=None,
-                   help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite under "
-                        "./mlflow/state)")
-    g.add_argument("--ray-address", default=None,
-                   help="Ray cluster to join (default: $RAY_ADDRESS, else a local Ray)")
+    add_connection_flags(p)
     return p
 
 

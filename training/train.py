@@ -55,13 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
                       formatter_class=argparse.RawDescriptionHelpFormatter,
                       epilog=__doc__.split("\n\n", 1)[1])
     add_options(p, TrainConfig)
+    add_connection_flags(p)
+    return p
+
+
+def add_connection_flags(p: argparse.ArgumentParser) -> None:
+    """--mlflow-uri and --ray-address: where to connect, not part of any configuration."""
     g = p.add_argument_group("connections (not part of the run's configuration)")
     g.add_argument("--mlflow-uri", default=None,
                    help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite under "
                         "./mlflow/state)")
     g.add_argument("--ray-address", default=None,
                    help="Ray cluster to join (default: $RAY_ADDRESS, else a local Ray)")
-    return p
 
 
 def check_job_paths(args: argparse.Namespace) -> None:
