@@ -52,10 +52,11 @@ class PositiveRule:
 class DatasetSpec:
     """How a raw dataset is laid out and what protocol.md prescribes for it."""
 
-    layout: str          # parser: movielens-csv, tsv4, netflix, goodbooks, yahoo, citeulike, csv, synthetic
+    layout: str          # parser: movielens-csv, tsv4, netflix, goodbooks, yahoo, citeulike,
+                         # user-items, csv, synthetic
     default_files: tuple[str, ...]  # looked for when --input is a directory
     positive: str        # default --positive rule
-    split: str           # time | random
+    split: str           # time | random | given
     header: str | None = None
 
 
@@ -71,11 +72,20 @@ DATASETS: dict[str, DatasetSpec] = {
     # The authors' code let 255 ("never play again") through a >= 80 filter; protocol.md does not.
     "yahoo-r1": DatasetSpec("yahoo", ("ydata-ymusic-user-artist-ratings-v1_0.txt",), "80..100", "random"),
     "citeulike": DatasetSpec("citeulike", ("users.dat",), "all", "random"),
+    # `user item item ...` per line, one-class, usually shipped as train.txt + test.txt
+    # (LightGCN/NGCF's gowalla, yelp2018, amazon-book): --split given keeps that split
+    "user-items": DatasetSpec("user-items", ("*.txt",), "all", "random"),
     "csv": DatasetSpec("csv", (), ">3", "time"),
     "synthetic": DatasetSpec("synthetic", (), "all", "time"),
 }
 DATASET_ALIASES = {"yahoo": "yahoo-r1", "movielens-20m": "ml-20m", "goodbooks-10k": "goodbooks",
-                   "citeulike-a": "citeulike", "citeulike-t": "citeulike"}
+                   "citeulike-a": "citeulike", "citeulike-t": "citeulike", "lightgcn": "user-items"}
+SPLITS_GIVEN = ("train", "valid", "test")
+# how a split may be spelled in a file name or a split column
+SPLIT_NAMES = {"train": "train", "training": "train", "valid": "valid", "validation": "valid",
+               "val": "valid", "dev": "valid", "test": "test", "testing": "test"}
+# file names only: MovieLens-100K's own splits are u1.base / u1.test ... ua.base / ua.test
+FILE_SPLIT_NAMES = {**SPLIT_NAMES, "base": "train"}
 
 
 IO, PROTOCOL, CSV, SYNTHETIC = ("input and output", "protocol (defaults as in protocol.md)",
@@ -104,14 +114,20 @@ class ETLConfig:
     positive: str | None = option(None, group=PROTOCOL,
                                   help="which ratings are positive: '>3', '>=3', '80..100' or "
                                        "'all' (default: the dataset's, see below)")
-    split: str | None = option(None, group=PROTOCOL, choices=["time", "random"],
-                               help="per-user split order (default: the dataset's)")
+    split: str | None = option(None, group=PROTOCOL, choices=["time", "random", "given"],
+                               help="per-user split order (default: the dataset's), or 'given': "
+                                    "keep the input's split, from a file per split (--input "
+                                    "train=PATH test=PATH, or names holding train/valid/test) or "
+                                    "from --split-col; validation is carved out of train per user "
+                                    "when none is given")
     test_fraction: float = option(0.3, group=PROTOCOL,
                                   help="test share per user: n_test = floor(f n)")
     holdout_fraction: float = option(0.5, group=PROTOCOL,
                                      help="valid+test share per user: n_train = n - floor(f n)")
-    cold_users: float = option(0.05, group=PROTOCOL,
-                               help="share of users held out of training entirely (0 allowed)")
+    cold_users: float | None = option(None, group=PROTOCOL,
+                                      help="share of users held out of training entirely (0 "
+                                           "allowed; default 0.05, but 0 with --split given: a "
+                                           "published split holds no user out)")
     beta: float = option(1.0, group=PROTOCOL, help="R* = max(log Z - beta log pop_j, 0)")
     rstar_z: str = option("users", group=PROTOCOL, choices=["users", "positives"],
                           help="Z in R*: number of training users (authors' code) or of training "
@@ -124,6 +140,9 @@ class ETLConfig:
     rating_col: str | None = option("rating", group=CSV,
                                     help="rating column ('' for one-class data)")
     time_col: str | None = option("timestamp", group=CSV, help="unix-time column ('' for none)")
+    split_col: str | None = option(None, group=CSV,
+                                   help="with --split given: the column saying train, valid or "
+                                        "test of each row (else each file is one split)")
     users: int = option(10_000, group=SYNTHETIC, help="number of users")
     items: int = option(2_000, group=SYNTHETIC, help="number of items")
     positives: int = option(200_000, group=SYNTHETIC,
@@ -134,10 +153,12 @@ class ETLConfig:
         # as typed on a command line: a tab, and '' for "no such column"
         object.__setattr__(self, "delimiter", {"\\t": "\t", "tab": "\t"}.get(self.delimiter,
                                                                               self.delimiter))
-        for name in ("rating_col", "time_col"):
+        for name in ("rating_col", "time_col", "split_col"):
             if getattr(self, name) == "":
                 object.__setattr__(self, name, None)
         object.__setattr__(self, "input", tuple(self.input))
+        if self.cold_users is None:
+            object.__setattr__(self, "cold_users", 0.0 if self.split == "given" else 0.05)
         for name in ("test_fraction", "holdout_fraction", "cold_users", "max_bad_rows"):
             v = getattr(self, name)
             if not (0.0 <= v < 1.0) or math.isnan(v):
@@ -151,8 +172,16 @@ class ETLConfig:
             raise UsageError(f"--negatives must be >= 0, got {self.negatives}")
         if self.rstar_z not in ("users", "positives"):
             raise UsageError(f"--rstar-z must be 'users' or 'positives', got {self.rstar_z!r}")
-        if self.split not in (None, "time", "random"):
-            raise UsageError(f"--split must be 'time' or 'random', got {self.split!r}")
+        if self.split not in (None, "time", "random", "given"):
+            raise UsageError(f"--split must be 'time', 'random' or 'given', got {self.split!r}")
+        if self.split_col and self.spec.layout != "csv":
+            raise UsageError(f"--split-col names a column of --dataset csv; --dataset {self.dataset} "
+                             "has no named columns: give a file per split instead (--input "
+                             "train=PATH test=PATH)")
+        if self.split_col and self.split != "given":
+            raise UsageError("--split-col is read only with --split given; add --split given")
+        if self.split == "given" and self.spec.layout == "synthetic":
+            raise UsageError("--split given needs input files; synthetic data has none")
         if self.spec.layout == "synthetic":
             if min(self.users, self.items, self.positives) < 1:
                 raise UsageError("--users, --items and --positives must be >= 1 for synthetic data")

@@ -100,16 +100,18 @@ def _order_key(column: str, numeric: bool) -> list[Column]:
 
 
 def read_validated(spark: SparkSession, cfg: ETLConfig, files: list[str], progress: Progress,
-                   counts: dict) -> tuple[DataFrame, bool]:
-    """Parsed rating rows ``user_id, item_id, rating, timestamp, gpos``; bad rows counted.
+                   counts: dict, labels: dict[str, str] | None = None) -> tuple[DataFrame, bool]:
+    """Parsed rating rows ``user_id, item_id, rating, timestamp, gpos, given``; bad rows counted.
+    ``labels``: each file's given split (``--split given`` with a file per split).
 
     Also says whether the fast dedup key fits (see ``POS_BITS``).
     """
     if cfg.spec.layout == "synthetic":
         rows = synthetic_rows(spark, cfg.users, cfg.items, cfg.positives, cfg.seed)  # long ids
         # generated pairs are distinct and their times are 2010-2015: the fast key fits
-        return rows.select("*", F.lit(0).cast("long").alias("gpos")), True
-    parsed = parse(spark, cfg, files)
+        return rows.select("*", F.lit(0).cast("long").alias("gpos"),
+                           F.lit(None).cast("byte").alias("given")), True
+    parsed = parse(spark, cfg, files, labels)
     if cfg.spec.layout == "yahoo":
         parsed = _yahoo_checks(parsed)
     is_row = F.col("kind") == "row"
@@ -149,7 +151,7 @@ def read_validated(spark: SparkSession, cfg: ETLConfig, files: list[str], progre
     progress.done("read", rows=n_rows, bad=n_bad, skipped=sum(by_kind.get(k, 0) for k in SKIPPED_KINDS))
     as_long = {"user_id": row_stats["users_int"], "item_id": row_stats["items_int"]}
     ids = [F.col(c).cast("long").alias(c) if as_long[c] else F.col(c) for c in as_long]
-    return parsed.where(is_row).select(*ids, "rating", "timestamp", "gpos"), fast
+    return parsed.where(is_row).select(*ids, "rating", "timestamp", "gpos", "given"), fast
 
 
 def positives_of(rows: DataFrame, fast_key: bool, cfg: ETLConfig, partitions: int,
@@ -168,16 +170,24 @@ def positives_of(rows: DataFrame, fast_key: bool, cfg: ETLConfig, partitions: in
         latest = F.max(F.struct(F.coalesce(F.col("timestamp"), F.lit(-(1 << 62))).alias("t"),
                                 "gpos", "rating", "timestamp")).alias("latest")
         aggs = [latest]
+    if cfg.split_mode == "given":
+        # a pair given in two splits (a leak in the benchmark) stays in the earlier one: an item
+        # a user trained on is never a test item (counted, and said in the manifest)
+        aggs += [F.min("given").alias("given"), (F.min("given") != F.max("given")).alias("twice")]
+    else:
+        aggs += [F.lit(None).cast("byte").alias("given"), F.lit(False).alias("twice")]
     pairs = by_user.groupBy("user_id", "item_id").agg(*aggs, F.count(F.lit(1)).alias("copies"))
     if not fast_key:
         pairs = pairs.select("user_id", "item_id", F.col("latest.rating").alias("rating"),
-                             F.col("latest.timestamp").alias("timestamp"), "copies")
+                             F.col("latest.timestamp").alias("timestamp"), "given", "twice",
+                             "copies")
     pairs = pairs.withColumn("positive", positive_condition(rule, F.col("rating")))
     pairs = pairs.persist(StorageLevel.MEMORY_AND_DISK)
     agg = pairs.agg(
         F.count(F.lit(1)).alias("pairs"), F.sum("copies").alias("rows"),
         F.sum(F.col("positive").cast("long")).alias("positives"),
         F.sum((F.col("rating") == 255).cast("long")).alias("r255"),
+        F.sum(F.col("twice").cast("long")).alias("twice"),
     ).first()
     # distinct counts one column at a time: a single agg with two count_distincts expands the table
     users_raw = pairs.select("user_id").distinct().count()
@@ -187,13 +197,18 @@ def positives_of(rows: DataFrame, fast_key: bool, cfg: ETLConfig, partitions: in
                   non_positive_pairs=n_pairs - n_pos, users_raw=users_raw, items_raw=items_raw)
     if cfg.spec.layout == "yahoo":
         counts["rating_255_pairs"] = int(agg["r255"] or 0)
+    if cfg.split_mode == "given":
+        counts["pairs_in_two_splits"] = int(agg["twice"] or 0)
+        if agg["twice"]:
+            log.warning("%s (user, item) pairs appear in two given splits; each is kept in the "
+                        "earlier one (train before valid before test)", f"{int(agg['twice']):,}")
     if n_pos == 0:
         raise InputDataError(
             f"no positives left after binarising {n_pairs:,} (user, item) pairs with --positive "
             f"'{rule}'; check the rule against the rating scale of --dataset {cfg.dataset}")
     progress.done("dedup", rows=counts["rows"], duplicates=counts["duplicate_rows"], pairs=n_pairs,
                   positives=n_pos)
-    pos = pairs.where("positive").select("user_id", "item_id", "timestamp")
+    pos = pairs.where("positive").select("user_id", "item_id", "timestamp", "given")
     return pos.persist(StorageLevel.MEMORY_AND_DISK), pairs
 
 
@@ -262,30 +277,30 @@ def index_items(pos: DataFrame, progress: Progress, counts: dict) -> DataFrame:
 
 def split_positives(pos: DataFrame, users: DataFrame, items: DataFrame,
                     cfg: ETLConfig, progress: Progress, counts: dict) -> DataFrame:
-    """Per-user split by time (ties: item id) or by a seeded permutation, the authors' arithmetic.
+    """Per-user split by time (ties: item id) or by a seeded permutation, the authors' arithmetic;
+    or the split the input gave (``--split given``, see ``given_labels``).
 
     Items are ordered by ``item_index``, which follows the id order (numeric when all ids are).
     """
-    if cfg.split_mode == "time":
-        order = [F.col("timestamp").asc_nulls_first(), "item_index"]
-    else:
-        order = [F.xxhash64(F.lit(cfg.seed), as_str("user_id"), as_str("item_id")), "item_index"]
-    # The hash in front lets the sort compare longs, not strings; partitioning stays by user_id.
-    by_user = [F.xxhash64("user_id"), "user_id"]
-    w = Window.partitionBy(*by_user).orderBy(*order)
     t = protocol.as_fraction(cfg.test_fraction)
     h = protocol.as_fraction(cfg.holdout_fraction)
-    n = F.count(F.lit(1)).over(Window.partitionBy(*by_user))
-    k = F.row_number().over(w) - 1  # 0-based, oldest first
-    n_test = F.floor(n * t.numerator / t.denominator)  # exact: integer / integer of longs
-    n_holdout = F.floor(n * h.numerator / h.denominator)
-    label = F.when(k < n - n_holdout, "train").when(k < n - n_test, "valid").otherwise("test")
+    if cfg.split_mode == "given":
+        label = given_labels(pos, cfg, counts)
+    else:
+        # The hash in front lets the sort compare longs, not strings; partitioning stays by user.
+        by_user = [F.xxhash64("user_id"), "user_id"]
+        w = Window.partitionBy(*by_user).orderBy(*_split_order(cfg.split_mode, cfg.seed))
+        n = F.count(F.lit(1)).over(Window.partitionBy(*by_user))
+        k = F.row_number().over(w) - 1  # 0-based, oldest first
+        n_test = F.floor(n * t.numerator / t.denominator)  # exact: integer / integer of longs
+        n_holdout = F.floor(n * h.numerator / h.denominator)
+        label = F.when(k < n - n_holdout, "train").when(k < n - n_test, "valid").otherwise("test")
     df = (pos.join(F.broadcast(items), "item_id")
           # users by a plain join: broadcast by Spark while they are small, never forced (10^8
           # users would not fit a broadcast); the positives keep their partitioning by user
           .join(users.select("user_id", "user_index", "cold"), "user_id")
           .withColumn("split", label))
-    df = df.persist(StorageLevel.MEMORY_AND_DISK)
+    df = df.drop("given").persist(StorageLevel.MEMORY_AND_DISK)
     per = df.groupBy("split", "cold").agg(F.count(F.lit(1)).alias("n")).collect()
     per_split = {s: sum(r["n"] for r in per if r["split"] == s) for s in S.SPLITS}
     cold_pos = sum(r["n"] for r in per if r["cold"])
@@ -293,6 +308,48 @@ def split_positives(pos: DataFrame, users: DataFrame, items: DataFrame,
     counts["positives_cold_users"] = int(cold_pos)
     progress.done("split", **per_split, cold=int(cold_pos))
     return df
+
+
+def _split_order(mode: str, seed: int) -> list:
+    """Oldest first (ties: item index), or a seeded per-user permutation."""
+    if mode == "time":
+        return [F.col("timestamp").asc_nulls_first(), "item_index"]
+    return [F.xxhash64(F.lit(seed), as_str("user_id"), as_str("item_id")), "item_index"]
+
+
+def given_labels(pos: DataFrame, cfg: ETLConfig, counts: dict) -> Column:
+    """The split of each positive under ``--split given``: the one the input gave it; when no
+    positive was given to validation, each user's validation is carved out of their given train
+    positives with the protocol's proportions: of m train positives, the newest (or, without
+    timestamps, a seeded random) floor(m (h - t) / (1 - t)) become valid, 2/7 with the defaults,
+    the share valid has of train+valid in the protocol's 50/20/30 split. Needs the ``item_index``
+    column (joined by the caller)."""
+    given = {S.SPLITS[r["given"]]: int(r["n"])
+             for r in pos.groupBy("given").agg(F.count(F.lit(1)).alias("n")).collect()}
+    if not given.get("test"):
+        raise InputDataError(f"--split given: no test positives (per given split: {given}); the "
+                             "test file or the test rows are missing, or none is positive under "
+                             f"--positive '{cfg.positive_rule}'")
+    t = protocol.as_fraction(cfg.test_fraction)
+    h = protocol.as_fraction(cfg.holdout_fraction)
+    carve = not given.get("valid")
+    info = {"source": "column " + cfg.split_col if cfg.split_col else "files",
+            "given_positives": given, "valid": "carved from train" if carve else "given"}
+    named = F.element_at(F.array(*[F.lit(x) for x in S.SPLITS]), F.col("given").cast("int") + 1)
+    if not carve:
+        counts["given_split"] = info
+        return named
+    share = (h - t) / (1 - t)
+    order = "time" if pos.where(F.col("timestamp").isNotNull()).limit(1).count() else "random"
+    info.update(valid_fraction_of_train=str(share), valid_order=order)
+    counts["given_split"] = info
+    # a window per (user, given split): the train rows' own count and order
+    by_user_split = [F.xxhash64("user_id"), "user_id", "given"]
+    w = Window.partitionBy(*by_user_split).orderBy(*_split_order(order, cfg.seed))
+    m = F.count(F.lit(1)).over(Window.partitionBy(*by_user_split))
+    k = F.row_number().over(w) - 1
+    n_valid = F.floor(m * share.numerator / share.denominator)
+    return F.when((F.col("given") == 0) & (k >= m - n_valid), F.lit("valid")).otherwise(named)
 
 
 def popularity(split: DataFrame, items: DataFrame, progress: Progress):

@@ -88,16 +88,20 @@ def run(cfg: ETLConfig, spark=None) -> dict:
     from etl import pipeline as P
     from prepared.protocol import rstar_per_item, rstar_z
     from runtime.publish import Publisher
-    from etl.sources import resolve_inputs
+    from etl.sources import labelled_inputs
     from runtime.spark import get_spark
 
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.perf_counter()
-    files = [] if cfg.spec.layout == "synthetic" else resolve_inputs(cfg)
+    labelled = [] if cfg.spec.layout == "synthetic" else labelled_inputs(cfg)
+    files = [f for f, _ in labelled]
+    labels = {f: label for f, label in labelled if label} or None
     spark = spark or get_spark(f"prepare-{cfg.dataset}")
     publisher = Publisher(spark, cfg.output)
     publisher.check_target(cfg.overwrite)
     inputs = describe_inputs(spark, files)
+    for entry in inputs if labels else []:
+        entry["split"] = labels[entry["path"]]
     partitions = P.auto_partitions(cfg, sum(i["bytes"] for i in inputs))
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     progress, counts = P.Progress(), {}
@@ -107,7 +111,7 @@ def run(cfg: ETLConfig, spark=None) -> dict:
     cached = []
     try:
         with publisher.staging() as tmp:
-            rows, fast_key = P.read_validated(spark, cfg, files, progress, counts)
+            rows, fast_key = P.read_validated(spark, cfg, files, progress, counts, labels)
             pos, pairs = P.positives_of(rows, fast_key, cfg, partitions, progress, counts)
             users = P.index_users(pos, cfg, progress, counts)
             items = P.index_items(pos, progress, counts)

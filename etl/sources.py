@@ -5,19 +5,23 @@ where ``kind`` is one of ``row`` (a rating), ``bad`` (malformed: ``error`` says 
 skipped by design (``blank``, ``comment``, ``header``, ``movie`` for Netflix's ``MovieID:`` lines).
 Ids stay strings. ``rating`` is null for one-class data, ``timestamp`` (unix seconds) where the
 source has no time. Line numbers are 1-based per file, so every error can point at its line.
+Under ``--split given`` a last column ``given`` is the split a row was given (0 train, 1 valid,
+2 test: ``prepared.schema.SPLITS``), from its file's name or ``--split-col``; otherwise null.
 """
 
 from __future__ import annotations
 
 import glob
 import os
-from urllib.parse import urlparse
+import re
+from urllib.parse import unquote, urlparse
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from etl.config import ETLConfig
+from etl.config import FILE_SPLIT_NAMES, SPLIT_NAMES, ETLConfig
 from prepared.errors import InputDataError
+from prepared.schema import SPLITS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -39,41 +43,79 @@ def resolve_inputs(cfg: ETLConfig) -> list[str]:
     Local paths are checked here, so that a typo fails in a second with the fix, not inside Spark.
     Remote URIs (s3a://, hdfs://) are passed to Spark as they are.
     """
-    files: list[str] = []
+    return [f for f, _ in labelled_inputs(cfg)]
+
+
+def labelled_inputs(cfg: ETLConfig) -> list[tuple[str, str | None]]:
+    """``(file, split)`` per input file; ``split`` is None unless each file is one given split
+    (``--split given`` without ``--split-col``): said as ``--input test=PATH``, else read from the
+    file's name (``train.txt``, ``cf-test-1-users.dat``, ``u1.base``)."""
+    per_file = cfg.split == "given" and not cfg.split_col
+    out: list[tuple[str, str | None]] = []
     for item in cfg.input:
-        if not _is_local(item):
-            files.append(item)
-            continue
-        path = os.path.abspath(os.path.expanduser(_local(item)))
-        if os.path.isdir(path):
-            found: list[str] = []
-            for pattern in cfg.spec.default_files:
-                found = sorted(glob.glob(os.path.join(path, pattern)))
-                if found:
-                    break
-            if not found:
-                wanted = " or ".join(cfg.spec.default_files) or "a file name"
-                raise InputDataError(
-                    f"{path}: directory holds no {wanted} for --dataset {cfg.dataset}; "
-                    f"pass the ratings file itself with --input, or check --dataset")
-            files.extend(found)
-        elif any(ch in path for ch in "*?["):
-            found = sorted(glob.glob(path))
-            if not found:
-                raise InputDataError(f"{path}: the pattern matches no file; check --input")
-            files.extend(found)
-        elif not os.path.exists(path):
-            raise InputDataError(f"{path}: no such file; check --input (got {item!r})")
-        else:
-            files.append(path)
-    for f in files:
+        label, path = _split_prefix(item) if per_file else (None, item)
+        for f in _resolve_one(cfg, path, item):
+            out.append((f, label or (split_of_name(f) if per_file else None)))
+    for f, _ in out:
         if _is_local(f) and not os.access(_local(f), os.R_OK):
             raise InputDataError(f"{f}: file is not readable by this user; fix its permissions "
                                  f"(chmod a+r) or copy it somewhere readable")
-    if cfg.spec.layout == "citeulike" and len(files) != 1:
+    if cfg.spec.layout == "citeulike" and len(out) != 1 and not per_file:
         raise InputDataError(f"citeulike takes one users.dat (its line number is the user id), "
-                             f"got {len(files)} files: {files[:3]}")
-    return files
+                             f"got {len(out)} files: {[f for f, _ in out][:3]}")
+    if per_file and "test" not in {label for _, label in out}:
+        raise InputDataError(
+            f"--split given: no test file among the inputs ({', '.join(f for f, _ in out)[:300]}); "
+            "pass the benchmark's test file too, e.g. --input train=PATH test=PATH")
+    return out
+
+
+def _split_prefix(item: str) -> tuple[str | None, str]:
+    """``test=PATH`` -> ("test", PATH); anything else -> (None, item)."""
+    name, sep, rest = item.partition("=")
+    if sep and name.lower() in SPLIT_NAMES:
+        return SPLIT_NAMES[name.lower()], rest
+    return None, item
+
+
+def split_of_name(path: str) -> str:
+    """The split a file's name says: one of its words is train/valid/test (or a synonym)."""
+    words = re.split(r"[^a-z0-9]+", os.path.basename(unquote(path)).lower())
+    found = sorted({FILE_SPLIT_NAMES[w] for w in words if w in FILE_SPLIT_NAMES})
+    if len(found) != 1:
+        said = f"it says {' and '.join(found)}" if found else "it names none"
+        raise InputDataError(
+            f"{path}: --split given cannot tell which split this file holds from its name ({said}); "
+            "say it with --input train=PATH valid=PATH test=PATH, or use --split-col for a CSV "
+            "with a split column")
+    return found[0]
+
+
+def _resolve_one(cfg: ETLConfig, item: str, typed: str) -> list[str]:
+    """The files one ``--input`` value names (a file, a directory or a glob)."""
+    if not _is_local(item):
+        return [item]
+    path = os.path.abspath(os.path.expanduser(_local(item)))
+    if os.path.isdir(path):
+        found: list[str] = []
+        for pattern in cfg.spec.default_files:
+            found = sorted(glob.glob(os.path.join(path, pattern)))
+            if found:
+                break
+        if not found:
+            wanted = " or ".join(cfg.spec.default_files) or "a file name"
+            raise InputDataError(
+                f"{path}: directory holds no {wanted} for --dataset {cfg.dataset}; "
+                f"pass the ratings file itself with --input, or check --dataset")
+        return found
+    if any(ch in path for ch in "*?["):
+        found = sorted(glob.glob(path))
+        if not found:
+            raise InputDataError(f"{path}: the pattern matches no file; check --input")
+        return found
+    if not os.path.exists(path):
+        raise InputDataError(f"{path}: no such file; check --input (got {typed!r})")
+    return [path]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,6 +196,7 @@ def _delimited(lines: DataFrame, delim: str, n_fields: int, roles: dict[str, int
     time_raw = get.get("timestamp", F.lit(None).cast("string"))
     rating = rating_raw.try_cast("double")
     timestamp = time_raw.try_cast("long")
+    given = _split_code(F.lower(get["split"])) if "split" in roles else None
     delim_name = {"\t": "tabs", ",": "commas", ";": "semicolons"}.get(delim, repr(delim))
     col = {role: i + 1 for role, i in roles.items()}
     error = _first_error(
@@ -165,6 +208,9 @@ def _delimited(lines: DataFrame, delim: str, n_fields: int, roles: dict[str, int
         *([_number_error(rating_raw, rating, "rating", col["rating"])] if "rating" in roles else []),
         *([_number_error(time_raw, timestamp, "timestamp", col["timestamp"])]
           if "timestamp" in roles else []),
+        *([(given.isNull(), F.format_string(
+            f"split '%s' in column {col['split']} is not train, valid or test", get["split"]))]
+          if "split" in roles else []),
     )
     kind = (F.when(text == "", "blank").when(text.startswith("#"), "comment")
             .when(F.lit(header) & (F.col("line") == 1), "header")
@@ -173,7 +219,14 @@ def _delimited(lines: DataFrame, delim: str, n_fields: int, roles: dict[str, int
         "file", "line", "gpos", kind.alias("kind"),
         F.when(kind == "bad", error).alias("error"), F.col("text"),
         get["user"].alias("user_id"), get["item"].alias("item_id"),
-        rating.alias("rating"), timestamp.alias("timestamp"))
+        rating.alias("rating"), timestamp.alias("timestamp"),
+        *([given.alias("given")] if "split" in roles else []))
+
+
+def _split_code(name: Column) -> Column:
+    """0 train, 1 valid, 2 test for a split's name (or a synonym); null for anything else."""
+    codes = F.create_map(*[F.lit(x) for k, v in SPLIT_NAMES.items() for x in (k, SPLITS.index(v))])
+    return F.get(F.map_values(F.map_filter(codes, lambda k, _: k == name)), 0).cast("byte")
 
 
 def _regex_escape(s: str) -> str:
@@ -235,6 +288,24 @@ def _citeulike(lines: DataFrame) -> DataFrame:
         F.lit(None).cast("double").alias("rating"), F.lit(None).cast("long").alias("timestamp"))
 
 
+def _user_items(lines: DataFrame) -> DataFrame:
+    """``user item item ...`` per line (LightGCN/NGCF's train.txt and test.txt); one-class. A line
+    with a user and no items (a user without test items) holds no rows."""
+    text = _clean(F.col("text"))
+    tokens = F.split(text, r"\s+", -1)
+    kind = (F.when(text == "", "blank").when(text.startswith("#"), "comment")
+            .when(F.size(tokens) < 2, "blank").otherwise("row"))
+    parsed = lines.select(
+        "file", "line", "gpos", kind.alias("kind"), F.lit(None).cast("string").alias("error"),
+        "text", F.get(tokens, 0).alias("user_id"),
+        F.when(kind == "row", F.slice(tokens, 2, F.greatest(F.size(tokens) - 1, F.lit(1))))
+        .alias("items"))
+    return parsed.select(
+        "file", "line", "gpos", "kind", "error", "text", "user_id",
+        F.explode_outer("items").alias("item_id"),
+        F.lit(None).cast("double").alias("rating"), F.lit(None).cast("long").alias("timestamp"))
+
+
 def check_headers(lines: DataFrame, expected: str, dataset: str) -> None:
     """Fail unless line 1 of every file is ``expected`` (case and spaces ignored)."""
     firsts = lines.where(F.col("line") == 1).select("file", "text").collect()
@@ -262,13 +333,15 @@ def csv_roles(lines: DataFrame, cfg: ETLConfig) -> tuple[dict[str, int], int]:
             raise InputDataError(f"{f} line 1: header {other} differs from {names} of the other files")
     wanted = {"user": cfg.user_col, "item": cfg.item_col, "rating": cfg.rating_col,
               "timestamp": cfg.time_col}
+    if cfg.split_col:
+        wanted["split"] = cfg.split_col
     roles = {}
     for role, name in wanted.items():
         if name is None or name == "":
             continue
         if name not in names:
             flag = {"user": "--user-col", "item": "--item-col", "rating": "--rating-col",
-                    "timestamp": "--time-col"}[role]
+                    "timestamp": "--time-col", "split": "--split-col"}[role]
             hint = " (pass an empty value for none)" if role in ("rating", "timestamp") else ""
             raise InputDataError(f"{firsts[0]['file']} line 1: no column named {name!r} in the header "
                                  f"{names}; set {flag} to one of these{hint}")
@@ -276,8 +349,34 @@ def csv_roles(lines: DataFrame, cfg: ETLConfig) -> tuple[dict[str, int], int]:
     return roles, len(names)
 
 
-def parse(spark: SparkSession, cfg: ETLConfig, files: list[str]) -> DataFrame:
-    """Parsed lines of ``files`` for ``cfg.dataset``'s layout (see the module docstring)."""
+def parse(spark: SparkSession, cfg: ETLConfig, files: list[str],
+          labels: dict[str, str] | None = None) -> DataFrame:
+    """Parsed lines of ``files`` for ``cfg.dataset``'s layout (see the module docstring);
+    ``labels``: the split each file was given (``labelled_inputs``), else None."""
+    parsed = _parse_layout(spark, cfg, files)
+    if "given" in parsed.columns:  # from --split-col
+        return parsed
+    return parsed.withColumn("given", _file_split(parsed, labels) if labels else
+                             F.lit(None).cast("byte"))
+
+
+def _file_split(parsed: DataFrame, labels: dict[str, str]) -> Column:
+    """Each row's split from its file. Spark names a local file as a path that may be
+    percent-encoded; both sides are compared decoded."""
+    decoded = {unquote(_local(f)): SPLITS.index(label) for f, label in labels.items()}
+    seen = [r["file"] for r in parsed.select("file").distinct().collect()]
+    pairs = []
+    for f in seen:
+        code = decoded.get(unquote(f))
+        if code is None:
+            raise InputDataError(f"{f}: read by Spark but not among the labelled inputs "
+                                 f"{sorted(decoded)[:5]}; pass each file with its split: "
+                                 "--input train=PATH test=PATH")
+        pairs += [F.lit(f), F.lit(code)]
+    return F.create_map(*pairs)[F.col("file")].cast("byte") if pairs else F.lit(None).cast("byte")
+
+
+def _parse_layout(spark: SparkSession, cfg: ETLConfig, files: list[str]) -> DataFrame:
     lines = read_lines(spark, files)
     layout = cfg.spec.layout
     if cfg.spec.header:
@@ -297,4 +396,6 @@ def parse(spark: SparkSession, cfg: ETLConfig, files: list[str]) -> DataFrame:
         return _netflix(lines)
     if layout == "citeulike":
         return _citeulike(lines)
+    if layout == "user-items":
+        return _user_items(lines)
     raise ValueError(f"no reader for layout {layout!r}")

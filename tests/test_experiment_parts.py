@@ -181,3 +181,19 @@ def test_the_figures_are_drawn_for_the_settings_the_grid_varied(tmp_path):
     out = figures(tmp_path, {"nce-autorec": pts, "puresvd": [{}]})
     assert sorted(out) == ["convergence.png", "ndcg_against_beta.png", "ndcg_per_mode.png"]
     assert all(v[:4] == b"\x89PNG" for v in out.values())
+
+
+def test_concurrency_leaves_a_cpu_for_the_data(tmp_path, monkeypatch):
+    import ray
+
+    from training.experiment import concurrency
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 3.0})
+    assert concurrency(exp(tmp_path, num_workers=2)) == 1           # 2 x 1 CPU + 1 for data
+    assert concurrency(exp(tmp_path, num_workers=1, cpus_per_worker=1)) == 1
+    assert concurrency(exp(tmp_path, num_workers=1, cpus_per_worker=0.5)) == 2
+    assert concurrency(exp(tmp_path, num_workers=1, cpus_per_worker=0.5, concurrency=2)) == 2
+    # two trials of a 1-CPU worker each on 3 CPUs: seen to stall, every CPU idle
+    with pytest.raises(UsageError, match=r"--concurrency 2 x \(--num-workers 1 x 1 CPUs \+ 1 for "
+                                         r"its data\) needs 4 of the cluster's 3 CPUs.*e.g. 0.5"):
+        concurrency(exp(tmp_path, num_workers=1, cpus_per_worker=1, concurrency=2))

@@ -199,15 +199,23 @@ def trial(config: dict) -> dict:
 
 
 def concurrency(cfg: ExperimentConfig) -> int:
-    """Trials at once: as many as the cluster's CPUs give every trial's workers (and one CPU
-    over for Ray Data's reads, as training/train.py keeps)."""
+    """Trials at once: as many as the cluster's CPUs give every trial's workers plus one CPU for
+    that trial's Ray Data reads. Seen on 3 CPUs: two trials of one 1-CPU worker each (one CPU
+    over for both) both stalled before their first epoch, every CPU idle."""
     import ray
 
-    if cfg.concurrency:
-        return cfg.concurrency
     cpus = ray.cluster_resources().get("CPU", 1)
     cpw = cfg.cpus_per_worker or max(1.0, float(int((cpus - 1) // cfg.num_workers)))
-    return max(1, int((cpus - 1) // (cfg.num_workers * cpw)))
+    per_trial = cfg.num_workers * cpw + 1
+    if not cfg.concurrency:
+        return max(1, int(cpus // per_trial))
+    if cfg.concurrency > 1 and cfg.concurrency * per_trial > cpus:
+        raise UsageError(f"--concurrency {cfg.concurrency} x (--num-workers {cfg.num_workers} x "
+                         f"{cpw:g} CPUs + 1 for its data) needs {cfg.concurrency * per_trial:g} "
+                         f"of the cluster's {cpus:g} CPUs, and trials without a CPU for their "
+                         "data reads stall; lower --cpus-per-worker (e.g. "
+                         f"{(cpus / cfg.concurrency - 1) / cfg.num_workers:.2g}) or --concurrency")
+    return cfg.concurrency
 
 
 class Progress:
