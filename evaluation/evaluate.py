@@ -13,6 +13,8 @@ OUT (published atomically; manifest.json is written last):
     metrics.csv, metrics.json   label, group, target, metric, K, mean, ci95, users
     per_user/                   Parquet: label, group, user_id and one column per metric
     popularity.json, popularity.png, cold_start.png (two or more files with cold-start users)
+    paired.csv                  two or more files: the first minus each other, per user, NDCG and
+                                Recall@50: mean difference ± 95% CI, users, share better / worse
 
 Every file whose scoring manifest names its MLflow training run gets its metrics (with _ci95) and
 the plots logged into that run; a file without one gets a new run in the experiment 'evaluation'.
@@ -159,6 +161,71 @@ def popularity_counts(recs: Recs, truth, items) -> tuple[np.ndarray, np.ndarray]
     return items[S.POP_TRAIN_VALID].to_numpy(), times
 
 
+PAIRED = ("NDCG", "Recall@50")
+
+
+def paired(users_df, labels: list[str]) -> list[dict]:
+    """Per-user paired differences, the first label minus each other one, over the warm users
+    both evaluated: mean and 95% CI half-width (1.96 std / sqrt(n), ddof 0, as every CI here; a
+    t-interval's 1.96 holds from a few hundred users on), n, and the share of users the first wins
+    or loses. Two models' CIs that overlap can still differ with a CI on their difference that
+    excludes zero: the users are the same, and much of each user's variance is shared."""
+    from pyspark.sql import functions as F
+
+    if len(labels) < 2:
+        return []
+    keys = [metric_key(m) for m in PAIRED]
+    warm = users_df.filter(F.col("group") == "warm")
+    ref = warm.filter(F.col("label") == labels[0]).select(
+        "user_id", *[F.col(k).alias(f"_ref_{k}") for k in keys])
+    diffs = (warm.filter(F.col("label").isin(labels[1:])).join(ref, "user_id")
+             .select("label", *[(F.col(f"_ref_{k}") - F.col(k)).alias(k) for k in keys]))
+    aggs = [F.count(F.lit(1)).alias("_n")]
+    for k in keys:
+        aggs += [F.avg(k).alias(f"{k}__mean"), F.stddev_pop(k).alias(f"{k}__std"),
+                 F.avg((F.col(k) > 0).cast("double")).alias(f"{k}__wins"),
+                 F.avg((F.col(k) < 0).cast("double")).alias(f"{k}__losses")]
+    by_label = {r["label"]: r for r in diffs.groupBy("label").agg(*aggs).collect()}
+    out = []
+    for label in labels[1:]:
+        r = by_label.get(label)
+        for m, k in zip(PAIRED, keys):
+            if r is None or r[f"{k}__mean"] is None:  # no shared user, or lists too short
+                continue
+            n = int(r["_n"])
+            out.append({"reference": labels[0], "label": label, "metric": m,
+                        "mean_difference": float(r[f"{k}__mean"]),
+                        "ci95": float(1.96 * (r[f"{k}__std"] or 0.0) / n ** 0.5), "users": n,
+                        "reference_better": float(r[f"{k}__wins"]),
+                        "reference_worse": float(r[f"{k}__losses"])})
+    return out
+
+
+def paired_table(rows: list[dict]) -> str:
+    """``A − B  NDCG  +0.0031 ± 0.0024  (A better for 41% of users, worse for 33%)`` lines."""
+    width = max(len(f"{r['reference']} − {r['label']}") for r in rows)
+    lines = []
+    for r in rows:
+        d, ci = r["mean_difference"], r["ci95"]
+        verdict = ("excludes 0" if abs(d) > ci else "includes 0")
+        lines.append(f"{r['reference'] + ' − ' + r['label']:<{width}}  {r['metric']:<10} "
+                     f"{d:+.4f} ± {ci:.4f} ({verdict}; better for {r['reference_better']:.0%} "
+                     f"of {r['users']:,} users, worse for {r['reference_worse']:.0%})")
+    return "\n".join(lines)
+
+
+def paired_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["reference", "label", "metric", "mean_difference", "ci95", "users",
+                "reference_better", "reference_worse"])
+    for r in rows:
+        w.writerow([r["reference"], r["label"], r["metric"], f"{r['mean_difference']:.6f}",
+                    f"{r['ci95']:.6f}", r["users"], f"{r['reference_better']:.4f}",
+                    f"{r['reference_worse']:.4f}"])
+    return buf.getvalue()
+
+
 def table(rows: list[dict], labels: list[str], group: str) -> str:
     """The paper's table (mean ± 95% CI) for one user group."""
     by = {(r["label"], r["metric"]): r for r in rows if r["group"] == group}
@@ -188,8 +255,10 @@ def metrics_csv(rows: list[dict]) -> str:
 
 
 def log_to_mlflow(recs: list[Recs], rows: list[dict], pop: dict, files: dict[str, bytes],
-                  target: str, output: str, uri_flag: str | None) -> dict[str, str]:
-    """Metrics (with _ci95) and the files into each file's training run; returns label -> run id."""
+                  target: str, output: str, uri_flag: str | None,
+                  pairs: list[dict] = ()) -> dict[str, str]:
+    """Metrics (with _ci95) and the files into each file's training run (the paired differences
+    into the reference's: ``test_paired_ndcg_minus_LABEL``); returns label -> run id."""
     from mlflow.entities import Metric
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
@@ -228,6 +297,11 @@ def log_to_mlflow(recs: list[Recs], rows: list[dict], pop: dict, files: dict[str
         if r.label in pop:
             metrics += [Metric(f"{target}_popularity_{k}", pop[r.label][k], ts, 0)
                         for k in POPULARITY_KEYS]
+        for p in pairs:
+            if p["reference"] == r.label:
+                key = f"{target}_paired_{metric_key(p['metric'])}_minus_{metric_key(p['label'])}"
+                metrics += [Metric(key, p["mean_difference"], ts, 0),
+                            Metric(key + "_ci95", p["ci95"], ts, 0)]
         for i in range(0, len(metrics), 500):
             client.log_batch(run_id, metrics=metrics[i:i + 500])
         client.set_tag(run_id, f"evaluation.{target}.output", output)
@@ -338,12 +412,15 @@ def evaluate(spark, **kwargs) -> dict:
              "recommendations next", f"{sum(n_truth.values()):,}", len(files),
              time.perf_counter() - t0)
 
+    with heartbeat(spark, "paired differences", log):
+        pairs = paired(users_df, [f.label for f in files if f.k >= TOP_K])
     pop_counts = {f.label: popularity_counts(f, truth, items) for f in files}
     pop = {label: summary_from_counts(c, p) for label, (p, c) in pop_counts.items()}
     title = f"{prep.dataset}, {target} users"
     out_files = {"metrics.csv": metrics_csv(rows).encode(),
                  "metrics.json": json.dumps(rows, indent=2).encode(),
                  "popularity.json": json.dumps(pop, indent=2).encode(),
+                 **({"paired.csv": paired_csv(pairs).encode()} if pairs else {}),
                  "popularity.png": plots.png_bytes(plots.popularity_density(
                      pop_counts, pop, f"Popularity of recommended items ({title})"))}
     # the cold-start plot compares NDCG, which files of lists shorter than TOP_K do not have
@@ -367,13 +444,13 @@ def evaluate(spark, **kwargs) -> dict:
             log.info("logging %d run(s) to MLflow (%.0fs so far)", len(files),
                      time.perf_counter() - t0)
         runs = log_to_mlflow(files, rows, pop, out_files, target, publisher.target,
-                             mlflow_uri) if not cfg.no_mlflow else {}
+                             mlflow_uri, pairs) if not cfg.no_mlflow else {}
         manifest = {"kind": "evaluation", "created": started.isoformat(timespec="seconds"),
                     "data": prep.uri, "dataset": prep.dataset, "target": target,
                     "recs": {f.label: f.path for f in files}, "mlflow_runs": runs,
                     "users_without_recommendations": missing, "popularity": pop,
                     "seconds": round(time.perf_counter() - t0, 1),
-                    "labels": [f.label for f in files], "rows": rows}
+                    "labels": [f.label for f in files], "rows": rows, "paired": pairs}
         manifest = publisher.write_manifest(manifest)  # last: lists every file
     truth.unpersist()
     users_df.unpersist()
@@ -387,6 +464,9 @@ def report(m: dict, output: str) -> str:
     if any(r["group"] == "cold" for r in m["rows"]):
         lines += ["", "Cold-start users (held out of training; truth: valid+test)",
                   table(m["rows"], m["labels"], "cold")]
+    if m.get("paired"):
+        lines += ["", f"Paired per-user differences on {m['target']} (warm users both evaluated; "
+                  "mean ± 95% CI)", paired_table(m["paired"])]
     lines += ["", "Popularity of the recommended items (lower median / top-10% share = more "
               "personalised)",
               f"{'model':<24} {'median':>8} {'mean':>8} {'top-10%':>8} {'coverage':>9} {'gini':>6}"]

@@ -147,14 +147,25 @@ def test_the_table_holds_every_model_with_cis_and_the_choice():
              "users": 900},
             {"label": "autorec", "group": "cold", "metric": "NDCG", "mean": 0.11, "ci95": 0.05,
              "users": 40}]
+    state["models"]["puresvd"] = {**state["models"]["autorec"], "evaluation_label": "puresvd"}
+    rows += [{**rows[0], "label": "puresvd", "mean": 0.29}]
     pop = {"autorec": {"median_popularity": 212.0, "share_top10pct": 0.61}}
-    t = table_rows(state, rows, pop)
+    pairs = [{"reference": "autorec", "label": "puresvd", "metric": "NDCG",
+              "mean_difference": 0.02, "ci95": 0.005, "users": 900},
+             {"reference": "autorec", "label": "puresvd", "metric": "Recall@50",
+              "mean_difference": 0.03, "ci95": 0.006, "users": 900}]
+    t = table_rows(state, rows, pop, pairs)
     assert t[0]["NDCG"] == (0.31, 0.02) and t[0]["users"] == 900  # warm users only
+    assert t[0]["paired_ndcg"] is None and t[1]["paired_ndcg"] == (-0.02, 0.005)  # other - first
     md = table_md(t, "toy")
-    assert "| autorec | – | 0.3100 ± 0.0200 |" in md and "| 212 | 0.610 | lam=30 |" in md
+    assert "NDCG − autorec, paired" in md
+    assert "| autorec | – | 0.3100 ± 0.0200 |" in md and "| – | 212 | 0.610 | lam=30 |" in md
+    assert "| 0.2900 ± 0.0200 | – | – | – | – | – | – | -0.0200 ± 0.0050 | nan |" in md
     assert "| 2.0 | 0.5 |" in md
     csv_text = table_csv(t)
     assert csv_text.splitlines()[1].startswith("autorec,,,0.310000,0.020000")
+    assert "0.290000,0.020000" in csv_text.splitlines()[2]
+    assert ",-0.020000,0.005000," in csv_text.splitlines()[2]
 
 
 def test_the_figures_are_drawn_for_the_settings_the_grid_varied(tmp_path):

@@ -356,7 +356,27 @@ def test_two_models_compared_and_logged_into_their_mlflow_runs(spark, ml100k_pre
             set(data.metrics)
         names = {a.path for a in client.list_artifacts(run_id, "evaluation-test")}
         assert {"evaluation-test/metrics.csv", "evaluation-test/popularity.png",
-                "evaluation-test/cold_start.png"} <= names
+                "evaluation-test/cold_start.png", "evaluation-test/paired.csv"} <= names
+
+    # the paired differences A - B, recomputed from the per-user values with pandas
+    users = pd.read_parquet(tmp_path / "eval" / "per_user")
+    users = users[users.group == "warm"]
+    wide = users.pivot(index="user_id", columns="label", values=["ndcg", "recall_at_50"]).dropna()
+    got = {p["metric"]: p for p in m["paired"]}
+    assert set(got) == {"NDCG", "Recall@50"}
+    for metric, key in (("NDCG", "ndcg"), ("Recall@50", "recall_at_50")):
+        d = (wide[key]["A"] - wide[key]["B"]).to_numpy()
+        p = got[metric]
+        assert (p["reference"], p["label"], p["users"]) == ("A", "B", len(d))
+        assert p["mean_difference"] == pytest.approx(d.mean())
+        assert p["ci95"] == pytest.approx(1.96 * d.std() / np.sqrt(len(d)))
+        assert p["reference_better"] == pytest.approx((d > 0).mean())
+        assert p["reference_worse"] == pytest.approx((d < 0).mean())
+    assert got["NDCG"]["ci95"] > 0 and got["NDCG"]["mean_difference"] != 0  # B is another model
+    ref = client.get_run(run_a).data.metrics
+    assert ref["test_paired_ndcg_minus_b"] == pytest.approx(got["NDCG"]["mean_difference"])
+    assert ref["test_paired_recall_at_50_minus_b_ci95"] == pytest.approx(got["Recall@50"]["ci95"])
+    assert "test_paired_ndcg_minus_a" not in client.get_run(run_b).data.metrics
 
 
 def test_a_model_with_per_user_vectors_folds_cold_users_in_on_spark(spark, ml100k_prepared,

@@ -342,9 +342,14 @@ def fmt_point(p: dict) -> str:
                      for k, v in sorted(p.items())) or "defaults"
 
 
-def table_rows(state: dict, rows: list[dict], pop: dict | None = None) -> list[dict]:
-    """One row per model: test metrics (mean, CI) of warm users, the popularity of what it
-    recommends, the choice and the times."""
+def table_rows(state: dict, rows: list[dict], pop: dict | None = None,
+               pairs: list[dict] = ()) -> list[dict]:
+    """One row per model: test metrics (mean, CI) of warm users, its NDCG minus the first
+    model's per user (paired: mean, CI), the popularity of what it recommends, the choice and the
+    times."""
+    # evaluate.py's pairs are reference - other; the table says other - reference
+    vs_first = {p["label"]: (-p["mean_difference"], p["ci95"]) for p in pairs
+                if p["metric"] == "NDCG"}
     out = []
     for model, s in state["models"].items():
         if "evaluation_label" not in s:
@@ -361,20 +366,26 @@ def table_rows(state: dict, rows: list[dict], pop: dict | None = None) -> list[d
                         "median_popularity", float("nan")),
                     "share_top10pct": (pop or {}).get(s["evaluation_label"], {}).get(
                         "share_top10pct", float("nan")),
+                    "paired_ndcg": vs_first.get(s["evaluation_label"]),
                     **{m: (mine[m]["mean"], mine[m]["ci95"]) for m in TABLE if m in mine}})
     return out
 
 
 def table_md(rows: list[dict], title: str) -> str:
-    head = ["model", *TABLE, "median pop.", "top-10% share", "chosen (validation)", "valid NDCG",
-            "epochs", "trials", "search min", "final min"]
+    first = rows[0]["model"] if rows else ""
+    head = ["model", *TABLE, f"NDCG − {first}, paired", "median pop.", "top-10% share",
+            "chosen (validation)", "valid NDCG", "epochs", "trials", "search min", "final min"]
     lines = [f"# {title}", "", "Test metrics of warm users, mean ± 95% CI; models chosen by "
-             "validation NDCG and retrained on train+valid. Median pop.: the median training "
+             "validation NDCG and retrained on train+valid. NDCG − first, paired: the mean over "
+             "users of (this model's NDCG − the first model's) with its 95% CI; where the CI "
+             "excludes 0 the two differ. Median pop.: the median training "
              "popularity of the recommended items; top-10% share: the share of recommendations "
              "from the 10% most popular items.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [f"{r[m][0]:.4f} ± {r[m][1]:.4f}" if m in r else "–" for m in TABLE]
+        d = r.get("paired_ndcg")
+        cells.append(f"{d[0]:+.4f} ± {d[1]:.4f}" if d else "–")
         lines.append(f"| {r['model']} | " + " | ".join(cells) + f" | {r['median_popularity']:,.0f}"
                      f" | {r['share_top10pct']:.3f} | {r['chosen']} | "
                      f"{r['valid_ndcg']:.4f} | {r['epochs']} | {r['trials']} | "
@@ -386,11 +397,15 @@ def table_csv(rows: list[dict]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["model", *[f"{m} {x}" for m in TABLE for x in ("mean", "ci95")],
+                "paired_ndcg_minus_first", "paired_ci95",
                 "median_popularity", "share_top10pct", "chosen",
                 "valid_ndcg", "epochs", "trials", "search_minutes", "final_minutes", "users"])
     for r in rows:
+        d = r.get("paired_ndcg")
         w.writerow([r["model"], *[f"{r[m][i]:.6f}" if m in r else "" for m in TABLE
-                                  for i in (0, 1)], f"{r['median_popularity']:.1f}",
+                                  for i in (0, 1)],
+                    *([f"{d[0]:.6f}", f"{d[1]:.6f}"] if d else ["", ""]),
+                    f"{r['median_popularity']:.1f}",
                     f"{r['share_top10pct']:.4f}", r["chosen"], f"{r['valid_ndcg']:.6f}",
                     r["epochs"], r["trials"], f"{r['search_minutes']:.2f}",
                     f"{r['final_minutes']:.2f}", r["users"]])
@@ -535,7 +550,7 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
     print(f"\n== evaluate {len(recs)} model(s) on test", flush=True)
     m = evaluate(spark, recs=recs, labels=list(points), data=cfg.data,
                  output=str(root / "evaluation"), target="test", mlflow_uri=uri, overwrite=True)
-    rows = table_rows(state, m["rows"], m.get("popularity"))
+    rows = table_rows(state, m["rows"], m.get("popularity"), m.get("paired", []))
     title = f"{cfg.name}: {prep.dataset}, grid {Path(cfg.grid).name}"
     files = {"table.md": table_md(rows, title).encode(), "table.csv": table_csv(rows).encode(),
              **{f"figures/{k}": v for k, v in figures(root, points).items()}}
