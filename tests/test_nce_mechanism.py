@@ -1,0 +1,117 @@
+"""The paper's mechanism, not just its arithmetic: NCE-AutoRec's NCE head regresses R* (a
+popularity-debiased target), its predict head regresses r, and with beta = 0 and log Z = 1 the NCE
+head is a second copy of AutoRec's. The fixtures give R* values far from 1 and from each other, so
+a head that regressed r instead of R* (or the heads' targets swapped) fails every test here."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from models.batch import Batch
+from models.registry import build
+from prepared.protocol import rstar_per_item
+
+# 4 users x 6 items; R* of a positive is its item's, as the ETL gathers it (rstar_per_item)
+ROWS = [[0, 1, 4], [1, 2], [0, 3, 5], [2, 4, 5]]
+POP = np.array([2, 2, 2, 1, 2, 2])  # training popularity of each item in ROWS
+
+
+def batch_of(rstar_item: np.ndarray) -> Batch:
+    idx = torch.tensor([i for r in ROWS for i in r])
+    offsets = torch.tensor([0, *np.cumsum([len(r) for r in ROWS])[:-1]])
+    return Batch(users=torch.arange(len(ROWS)), train_items=idx, train_offsets=offsets,
+                 train_rstar=torch.tensor(rstar_item[idx.numpy()], dtype=torch.float32),
+                 neg_items=torch.zeros(0, dtype=torch.long), neg_counts=torch.zeros(0, dtype=torch.long),
+                 neg_offsets=torch.zeros(len(ROWS), dtype=torch.long))
+
+
+def dense(values_at_positives: torch.Tensor, batch: Batch) -> np.ndarray:
+    out = np.zeros((len(ROWS), 6))
+    k = 0
+    for u, r in enumerate(ROWS):
+        for i in r:
+            out[u, i] = values_at_positives[k]
+            k += 1
+    return out
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_nce_term_is_the_mse_against_r_star_not_r(fast):
+    """Through the model's own forward (fast and dense loss paths): with both heads at zero the
+    NCE term is mean(R*^2) over every entry and the predict term mean(r^2); the bias gradients
+    are -2/(B n) times R*'s and r's column sums."""
+    rstar = np.array([0.3, 2.5, 4.0, 1.7, 0.9, 3.2])  # non-uniform, none equal to 1
+    batch = batch_of(rstar)
+    model = build("nce-autorec", {"n_items": 6, "width": 4, "lam": 0.0})
+    model.dense_loss = not fast
+    with torch.no_grad():
+        for head in model.heads.values():
+            head.weight.zero_()
+            head.bias.zero_()
+    terms = model(batch)
+    sum(terms[k] for k in ("nce", "predict")).backward()
+    t_nce = dense(batch.train_rstar, batch)
+    t_r = (t_nce > 0).astype(float)
+    assert terms["nce"].item() == pytest.approx((t_nce ** 2).mean(), rel=1e-6)
+    assert terms["predict"].item() == pytest.approx((t_r ** 2).mean(), rel=1e-6)
+    n = t_nce.size
+    np.testing.assert_allclose(model.heads["nce"].bias.grad.numpy(), -2 * t_nce.sum(0) / n, rtol=1e-5)
+    np.testing.assert_allclose(model.heads["predict"].bias.grad.numpy(), -2 * t_r.sum(0) / n, rtol=1e-5)
+
+
+def test_trained_nce_head_reproduces_r_star_and_predict_head_reproduces_r():
+    """A head with enough capacity to interpolate (width >= users, no L2) trained jointly: the
+    NCE head's scores at the positives converge to R*, the predict head's to 1, both to 0 off the
+    positives: each head's minimiser is its own target, so this fails if either regresses the
+    other's."""
+    rstar = np.array([0.3, 2.5, 4.0, 1.7, 0.9, 3.2])
+    batch = batch_of(rstar)
+    torch.manual_seed(0)
+    model = build("nce-autorec", {"n_items": 6, "width": 8, "lam": 0.0, "mode": "joint"})
+    opt = torch.optim.Adam(model.parameters(), lr=0.03)
+    for _ in range(1500):
+        opt.zero_grad()
+        sum(model(batch).values()).backward()
+        opt.step()
+    with torch.no_grad():
+        h = model.code(batch.train_items, batch.train_offsets)
+        nce, pred = model.heads["nce"](h).numpy(), model.heads["predict"](h).numpy()
+    t_nce = dense(batch.train_rstar, batch)
+    np.testing.assert_allclose(nce, t_nce, atol=0.05)
+    np.testing.assert_allclose(pred, (t_nce > 0).astype(float), atol=0.05)
+    # and what it recommends comes from the predict head, not the NCE head
+    with torch.no_grad():
+        scores = model.score(batch.train_items, batch.train_offsets)
+    np.testing.assert_allclose(scores.numpy(), pred, atol=1e-5)
+
+
+def test_beta_zero_and_log_z_one_make_the_nce_head_a_second_autorec_head():
+    """beta = 0 makes R* = log Z for every positive (popularity no longer matters); with Z = e it
+    is r itself, so the NCE term equals the predict term whenever the heads are equal, and for any
+    Z it is (log Z)^2 times the predict term of the head scaled by 1 / log Z."""
+    assert np.allclose(rstar_per_item(POP, z=50.0, beta=0.0), math.log(50.0))
+    torch.manual_seed(1)
+    model = build("nce-autorec", {"n_items": 6, "width": 4, "lam": 0.0})
+    with torch.no_grad():
+        model.heads["nce"].load_state_dict(model.heads["predict"].state_dict())
+    terms = model(batch_of(rstar_per_item(POP, z=math.e, beta=0.0)))
+    assert terms["nce"].item() == pytest.approx(terms["predict"].item(), rel=1e-6)
+
+    c = math.log(50.0)
+    with torch.no_grad():
+        model.heads["nce"].weight.mul_(c)
+        model.heads["nce"].bias.mul_(c)
+    terms = model(batch_of(rstar_per_item(POP, z=50.0, beta=0.0)))
+    assert terms["nce"].item() == pytest.approx(c ** 2 * terms["predict"].item(), rel=1e-5)
+
+
+def test_r_star_falls_with_popularity_and_beta_sets_how_fast():
+    """R* = max(log Z - beta log pop, 0): the debiasing the NCE head learns; per item, on the
+    fixture's popularity and a wider one, against the formula by hand."""
+    pop = np.array([1, 2, 10, 200, 0])
+    got = rstar_per_item(pop, z=50.0, beta=0.8)
+    want = [max(math.log(50) - 0.8 * math.log(p), 0.0) if p else 0.0 for p in pop]
+    np.testing.assert_allclose(got, want)
+    assert got[0] > got[1] > got[2] > got[3] == 0.0 and got[4] == 0.0  # clipped; unseen item: 0
