@@ -78,9 +78,22 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
                  if phase < len(all_phases) - 1 else None)
         _, switched = next_state(p, cfg, len(all_phases), embed, ndcg)
         if switched:
-            opts = make_optimizers(model, all_phases[p["phase"]], cfg.learning_rate)
+            if cfg.finetune_init == "ridge" and hasattr(model, "set_ridge_head"):
+                ridge_start(model, rows, make, cfg.batch_size, p["epoch"])
+            opts = make_optimizers(model, all_phases[p["phase"]], cfg.phase_lr(p["phase"]))
     return {"best_ndcg": p["best_ndcg"], "best_epoch": p["best_epoch"], "epochs": p["epoch"],
+            "phase_epochs": p["phase_epochs"],
             "seconds": time.perf_counter() - t0, "curve": curve, "net": model.eval()}
+
+
+def ridge_start(model, rows: pa.Table, make, batch_size: int, epoch: int) -> None:
+    """``training.loop.ridge_start`` in one process: the sums over every row, then the solve."""
+    gram = rtx = None
+    for lo in range(0, rows.num_rows, batch_size):
+        batch = make(rows.slice(lo, batch_size), epoch)
+        g, r = model.ridge_statistics(batch.train_items, batch.train_offsets)
+        gram, rtx = (g, r) if gram is None else (gram + g, rtx + r)
+    model.set_ridge_head(gram, rtx, rows.num_rows)
 
 
 def load(data: str):
@@ -112,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                 cfg = replace(base, data=data, model=model, width=width, lr=lr, lam=lam, epochs=EPOCHS)
                 r = {"dataset": prep.dataset, "model": model, "width": width, "lr": lr, "lam": lam,
                      **{k: v for k, v in train_one(cfg, prep, rows, valid).items()
-                        if k not in ("net", "curve")}}
+                        if k not in ("net", "curve", "phase_epochs")}}
                 results.append(r)
                 print(json.dumps(r), flush=True)
     write(results, args, base)

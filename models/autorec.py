@@ -18,6 +18,11 @@ Modes of the two-headed models (protocol.md, "Modes"), as this model's phases of
                       phase 2: predict head alone on MSE, the encoder frozen
     full-finetune     phase 1 as above; phase 2: encoder + predict head on MSE
 
+Phase 2 may start from the exact minimiser of its loss on phase 1's encoder (``ridge_statistics``
+and ``set_ridge_head``; training.loop does it with ``--finetune-init ridge``): a ridge regression
+per item, where Adam from the untrained head needs hundreds of epochs (deviation from the paper,
+which starts phase 2's head untrained; ``--finetune-init as-is`` does that).
+
 Training need not form the (B, n_items) scores: each head's loss is computed exactly from the code
 and the head's parameters (``models.losses.linear_mse`` for the predict and NCE heads: O(n d^2 +
 nnz d) a batch instead of O(B n d)) where that is cheaper (``dense_for``); else, and as the
@@ -135,6 +140,38 @@ class AutoRec(Recommender):
         if step.train_encoder:
             params += list(self.encoder.parameters()) + [self.encoder_bias]
         return params
+
+    # -- fine-tune phase 2's start: the exact predict head on the frozen encoder ----------------
+
+    @torch.no_grad()
+    def ridge_statistics(self, items: torch.Tensor, offsets: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(X'X (d+1, d+1), R'X (n_items, d+1)) of one batch of binary rows, X = [codes, 1], in
+        float64: summed over every batch (and rank), what ``set_ridge_head`` solves."""
+        from models.batch import row_ids
+
+        h = self.encode(items, offsets).double()
+        x = torch.cat([h, torch.ones(len(h), 1, dtype=h.dtype, device=h.device)], 1)
+        rtx = torch.zeros(self.n_items, x.shape[1], dtype=x.dtype, device=x.device)
+        rtx.index_add_(0, items, x.index_select(0, row_ids(offsets, len(items))))
+        return x.T @ x, rtx
+
+    @torch.no_grad()
+    def set_ridge_head(self, gram: torch.Tensor, rtx: torch.Tensor, n_users: float) -> None:
+        """The predict head that minimises phase 2's loss on the current encoder's codes, over
+        the ``n_users`` rows ``gram`` and ``rtx`` sum (``ridge_statistics``):
+
+            sum over users and items of (r_ui - w_i . h_u - b_i)^2 + (N lam / d) ||W||^2
+
+        (an epoch's mean MSE over the (users, items) entries plus lam * mean(W^2), scaled by
+        N n_items); per item a ridge regression on [h, 1], the bias unpenalised."""
+        d = gram.shape[0] - 1
+        penalty = torch.full((d + 1,), n_users * self.lam / d, dtype=gram.dtype, device=gram.device)
+        penalty[d] = 0.0
+        theta = torch.linalg.solve(gram + torch.diag(penalty), rtx.T)  # (d + 1, n_items)
+        head = self.heads["predict"]
+        head.weight.copy_(theta[:d].T)
+        head.bias.copy_(theta[d])
 
     def monitor(self, phase: int, terms: dict[str, float]) -> float:
         return terms[self.embed_head] if self.embed_head in terms else sum(terms.values())

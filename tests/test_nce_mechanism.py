@@ -3,6 +3,7 @@ popularity-debiased target), its predict head regresses r, and with beta = 0 and
 head is a second copy of AutoRec's. The fixtures give R* values far from 1 and from each other, so
 a head that regressed r instead of R* (or the heads' targets swapped) fails every test here."""
 
+import copy
 import math
 
 import numpy as np
@@ -115,3 +116,49 @@ def test_r_star_falls_with_popularity_and_beta_sets_how_fast():
     want = [max(math.log(50) - 0.8 * math.log(p), 0.0) if p else 0.0 for p in pop]
     np.testing.assert_allclose(got, want)
     assert got[0] > got[1] > got[2] > got[3] == 0.0 and got[4] == 0.0  # clipped; unseen item: 0
+
+
+def test_the_ridge_start_is_the_minimiser_of_phase_two_and_equals_the_reference():
+    """Fine-tune phase 2's start (``--finetune-init ridge``): the sums over batches solved by the
+    model equal the reference solve over all rows at once (training.closed_form.ridge_head), and
+    at that head the gradient of phase 2's own loss (the model's forward, every user in one
+    batch) vanishes: it is the minimiser, not just a formula."""
+    import pyarrow as pa
+
+    from training.closed_form import ridge_head
+
+    g = torch.Generator().manual_seed(3)
+    n_items, users = 12, 40
+    rows = [sorted(torch.randperm(n_items, generator=g)[:int(k)].tolist())
+            for k in torch.randint(1, 7, (users,), generator=g)]
+    table = pa.table({"train_items": pa.array(rows, pa.list_(pa.int32()))})
+    torch.manual_seed(0)
+    model = build("nce-autorec", {"n_items": n_items, "width": 5, "lam": 2.0,
+                                  "mode": "limited-finetune"}).double()
+    idx = torch.tensor([i for r in rows for i in r])
+    offsets = torch.tensor([0, *np.cumsum([len(r) for r in rows])[:-1]])
+    gram = rtx = 0
+    for lo in range(0, users, 16):  # in batches, as the loop sums them
+        hi = min(lo + 16, users)
+        g_, r_ = model.ridge_statistics(idx[offsets[lo]:offsets[hi] if hi < users else None],
+                                        offsets[lo:hi] - offsets[lo])
+        gram, rtx = gram + g_, rtx + r_
+    model.set_ridge_head(gram, rtx, users)
+    weight, bias = ridge_head(copy.deepcopy(model).float(), table, n_items, 2.0)
+    torch.testing.assert_close(model.heads["predict"].weight.float(), weight, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(model.heads["predict"].bias.float(), bias, rtol=1e-4, atol=1e-5)
+
+    batch = Batch(users=torch.arange(users), train_items=idx, train_offsets=offsets,
+                  train_rstar=torch.ones(len(idx), dtype=torch.float64),
+                  neg_items=torch.zeros(0, dtype=torch.long), neg_counts=torch.zeros(0, dtype=torch.long),
+                  neg_offsets=torch.zeros(users, dtype=torch.long))
+    phase2 = model.phases()[1][0]
+    terms = model(batch, phase2)
+    sum(terms.values()).backward()
+    assert set(terms) == {"predict", "l2"}
+    head = model.heads["predict"]
+    assert head.weight.grad.abs().max().item() < 1e-10 and head.bias.grad.abs().max().item() < 1e-10
+    # and a nudge away from it raises the loss
+    with torch.no_grad():
+        head.weight.add_(0.01)
+    assert sum(model(batch, phase2).values()).item() > sum(terms.values()).item()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -255,6 +256,31 @@ def test_finetune_phases_run_distributed(ml100k_prepared, ray_head, mlflow_serve
                  mode="limited-finetune", pretrain_epochs=1, epochs=1)
     result = run(cfg, mlflow_server.url)
     assert result["phase_epochs"] == [1, 1] and result["epochs_run"] == 2
+
+
+def test_limited_finetune_phase_two_reaches_the_exact_head_on_its_frozen_encoder(
+        ml100k_prepared, ray_head, mlflow_server, runs_dir):
+    """Phase 2 starts from the exact minimiser of its loss (--finetune-init ridge, summed over
+    both ranks) and trains with its own early stopping: its validation NDCG is at least 98% of
+    the ridge head's on the same frozen encoder (computed here in one process, in float64)."""
+    from training.closed_form import ridge_head
+
+    cfg = config(ml100k_prepared, runs_dir, run_name="nce-limited", model="nce-autorec",
+                 mode="limited-finetune", lam=3.0, pretrain_epochs=8, epochs=30, patience=3)
+    result = run(cfg, mlflow_server.url)
+    assert result["phase_epochs"][0] == 8 and result["phase_epochs"][1] < 30  # stopped early
+    model = load_model(result["model_path"])
+    rows = warm_rows(ml100k_prepared)
+    trained = reference_validation(model, rows)[0]
+    assert trained == pytest.approx(result["best_valid_ndcg"], abs=1e-4)
+    table = pq.read_table(ml100k_prepared / "rows")
+    table = table.filter(pc.invert(table.column("cold")))
+    ridge = load_model(result["model_path"])
+    weight, bias = ridge_head(ridge, table, ridge.n_items, 3.0)
+    ridge.heads["predict"].weight.data.copy_(weight)
+    ridge.heads["predict"].bias.data.copy_(bias)
+    exact = reference_validation(ridge, rows)[0]
+    assert trained >= 0.98 * exact, (trained, exact)
 
 
 def test_more_workers_than_the_cluster_has_fails_at_start(ml100k_prepared, ray_head, mlflow_server,

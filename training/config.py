@@ -15,6 +15,9 @@ from models.registry import MODELS
 from prepared.errors import UsageError
 from runtime.cli import option
 
+FINETUNE_MODES = ("limited-finetune", "full-finetune")
+FINETUNE_INITS = ("ridge", "as-is")
+
 NEGATIVES = ("etl", "resample")
 TRAIN_SPLITS = ("train", "train,valid")
 DATA_CACHE = ("auto", "memory", "stream")
@@ -105,6 +108,15 @@ class TrainConfig:
     lr: float | None = option(None, group=TRAINING,
                               help="Adam learning rate (default: the model's own, "
                                    f"{model_defaults('learning_rate')})")
+    finetune_lr: float | None = option(None, group=TRAINING,
+                                       help="Adam learning rate of fine-tune phase 2 (default: "
+                                            "--lr's)")
+    finetune_init: str = option("ridge", group=TRAINING, choices=FINETUNE_INITS,
+                                help="where fine-tune phase 2's predict head starts: ridge = the "
+                                     "exact minimiser of its loss on phase 1's encoder (one pass "
+                                     "over the data; limited fine-tune then starts at its "
+                                     "optimum), as-is = as phase 1 left it, untrained (the "
+                                     "paper's procedure)")
     batch_size: int = option(128, group=TRAINING, help="users per step over all workers")
     loss_path: str = option("auto", group=TRAINING, choices=LOSS_PATHS,
                             help="the AutoRec family's losses: fast = the exact expansion without "
@@ -177,6 +189,10 @@ class TrainConfig:
         """--lr, or the model's own default."""
         return self.lr if self.lr is not None else MODELS[self.model].learning_rate
 
+    def phase_lr(self, phase: int) -> float:
+        """The learning rate of ``phase`` (0-based): fine-tune phase 2 may have its own."""
+        return self.finetune_lr if phase > 0 and self.finetune_lr is not None else self.learning_rate
+
     @property
     def stop_patience(self) -> int:
         """--patience, or the model's own default."""
@@ -192,7 +208,9 @@ class TrainConfig:
         """Every hyperparameter of the model, defaults filled in (what the run logs)."""
         return {**MODELS[self.model].hyperparameters, **self.hyperparameters(),
                 **({"lr": self.learning_rate, "patience": self.stop_patience}
-                   if MODELS[self.model].kind == "gradient" else {})}
+                   if MODELS[self.model].kind == "gradient" else {}),
+                **({"finetune_lr": self.phase_lr(1), "finetune_init": self.finetune_init}
+                   if self.mode in FINETUNE_MODES else {})}
 
 
 def check(cfg: TrainConfig) -> None:
@@ -251,6 +269,13 @@ def check(cfg: TrainConfig) -> None:
         bad("num-negatives", cfg.num_negatives, "draws per user must be in 1..10^7")
     if cfg.lr is not None and not 0 < cfg.lr <= 1:
         bad("lr", cfg.lr, "the learning rate must be in (0, 1]")
+    if cfg.finetune_lr is not None and not 0 < cfg.finetune_lr <= 1:
+        bad("finetune-lr", cfg.finetune_lr, "the learning rate must be in (0, 1]")
+    if cfg.finetune_init not in FINETUNE_INITS:
+        bad("finetune-init", cfg.finetune_init, "choose ridge or as-is")
+    if cfg.finetune_lr is not None and cfg.mode not in FINETUNE_MODES:
+        bad("finetune-lr", cfg.finetune_lr, "sets phase 2 of --mode limited-finetune or "
+            "full-finetune; other modes have one phase. Drop the flag or pass such a mode")
     if not 1 <= cfg.batch_size <= 1_000_000:
         bad("batch-size", cfg.batch_size, "must be in 1..10^6")
     if cfg.batch_size < cfg.num_workers:

@@ -108,6 +108,35 @@ def next_state(p: dict, cfg: TrainConfig, n_phases: int, phase_loss: float | Non
     return improved, switched
 
 
+def ridge_start(model, shard, make: BatchMaker, per_worker: int, epoch: int,
+                device: torch.device) -> float:
+    """Set ``model``'s predict head to the exact minimiser of fine-tune phase 2's loss on its
+    current encoder (``AutoRec.set_ridge_head``): one pass over this rank's shard for the sums,
+    summed over the ranks, solved, and rank 0's solution broadcast so every rank holds the same
+    parameters (DDP's invariant). Returns the number of users over all ranks."""
+    d, n = model.width + 1, model.n_items
+    gram = torch.zeros(d, d, dtype=torch.float64, device=device)
+    rtx = torch.zeros(n, d, dtype=torch.float64, device=device)
+    users = 0
+    for rows in shard.iter_batches(batch_size=per_worker, batch_format="pyarrow",
+                                   prefetch_batches=2):
+        batch = make(rows, epoch).to(device)
+        g, r = model.ridge_statistics(batch.train_items, batch.train_offsets)
+        gram += g
+        rtx += r
+        users += len(batch)
+    distributed = dist.is_available() and dist.is_initialized()
+    if distributed:
+        dist.all_reduce(gram)
+        dist.all_reduce(rtx)
+    n_users = all_sum([users], device)[0]
+    model.set_ridge_head(gram, rtx, n_users)
+    if distributed:
+        for p in model.heads["predict"].parameters():
+            dist.broadcast(p.data, 0)
+    return n_users
+
+
 def build_model(cfg: TrainConfig, n_items: int, n_users: int | None):
     """The model to train, with ``--loss-path`` applied (the AutoRec family's ``dense_loss``)."""
     model = MODELS[cfg.model].from_config(n_items, cfg.hyperparameters(), n_users)
@@ -153,7 +182,7 @@ def train_loop(config: dict) -> None:
         logger = EpochLogger(**config["mlflow"])
 
     def optimizers_for(phase: int, states=None):
-        opts = make_optimizers(net, all_phases[phase], cfg.learning_rate)
+        opts = make_optimizers(net, all_phases[phase], cfg.phase_lr(phase))
         for opt, st in zip(opts, states or []):
             opt.load_state_dict(st)
         return opts
@@ -229,6 +258,12 @@ def train_loop(config: dict) -> None:
         if improved and rank == 0:
             best_state = {k: v.detach().cpu().clone() for k, v in unwrap(net).state_dict().items()}
         if switched:
+            if cfg.finetune_init == "ridge" and hasattr(unwrap(net), "set_ridge_head"):
+                t_ridge = time.perf_counter()
+                users_seen = ridge_start(unwrap(net), train_shard, make, per_worker, epoch, device)
+                if rank == 0:
+                    say(f"phase 2 starts from the exact predict head on phase 1's encoder "
+                        f"({users_seen:,.0f} users, {time.perf_counter() - t_ridge:.1f}s)")
             optimizers = optimizers_for(progress["phase"])
 
         metrics = {**record, "best_epoch": progress["best_epoch"],
