@@ -10,12 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def head_items(popularity: np.ndarray, fraction: float = 0.1) -> np.ndarray:
-    """(m,) indices of the ``fraction`` most popular items, m = max(1, floor(fraction * n)).
-    Ties at the boundary go to the lower item index (a stable sort), so the set is deterministic."""
-    m = max(1, int(len(popularity) * fraction))
-    return np.argsort(-np.asarray(popularity), kind="stable")[:m]
+from prepared.protocol import head_items  # noqa: F401 (part of this module's interface)
 
 
 def gini(counts: np.ndarray) -> float:

@@ -162,3 +162,10 @@ def negative_counts(users: np.ndarray, popularity: np.ndarray, draws: int, seed:
     offsets = np.zeros(len(users) + 1, np.int64)
     np.cumsum(np.bincount(starts // draws, minlength=len(users)), out=offsets[1:])
     return offsets, items[starts], counts
+
+
+def head_items(popularity: np.ndarray, fraction: float = 0.1) -> np.ndarray:
+    """(m,) indices of the ``fraction`` most popular items, m = max(1, floor(fraction * n)).
+    Ties at the boundary go to the lower item index (a stable sort), so the set is deterministic."""
+    m = max(1, int(len(popularity) * fraction))
+    return np.argsort(-np.asarray(popularity), kind="stable")[:m]

@@ -60,8 +60,9 @@ def warm_rows(prepared: Path) -> pd.DataFrame:
     return rows[~rows["cold"]].sort_values("user_index").reset_index(drop=True)
 
 
-def reference_validation(model: AutoRec, rows: pd.DataFrame) -> tuple[float, float]:
-    """Validation NDCG and Recall@50 computed slowly, in one process, with evaluation.metrics."""
+def reference_validation(model: AutoRec, rows: pd.DataFrame, with_recs: bool = False) -> tuple:
+    """Validation NDCG and Recall@50 computed slowly, in one process, with evaluation.metrics
+    (and the top-50 lists)."""
     rows = rows[rows["valid_items"].map(len) > 0]
     with torch.no_grad():
         flat = torch.from_numpy(np.concatenate(rows["train_items"].to_list()).astype(np.int64))
@@ -73,7 +74,7 @@ def reference_validation(model: AutoRec, rows: pd.DataFrame) -> tuple[float, flo
     recs = np.argsort(-scores, axis=1, kind="stable")[:, :50]
     truth = [np.asarray(v) for v in rows["valid_items"]]
     m = per_user(hit_matrix(recs, truth), np.array([len(t) for t in truth]))
-    return float(m["NDCG"].mean()), float(m["Recall@50"].mean())
+    return (float(m["NDCG"].mean()), float(m["Recall@50"].mean())) + ((recs,) if with_recs else ())
 
 
 def test_two_workers_learn_as_one_does_and_report_exact_validation(one_worker, two_workers,
@@ -89,6 +90,28 @@ def test_two_workers_learn_as_one_does_and_report_exact_validation(one_worker, t
                                         warm_rows(ml100k_prepared))
     assert two_workers["best_valid_ndcg"] == pytest.approx(ndcg, abs=1e-5)
     assert two_workers["best_valid_recall_at_50"] == pytest.approx(recall, abs=1e-5)
+
+
+def test_validation_reports_the_popular_share_and_the_codes_effective_rank(
+        two_workers, mlflow_server, ml100k_prepared):
+    """Beside NDCG, each epoch logs the share of the top-50 lists from the 10% most popular
+    items (as evaluation's popularity analysis counts it) and the effective rank of the codes."""
+    from mlflow.tracking import MlflowClient
+
+    from prepared.protocol import head_items
+
+    client = MlflowClient(mlflow_server.url)
+    history = lambda key: {m.step: m.value for m in client.get_metric_history(
+        two_workers["mlflow_run_id"], key)}
+    share, erank = history("valid_head_share"), history("code_effective_rank")
+    assert len(share) == len(erank) == EPOCHS
+    assert all(1.0 <= v <= 64 for v in erank.values())  # width 64
+    *_, recs = reference_validation(load_model(two_workers["model_path"]),
+                                    warm_rows(ml100k_prepared), with_recs=True)
+    pop = pq.read_table(ml100k_prepared / "items").column("pop_train").to_numpy()
+    head = np.zeros(len(pop), bool)
+    head[head_items(pop)] = True
+    assert share[two_workers["best_epoch"]] == pytest.approx(head[recs].mean(), abs=1e-6)
 
 
 def test_validation_is_shared_out_evenly_between_the_ranks(two_workers, mlflow_server):

@@ -347,3 +347,19 @@ def test_batch_to_cpu_is_not_pinned():
     b = Batch(users=t, train_items=t, train_offsets=t, train_rstar=t.float(), neg_items=t,
               neg_counts=t, neg_offsets=t).to(torch.device("cpu"))
     assert b.users is t and not b.train_rstar.is_pinned()
+
+
+def test_effective_rank_of_codes():
+    """exp(entropy of the normalised singular values): d for equal directions, 1 for a line."""
+    import math
+
+    import torch
+
+    from training.loop import effective_rank
+
+    assert effective_rank(torch.eye(4) * 3) == pytest.approx(4.0)
+    line = torch.outer(torch.arange(1.0, 6.0), torch.tensor([1.0, 2.0, 0.5]))
+    assert effective_rank(line) == pytest.approx(1.0, abs=1e-6)
+    two = torch.diag(torch.tensor([3.0, 1.0]))  # p = (3/4, 1/4)
+    assert effective_rank(two) == pytest.approx(math.exp(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25))))
+    assert effective_rank(torch.zeros(3, 2)) == 0.0

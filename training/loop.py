@@ -26,7 +26,8 @@ from training.config import TrainConfig
 from training.feed import BatchMaker, valid_batch
 from models.registry import MODELS, load_weights_only
 from training.step import make_optimizers, train_batch, unwrap
-from training.validate import model_metrics
+from prepared.protocol import TOP_K
+from training.validate import top_metrics
 
 STATE, BEST = "state.pt", "best.pt"
 CONVERGED = 1e-3  # fine-tune phase 1 ends when its loss improves by less than this (relative)
@@ -193,6 +194,8 @@ def train_loop(config: dict) -> None:
     if rank == 0 and world > 1:
         say(f"DDP: {per_worker} users per worker per step; each step all-reduces "
             f"{allreduce_bytes(model, all_phases) / 2**20:,.1f} MiB of gradients")
+    head = torch.zeros(n_items, dtype=torch.bool, device=device)  # the 10% most popular items
+    head[torch.as_tensor(config["head_items"], dtype=torch.long, device=device)] = True
     train_shard = ray.train.get_dataset_shard("train")
     valid_rows = ray.train.get_dataset_shard("valid") if not cfg.final_retraining else None
     times: list[float] = []
@@ -233,8 +236,8 @@ def train_loop(config: dict) -> None:
         ndcg = recall = None
         t_valid = time.perf_counter()
         if valid_rows is not None and last_phase:
-            (ndcg, recall), valid_share, valid_users = evaluate(
-                net, valid_rows, device, batch_size=max(per_worker, 256))
+            (ndcg, recall), valid_share, valid_users, diagnostics = evaluate(
+                net, valid_rows, device, batch_size=max(per_worker, 256), head=head)
         valid_s = time.perf_counter() - t_valid
         diverged = not all(math.isfinite(v) for v in loss.values())
         phase_loss = None if last_phase else unwrap(net).monitor(phase, loss)
@@ -244,7 +247,7 @@ def train_loop(config: dict) -> None:
         if ndcg is not None:
             record.update({"valid_ndcg": ndcg, "valid_recall_at_50": recall,
                            "valid_seconds": valid_s, "valid_largest_rank_share": valid_share,
-                           "valid_users": valid_users})
+                           "valid_users": valid_users, **diagnostics})
         if diverged:
             progress["epoch"] += 1
             progress["diverged"] = progress["epoch"]
@@ -286,31 +289,58 @@ def train_loop(config: dict) -> None:
 
 
 @torch.no_grad()
-def evaluate(net, valid_rows, device: torch.device, batch_size: int
-             ) -> tuple[tuple[float, float], float, int]:
+def evaluate(net, valid_rows, device: torch.device, batch_size: int, head: torch.Tensor
+             ) -> tuple[tuple[float, float], float, int, dict[str, float]]:
     """(mean validation NDCG, Recall@50) over all validation users (all ranks together), the
-    largest share of them one rank scored, and how many there were."""
+    largest share of them one rank scored, how many there were, and what else the lists and
+    codes say (``diagnostics``): the share of the recommendations from the ``head`` items (the
+    10% most popular), and the effective rank of the user codes where the model has them."""
     net.eval()
     model = unwrap(net)
-    ndcg_sum = recall_sum = 0.0
+    ndcg_sum = recall_sum = head_sum = 0.0
     count = 0
+    codes = None
     for rows in valid_rows.iter_batches(batch_size=batch_size, batch_format="pyarrow"):
         vb = valid_batch(rows, 0, 1)  # this rank's share already (training.ingest)
         if vb is None:
             continue
         vb = vb.to(device)
         # the wrapped module, not DDP: scoring needs no gradient synchronisation
-        ndcg, recall = model_metrics(model, vb)
+        with torch.no_grad():
+            _, top = model.recommend(vb.train_items, vb.train_offsets, TOP_K)
+        ndcg, recall = top_metrics(top, vb)
         ndcg_sum += float(ndcg.sum())
         recall_sum += float(recall.sum())
+        head_sum += float(head[top].float().mean(1).sum()) if top.numel() else 0.0
         count += len(vb)
+        if codes is None and hasattr(model, "encode"):  # a sample: this rank's first batch
+            with torch.no_grad():
+                codes = model.encode(vb.train_items, vb.train_offsets)
     mine = count
-    ndcg_sum, recall_sum, count = all_sum([ndcg_sum, recall_sum, count], device)
+    erank = effective_rank(codes) if codes is not None else float("nan")
+    ndcg_sum, recall_sum, head_sum, count, erank_sum, ranks = all_sum(
+        [ndcg_sum, recall_sum, head_sum, count, 0.0 if math.isnan(erank) else erank,
+         0.0 if math.isnan(erank) else 1.0], device)
     # the largest rank's share of the users (1 / world when balanced): validation runs at the
     # pace of the rank with the most
     share, = all_sum([mine / count if count else 0.0], device, op=dist.ReduceOp.MAX)
     means = (ndcg_sum / count, recall_sum / count) if count else (float("nan"), float("nan"))
-    return means, share, int(count)
+    diagnostics = {"valid_head_share": head_sum / count if count else float("nan")}
+    if ranks:
+        diagnostics["code_effective_rank"] = erank_sum / ranks
+    return means, share, int(count), diagnostics
+
+
+def effective_rank(codes: torch.Tensor) -> float:
+    """exp of the entropy of the normalised singular values of (users, d) codes (Roy & Vetterli
+    2007): d when every direction is used alike, 1 when the codes lie on one line, and how far
+    between a collapse onto few directions (popularity) has gone."""
+    s = torch.linalg.svdvals(codes.double())
+    if float(s.sum()) == 0.0:
+        return 0.0
+    p = s / s.sum()
+    p = p[p > 0]
+    return float(torch.exp(-(p * p.log()).sum()))
 
 
 def progress_line(record: dict, p: dict, cfg: TrainConfig, n_phases: int, times: list[float]) -> str:
@@ -320,7 +350,9 @@ def progress_line(record: dict, p: dict, cfg: TrainConfig, n_phases: int, times:
     if "valid_ndcg" in record:
         parts.append(f"valid NDCG {record['valid_ndcg']:.4f} Recall@50 "
                      f"{record['valid_recall_at_50']:.4f} (best {p['best_ndcg']:.4f} @ "
-                     f"{p['best_epoch']})")
+                     f"{p['best_epoch']}) top-10% share {record['valid_head_share']:.2f}"
+                     + (f" code rank {record['code_effective_rank']:.1f}"
+                        if "code_effective_rank" in record else ""))
     parts.append(f"{record['users_per_second']:,.0f} users/s {record['epoch_seconds']:.1f}s"
                  + (f" (validation {record['valid_seconds']:.1f}s, {record['valid_users']:,} "
                     "users)" if "valid_seconds" in record else ""))

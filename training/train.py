@@ -35,6 +35,7 @@ from training import feed as F
 from runtime.cli import add_options, strict_parser, values
 from training.config import TrainConfig, check
 from models.registry import MODELS, load_weights_only
+from prepared.protocol import head_items
 from prepared.reader import Prepared, filesystem, join, open_prepared
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,6 +191,8 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
         train_loop,
         train_loop_config={"cfg": cfg.to_dict(), "feed": plan, "n_items": prep.n_items,
                            "n_users": prep.n_users,
+                           # validation reports the share of recommendations from these items
+                           "head_items": head_items(prep.pop_train),
                            "threads": max(1, int(cpw)), "mlflow": mlflow_cfg,
                            "fault_marker": run_dir + "/fault-injected.txt"},
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
