@@ -54,8 +54,8 @@ PAPER = {
 }
 
 # 45 trials over every model, joint mode only: on ml-100k a joint trial takes about 1.5 minutes
-# on 2 cores, a limited-finetune one about 11 (its phase 2 runs to the epoch cap: issue 15), so
-# the modes are searched by --grid paper or a grid file. lambda spans two decades because its best
+# on 2 cores, a fine-tune one several times that (phase 1 runs until its loss converges, 135-200
+# epochs), so the modes are searched by --grid paper or a grid file. lambda spans two decades because its best
 # value falls with density (ml-100k about 10-30, citeulike-a about 0.3: issue 15)
 _SMALL_LAM = [0.3, 3.0, 30.0]
 SMALL = {
