@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import copy
 import itertools
+import json
 import sys
 import time
 from pathlib import Path
@@ -63,7 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inits", nargs="+", default=["as-is", "ridge"],
                    help="where phase 2's head starts (--finetune-init)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "finetune_convergence"))
+    p.add_argument("--report-only", action="store_true",
+                   help="rewrite the .md from the committed .json without training")
     args = p.parse_args(argv)
+    if args.report_only:
+        saved = json.loads(Path(args.out).with_suffix(".json").read_text())
+        results = saved.pop("results")
+        write(Path(args.out), saved, results, saved.pop("epochs", args.epochs))
+        return 0
     torch.set_num_threads(2)
     meta = stamp("finetune_convergence.py", argv)
     results = []
@@ -80,12 +88,19 @@ def main(argv: list[str] | None = None) -> int:
                       f"{' (cap)' if r['at_cap'] else ''}; "
                       f"valid NDCG {r['best_ndcg']:.4f}, ridge head {r['ridge_ndcg']:.4f} "
                       f"({r['fraction_of_ridge']:.3f}); {r['seconds']:.0f}s", flush=True)
+    write(Path(args.out), meta, results, args.epochs)
+    return 0
+
+
+def write(out: Path, meta: dict, results: list[dict], epochs: int) -> None:
     lines = ["# Fine-tune phase 2 against its exact optimum", "",
              f"Command: `{meta['command']}`  ", f"Machine: {meta['machine']}; {meta['date']}.", "",
-             "Limited fine-tune, phase 2 capped at {args.epochs} epochs, "
+             f"Limited fine-tune, phase 2 capped at {epochs} epochs, "
              "early stopping on validation NDCG (the model's patience). Ridge head: the exact "
              "minimiser of phase 2's loss on the same frozen encoder "
-             "(`training.closed_form.ridge_head`), scored on the same validation users.", "",
+             "(`training.closed_form.ridge_head`), scored on the same validation users. Seconds: "
+             "the run's wall time, phase 1 included, with other jobs sharing the cores: not a "
+             "speed figure.", "",
              "| dataset | model | lambda | phase-2 start | phase-2 lr | phase 1 epochs | phase 2 epochs "
              "| valid NDCG "
              "| ridge head NDCG | fraction | seconds |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -94,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['phase2_epochs']}{' (cap)' if r['at_cap'] else ''} | {r['best_ndcg']:.4f} | "
               f"{r['ridge_ndcg']:.4f} | {r['fraction_of_ridge']:.3f} | {r['seconds']:.0f} |"
               for r in results]
-    publish(Path(args.out), {**meta, "results": results}, lines)
-    return 0
+    publish(out, {**meta, "epochs": epochs, "results": results}, lines)
 
 
 if __name__ == "__main__":
