@@ -78,7 +78,7 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
                  if phase < len(all_phases) - 1 else None)
         _, switched = next_state(p, cfg, len(all_phases), embed, ndcg)
         if switched:
-            if cfg.finetune_init == "ridge" and hasattr(model, "set_ridge_head"):
+            if cfg.phase2_start == "ridge" and hasattr(model, "set_ridge_head"):
                 ridge_start(model, rows, make, cfg.batch_size, p["epoch"])
             opts = make_optimizers(model, all_phases[p["phase"]], cfg.phase_lr(p["phase"]))
     return {"best_ndcg": p["best_ndcg"], "best_epoch": p["best_epoch"], "epochs": p["epoch"],

@@ -111,12 +111,12 @@ class TrainConfig:
     finetune_lr: float | None = option(None, group=TRAINING,
                                        help="Adam learning rate of fine-tune phase 2 (default: "
                                             "--lr's)")
-    finetune_init: str = option("ridge", group=TRAINING, choices=FINETUNE_INITS,
-                                help="where fine-tune phase 2's predict head starts: ridge = the "
-                                     "exact minimiser of its loss on phase 1's encoder (one pass "
-                                     "over the data; limited fine-tune then starts at its "
-                                     "optimum), as-is = as phase 1 left it, untrained (the "
-                                     "paper's procedure)")
+    finetune_init: str | None = option(None, group=TRAINING, choices=FINETUNE_INITS,
+                                       help="where fine-tune phase 2's predict head starts: ridge "
+                                            "(default) = the exact minimiser of its loss on phase "
+                                            "1's encoder (one pass over the data; limited "
+                                            "fine-tune then starts at its optimum), as-is = as "
+                                            "phase 1 left it, untrained (the paper's procedure)")
     batch_size: int = option(128, group=TRAINING, help="users per step over all workers")
     loss_path: str = option("auto", group=TRAINING, choices=LOSS_PATHS,
                             help="the AutoRec family's losses: fast = the exact expansion without "
@@ -189,6 +189,11 @@ class TrainConfig:
         """--lr, or the model's own default."""
         return self.lr if self.lr is not None else MODELS[self.model].learning_rate
 
+    @property
+    def phase2_start(self) -> str:
+        """--finetune-init, or its default (ridge)."""
+        return self.finetune_init or "ridge"
+
     def phase_lr(self, phase: int) -> float:
         """The learning rate of ``phase`` (0-based): fine-tune phase 2 may have its own."""
         return self.finetune_lr if phase > 0 and self.finetune_lr is not None else self.learning_rate
@@ -209,7 +214,7 @@ class TrainConfig:
         return {**MODELS[self.model].hyperparameters, **self.hyperparameters(),
                 **({"lr": self.learning_rate, "patience": self.stop_patience}
                    if MODELS[self.model].kind == "gradient" else {}),
-                **({"finetune_lr": self.phase_lr(1), "finetune_init": self.finetune_init}
+                **({"finetune_lr": self.phase_lr(1), "finetune_init": self.phase2_start}
                    if self.mode in FINETUNE_MODES else {})}
 
 
@@ -271,8 +276,11 @@ def check(cfg: TrainConfig) -> None:
         bad("lr", cfg.lr, "the learning rate must be in (0, 1]")
     if cfg.finetune_lr is not None and not 0 < cfg.finetune_lr <= 1:
         bad("finetune-lr", cfg.finetune_lr, "the learning rate must be in (0, 1]")
-    if cfg.finetune_init not in FINETUNE_INITS:
+    if cfg.finetune_init is not None and cfg.finetune_init not in FINETUNE_INITS:
         bad("finetune-init", cfg.finetune_init, "choose ridge or as-is")
+    if cfg.finetune_init is not None and cfg.mode not in FINETUNE_MODES:
+        bad("finetune-init", cfg.finetune_init, "sets phase 2 of --mode limited-finetune or "
+            "full-finetune; other modes have one phase. Drop the flag or pass such a mode")
     if cfg.finetune_lr is not None and cfg.mode not in FINETUNE_MODES:
         bad("finetune-lr", cfg.finetune_lr, "sets phase 2 of --mode limited-finetune or "
             "full-finetune; other modes have one phase. Drop the flag or pass such a mode")

@@ -261,7 +261,7 @@ def train_loop(config: dict) -> None:
         if improved and rank == 0:
             best_state = {k: v.detach().cpu().clone() for k, v in unwrap(net).state_dict().items()}
         if switched:
-            if cfg.finetune_init == "ridge" and hasattr(unwrap(net), "set_ridge_head"):
+            if cfg.phase2_start == "ridge" and hasattr(unwrap(net), "set_ridge_head"):
                 t_ridge = time.perf_counter()
                 users_seen = ridge_start(unwrap(net), train_shard, make, per_worker, epoch, device)
                 if rank == 0:
