@@ -363,3 +363,18 @@ def test_effective_rank_of_codes():
     two = torch.diag(torch.tensor([3.0, 1.0]))  # p = (3/4, 1/4)
     assert effective_rank(two) == pytest.approx(math.exp(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25))))
     assert effective_rank(torch.zeros(3, 2)) == 0.0
+
+
+def test_a_run_recorded_before_an_option_existed_resumes():
+    """Options added later default to None, which is what an older run record's missing key
+    reads as: the run resumes; a changed setting is still refused."""
+    from dataclasses import replace
+
+    from training.config import TrainConfig
+    from training.train import check_resume
+
+    cfg = TrainConfig(data="d", model="nce-autorec", run_name="r")
+    old = {k: v for k, v in cfg.to_dict().items() if k not in ("finetune_init", "finetune_lr")}
+    check_resume(cfg, {"config": old})
+    with pytest.raises(UsageError, match="lam was None, now 3.0"):
+        check_resume(replace(cfg, lam=3.0), {"config": old})
