@@ -77,7 +77,8 @@ class AutoRec(Recommender):
     #: The model and its gradients are the same either way.
     dense_loss: bool | None = None
 
-    def __init__(self, n_items: int, width: int, lam: float, mode: str | None = None):
+    def __init__(self, n_items: int, width: int, lam: float, mode: str | None = None,
+                 embed_weight: float = 1.0, embed_lam: float | None = None):
         super().__init__()
         if n_items < 1 or width < 1:
             raise ValueError(f"need n_items >= 1 and width >= 1; got {n_items}, {width}")
@@ -89,6 +90,10 @@ class AutoRec(Recommender):
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         self.n_items, self.width, self.lam = n_items, width, float(lam)
         self.mode = (mode or "joint") if two_headed else None
+        # the levers the paper leaves implicit (two-headed models): the embedding head's loss
+        # weight, and its own L2 (None: lam)
+        self.embed_weight = float(embed_weight)
+        self.embed_lam = None if embed_lam is None else float(embed_lam)
         self.encoder = nn.EmbeddingBag(n_items, width, mode="sum")
         self.encoder_bias = nn.Parameter(torch.zeros(width))
         self.heads = nn.ModuleDict({h: nn.Linear(width, n_items) for h in self.heads_trained})
@@ -99,7 +104,10 @@ class AutoRec(Recommender):
 
     def model_args(self) -> dict:
         args = {"n_items": self.n_items, "width": self.width, "lam": self.lam}
-        return {**args, "mode": self.mode} if self.mode else args
+        if not self.mode:
+            return args
+        return {**args, "mode": self.mode, "embed_weight": self.embed_weight,
+                "embed_lam": self.embed_lam}
 
     def encode(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """(B, width) user codes from sparse binary rows."""
@@ -190,10 +198,16 @@ class AutoRec(Recommender):
         terms = {name: head_loss(name, self.heads[name](h), batch)
                  if self.dense_for(name, len(offsets))
                  else linear_head_loss(name, self.heads[name], h, batch) for name in step.heads}
-        weights = [self.heads[name].weight for name in step.heads]
+        if self.embed_head in terms and self.mode is not None:
+            terms[self.embed_head] = terms[self.embed_head] * self.embed_weight
+        weights = [self.heads[name].weight for name in step.heads
+                   if self.mode is None or name != self.embed_head or self.embed_lam is None]
         if step.train_encoder:
             weights.append(self.encoder.weight)
         terms["l2"] = l2_penalty(weights, self.lam)
+        if self.mode is not None and self.embed_head in step.heads and self.embed_lam is not None:
+            terms["l2"] = terms["l2"] + l2_penalty([self.heads[self.embed_head].weight],
+                                                   self.embed_lam)
         return terms
 
 
@@ -234,7 +248,8 @@ class NSAutoRec(AutoRec):
     heads_trained = ("ns", "predict")
     embed_head = "ns"
     needs = frozenset({NEGATIVES})
-    hyperparameters = {**AutoRec.hyperparameters, "mode": "joint"}
+    hyperparameters = {**AutoRec.hyperparameters, "mode": "joint", "embed_weight": 1.0,
+                       "embed_lam": None}
 
 
 class NCEAutoRec(AutoRec):
@@ -242,4 +257,5 @@ class NCEAutoRec(AutoRec):
     heads_trained = ("nce", "predict")
     embed_head = "nce"
     needs = frozenset({RSTAR})
-    hyperparameters = {**AutoRec.hyperparameters, "mode": "joint"}
+    hyperparameters = {**AutoRec.hyperparameters, "mode": "joint", "embed_weight": 1.0,
+                       "embed_lam": None}

@@ -162,3 +162,26 @@ def test_the_ridge_start_is_the_minimiser_of_phase_two_and_equals_the_reference(
     with torch.no_grad():
         head.weight.add_(0.01)
     assert sum(model(batch, phase2).values()).item() > sum(terms.values()).item()
+
+
+def test_the_embedding_heads_weight_and_its_own_l2():
+    """--embed-weight scales the NCE term alone; --embed-lam replaces lam for the NCE head's
+    matrix alone (l2 = lam (mean W_enc^2 + mean W_pred^2) + embed_lam mean W_nce^2, by hand)."""
+    batch = batch_of(np.array([0.3, 2.5, 4.0, 1.7, 0.9, 3.2]))
+    torch.manual_seed(2)
+    plain = build("nce-autorec", {"n_items": 6, "width": 4, "lam": 0.5})
+    torch.manual_seed(2)
+    lever = build("nce-autorec", {"n_items": 6, "width": 4, "lam": 0.5, "embed_weight": 2.5,
+                                  "embed_lam": 7.0})
+    a, b = plain(batch), lever(batch)
+    assert b["nce"].item() == pytest.approx(2.5 * a["nce"].item(), rel=1e-6)
+    assert b["predict"].item() == pytest.approx(a["predict"].item(), rel=1e-6)
+    ms = lambda w: float((w.detach() ** 2).mean())
+    want = (0.5 * (ms(lever.encoder.weight) + ms(lever.heads["predict"].weight))
+            + 7.0 * ms(lever.heads["nce"].weight))
+    assert b["l2"].item() == pytest.approx(want, rel=1e-6)
+    assert a["l2"].item() == pytest.approx(0.5 * (ms(plain.encoder.weight) + ms(
+        plain.heads["predict"].weight) + ms(plain.heads["nce"].weight)), rel=1e-6)
+    # saved and rebuilt with its levers
+    assert type(lever)(**lever.model_args()).model_args() == lever.model_args()
+    assert lever.model_args()["embed_weight"] == 2.5 and lever.model_args()["embed_lam"] == 7.0

@@ -66,6 +66,14 @@ class TrainConfig:
                                     "--epochs")
     mode: str | None = option(None, group=HYPER, choices=MODES,
                               help="how the two heads train (ns-autorec, nce-autorec; default joint)")
+    embed_weight: float | None = option(None, group=HYPER,
+                                        help="weight of the embedding head's loss (nce or ns) "
+                                             "against the MSE head's (ns-autorec, nce-autorec; "
+                                             "default 1, the paper's sum; matters in joint mode: "
+                                             "Adam is blind to a step's overall scale)")
+    embed_lam: float | None = option(None, group=HYPER,
+                                     help="L2 of the embedding head's matrix (ns-autorec, "
+                                          "nce-autorec; default --lam)")
     width: int | None = option(None, group=HYPER,
                                help="latent width d: the code, or the factors of bpr and cml "
                                     f"({model_defaults('width')})")
@@ -248,6 +256,10 @@ def check(cfg: TrainConfig) -> None:
         bad("iterations", cfg.iterations, "must be in 1..10000")
     if cfg.lam is not None and not 0 <= cfg.lam < 1e6:
         bad("lam", cfg.lam, "lambda must be >= 0 and < 10^6")
+    if cfg.embed_lam is not None and not 0 <= cfg.embed_lam < 1e6:
+        bad("embed-lam", cfg.embed_lam, "lambda must be >= 0 and < 10^6")
+    if cfg.embed_weight is not None and not 0 <= cfg.embed_weight <= 1e6:
+        bad("embed-weight", cfg.embed_weight, "a loss weight must be in 0..10^6")
     if cfg.hidden is not None and not 1 <= cfg.hidden <= 100_000:
         bad("hidden", cfg.hidden, "the hidden width must be in 1..100000 (the paper: 600)")
     if cfg.dropout is not None and not 0 <= cfg.dropout < 1:

@@ -29,7 +29,8 @@ from prepared.errors import UsageError
 # flags that may be searched: what a model is, never where or how long it runs
 SEARCHABLE = {"width", "lam", "rank", "alpha", "iterations", "hidden", "dropout", "kl_cap",
               "anneal_steps", "margin", "neg_ratio", "cov_weight", "mode", "beta", "lr",
-              "batch_size", "num_negatives", "negatives", "finetune_lr"}
+              "batch_size", "num_negatives", "negatives", "finetune_lr",
+              "embed_weight", "embed_lam"}
 
 _R = [50, 100, 200, 500]
 _LAM = [10.0 ** e for e in range(-7, 5)]
