@@ -378,3 +378,16 @@ def test_a_run_recorded_before_an_option_existed_resumes():
     check_resume(cfg, {"config": old})
     with pytest.raises(UsageError, match="lam was None, now 3.0"):
         check_resume(replace(cfg, lam=3.0), {"config": old})
+
+
+def test_the_experiment_under_ray_job_submit_needs_absolute_paths_and_a_tracking_uri(monkeypatch,
+                                                                                       capsys):
+    """Its default MLflow store and output would live in the job's throw-away working-dir copy
+    (seen: a run's trials logged to a SQLite file deleted with the job)."""
+    from training.experiment import main
+
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert main(["--data", "/abs/x"]) == 2
+    err = capsys.readouterr().err
+    assert "pass --output and --mlflow-uri" in err

@@ -51,7 +51,7 @@ from prepared.reader import Prepared, open_prepared
 from runtime.cli import add_options, option, strict_parser, values
 from training import grids
 from training.config import TrainConfig, check
-from training.train import add_connection_flags
+from training.train import add_connection_flags, check_job_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 PARENT = "mlflow.parentRunId"  # MLflow's tag that nests a run under another in the UI
@@ -595,6 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_job_paths(args)  # under ray job submit, defaults would land in a throw-away copy
         state = run_experiment(ExperimentConfig(**values(args, ExperimentConfig)),
                                args.mlflow_uri, args.ray_address)
     except UsageError as e:
