@@ -113,6 +113,9 @@ class AutoRec(Recommender):
         """(B, width) user codes from sparse binary rows."""
         return torch.relu(self.encoder(items, offsets) + self.encoder_bias)
 
+    def user_codes(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.encode(items, offsets)
+
     def head_scores(self, items: torch.Tensor, offsets: torch.Tensor, heads: tuple[str, ...],
                     frozen_encoder: bool = False) -> dict[str, torch.Tensor]:
         """(B, n_items) scores of the named heads. ``frozen_encoder`` computes the code without

@@ -115,6 +115,11 @@ class Recommender(nn.Module):
 
     # -- every model -------------------------------------------------------------------------
 
+    def user_codes(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor | None:
+        """(B, d) representations of the users of these rows, for training's diagnostics (the
+        codes' effective rank), or None for a model without one."""
+        return None
+
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """(B, n_items) float32 scores of every item for users with these input rows."""
         raise NotImplementedError

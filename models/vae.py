@@ -72,6 +72,9 @@ class VAECF(Recommender):
                 "dropout": self.dropout, "kl_cap": self.kl_cap,
                 "anneal_steps": self.anneal_steps, "lam": self.lam}
 
+    def user_codes(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.encode(items, offsets, drop=False)[0]  # the posterior means
+
     def encode(self, items: torch.Tensor, offsets: torch.Tensor, drop: bool
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """(mu, logvar), each (B, width), of the normalised (and, if ``drop``, dropped-out) rows."""

@@ -299,7 +299,7 @@ def evaluate(net, valid_rows, device: torch.device, batch_size: int, head: torch
     model = unwrap(net)
     ndcg_sum = recall_sum = head_sum = 0.0
     count = 0
-    codes = None
+    codes, sampled = None, False
     for rows in valid_rows.iter_batches(batch_size=batch_size, batch_format="pyarrow"):
         vb = valid_batch(rows, 0, 1)  # this rank's share already (training.ingest)
         if vb is None:
@@ -313,9 +313,10 @@ def evaluate(net, valid_rows, device: torch.device, batch_size: int, head: torch
         recall_sum += float(recall.sum())
         head_sum += float(head[top].float().mean(1).sum()) if top.numel() else 0.0
         count += len(vb)
-        if codes is None and hasattr(model, "encode"):  # a sample: this rank's first batch
+        if not sampled:  # a sample: this rank's first batch (None: the model has no codes)
+            sampled = True
             with torch.no_grad():
-                codes = model.encode(vb.train_items, vb.train_offsets)
+                codes = model.user_codes(vb.train_items, vb.train_offsets)
     mine = count
     erank = effective_rank(codes) if codes is not None else float("nan")
     ndcg_sum, recall_sum, head_sum, count, erank_sum, ranks = all_sum(
