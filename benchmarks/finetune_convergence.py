@@ -40,7 +40,7 @@ def measure(cfg: TrainConfig, prep, rows, valid) -> dict:
     out = train_one(cfg, prep, rows, valid)
     net = out["net"]
     t0 = time.perf_counter()
-    weight, bias = ridge_head(net, rows, prep.n_items, cfg.lam)
+    weight, bias = ridge_head(net, rows, prep.n_items, net.lam * net.lam_scale)
     ridge = copy.deepcopy(net)
     ridge.heads["predict"].weight.data.copy_(weight)
     ridge.heads["predict"].bias.data.copy_(bias)

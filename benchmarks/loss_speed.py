@@ -64,7 +64,7 @@ def make_batch(rng: np.random.Generator, n_items: int, per_user: float, b: int) 
 
 def users_per_second(model_name: str, n_items: int, batches: list[Batch], dense: bool) -> float:
     torch.manual_seed(0)
-    model = MODELS[model_name].from_config(n_items, {"width": WIDTH})
+    model = MODELS[model_name].from_config(n_items, {"width": WIDTH, "lam_units": "plain"})
     model.dense_loss = dense
     steps = model.phases()[0]  # the first phase (joint mode: both heads, the costliest)
     opts = make_optimizers(model, steps, 1e-3)
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def default_way(model: str, batch: int) -> str:
     """What the model trains with by default at this batch size (``AutoRec.dense_for``)."""
-    net = MODELS[model].from_config(1, {"width": WIDTH})
+    net = MODELS[model].from_config(1, {"width": WIDTH, "lam_units": "plain"})
     ways = {"dense" if net.dense_for(h, batch) else "fast" for h in net.heads_trained}
     return "/".join(sorted(ways)) if len(ways) > 1 else ways.pop()
 

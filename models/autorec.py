@@ -29,9 +29,21 @@ nnz d) a batch instead of O(B n d)) where that is cheaper (``dense_for``); else,
 reference, through the dense scores (same values and gradients up to rounding).
 Scoring is dense: a recommendation ranks every item.
 
-L2 (``lam`` * mean(W^2) per matrix; biases are not regularised) covers the matrices a step trains;
-it is its own loss term, ``l2``. (protocol.md asks for a normalisation under which one lambda
-transfers across datasets; that change belongs to the tuning issue and is not made here.)
+Loss and L2 units (protocol.md, "L2"; ``lam_units``). Every head's loss is a mean over the
+batch's (user, item) entries: the MSE heads' squared errors, and the NS head's per-user sum (the
+paper's form) divided by n_items, so that in NS-AutoRec the two heads weigh as in the paper's sum
+over users. The L2 term, over the matrices a step trains (biases are not regularised), is
+
+    lam * kappa * sum over matrices of mean(W^2)        (lam_units "popularity", the default)
+
+with kappa = ``prepared.protocol.popularity_density`` of the training data: the mean, over the
+training positives, of the share of users holding the positive's item. In the paper's form (loss
+summed over users, lambda_paper ||W||_F^2) that is lambda_paper = lam * kappa * U / d per matrix
+(U training users, d the width). kappa makes one lam mean the same on every dataset: the L2 that
+balances an item's row against its c_i positives scales with c_i / U; measured, the best lambda on
+mean(W^2) moved by 100x between ml-100k and citeulike-a, and with kappa within the optimum's
+breadth (benchmarks/results/tune_defaults.md). ``lam_units="plain"`` is the form before
+2026-11-25, lam * mean(W^2) against the NS head's loss per user, which runs recorded then keep.
 """
 
 from __future__ import annotations
@@ -48,6 +60,7 @@ from models.batch import Batch
 from models.losses import l2_penalty, linear_mse, linear_ns, mse_loss, ns_loss
 
 MODES = ("joint", "alternating", "limited-finetune", "full-finetune")
+LAM_UNITS = ("popularity", "plain")
 
 
 @dataclass(frozen=True)
@@ -66,7 +79,7 @@ class AutoRec(Recommender):
     heads_trained: ClassVar[tuple[str, ...]] = ("predict",)
     embed_head: ClassVar[str | None] = None   # the de-popularising head (nce | ns), if any
     recommend_head: ClassVar[str] = "predict"
-    hyperparameters = {"width": 200, "lam": 30.0}
+    hyperparameters = {"width": 200, "lam": 300.0, "lam_units": "popularity"}
     #: train each head through the dense (B, n_items) scores (True) or its exact fast loss
     #: (False); None: whichever is cheaper. For the predict and NCE heads the dense way costs
     #: about 3 B n d (product and two gradients), the fast one about 2 n d^2 (W'W and its
@@ -78,10 +91,21 @@ class AutoRec(Recommender):
     dense_loss: bool | None = None
 
     def __init__(self, n_items: int, width: int, lam: float, mode: str | None = None,
-                 embed_weight: float = 1.0, embed_lam: float | None = None):
+                 embed_weight: float = 1.0, embed_lam: float | None = None,
+                 lam_units: str = "plain", density: float | None = None):
         super().__init__()
         if n_items < 1 or width < 1:
             raise ValueError(f"need n_items >= 1 and width >= 1; got {n_items}, {width}")
+        if lam_units not in LAM_UNITS:
+            raise ValueError(f"unknown lam_units {lam_units!r}; choose one of {', '.join(LAM_UNITS)}")
+        if lam_units == "popularity" and not (density and 0 < density <= 1):
+            raise ValueError("lam_units 'popularity' needs the training data's popularity density "
+                             f"in (0, 1] (prepared.protocol.popularity_density); got {density!r}")
+        self.lam_units = lam_units
+        self.density = float(density) if lam_units == "popularity" else None
+        # what lam and embed_lam multiply, and what the NS head's per-user loss is divided by
+        self.lam_scale = self.density if lam_units == "popularity" else 1.0
+        self.ns_scale = 1.0 / n_items if lam_units == "popularity" else 1.0
         two_headed = len(self.heads_trained) > 1
         if mode is not None and not two_headed:
             raise ValueError(f"{self.name} has one head, so it has no mode; modes apply to the "
@@ -104,6 +128,8 @@ class AutoRec(Recommender):
 
     def model_args(self) -> dict:
         args = {"n_items": self.n_items, "width": self.width, "lam": self.lam}
+        if self.lam_units != "plain":  # absent: a model saved before the units existed
+            args.update(lam_units=self.lam_units, density=self.density)
         if not self.mode:
             return args
         return {**args, "mode": self.mode, "embed_weight": self.embed_weight,
@@ -172,12 +198,14 @@ class AutoRec(Recommender):
         """The predict head that minimises phase 2's loss on the current encoder's codes, over
         the ``n_users`` rows ``gram`` and ``rtx`` sum (``ridge_statistics``):
 
-            sum over users and items of (r_ui - w_i . h_u - b_i)^2 + (N lam / d) ||W||^2
+            sum over users and items of (r_ui - w_i . h_u - b_i)^2 + (N lam kappa / d) ||W||^2
 
-        (an epoch's mean MSE over the (users, items) entries plus lam * mean(W^2), scaled by
-        N n_items); per item a ridge regression on [h, 1], the bias unpenalised."""
+        (an epoch's mean MSE over the (users, items) entries plus lam * kappa * mean(W^2), scaled
+        by N n_items; kappa = 1 under lam_units "plain"); per item a ridge regression on [h, 1],
+        the bias unpenalised."""
         d = gram.shape[0] - 1
-        penalty = torch.full((d + 1,), n_users * self.lam / d, dtype=gram.dtype, device=gram.device)
+        penalty = torch.full((d + 1,), n_users * self.lam * self.lam_scale / d, dtype=gram.dtype,
+                             device=gram.device)
         penalty[d] = 0.0
         theta = torch.linalg.solve(gram + torch.diag(penalty), rtx.T)  # (d + 1, n_items)
         head = self.heads["predict"]
@@ -201,16 +229,18 @@ class AutoRec(Recommender):
         terms = {name: head_loss(name, self.heads[name](h), batch)
                  if self.dense_for(name, len(offsets))
                  else linear_head_loss(name, self.heads[name], h, batch) for name in step.heads}
+        if "ns" in terms and self.ns_scale != 1.0:  # per (user, item) entry, as the MSE heads
+            terms["ns"] = terms["ns"] * self.ns_scale
         if self.embed_head in terms and self.mode is not None:
             terms[self.embed_head] = terms[self.embed_head] * self.embed_weight
         weights = [self.heads[name].weight for name in step.heads
                    if self.mode is None or name != self.embed_head or self.embed_lam is None]
         if step.train_encoder:
             weights.append(self.encoder.weight)
-        terms["l2"] = l2_penalty(weights, self.lam)
+        terms["l2"] = l2_penalty(weights, self.lam * self.lam_scale)
         if self.mode is not None and self.embed_head in step.heads and self.embed_lam is not None:
             terms["l2"] = terms["l2"] + l2_penalty([self.heads[self.embed_head].weight],
-                                                   self.embed_lam)
+                                                   self.embed_lam * self.lam_scale)
         return terms
 
 

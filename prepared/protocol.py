@@ -169,3 +169,20 @@ def head_items(popularity: np.ndarray, fraction: float = 0.1) -> np.ndarray:
     Ties at the boundary go to the lower item index (a stable sort), so the set is deterministic."""
     m = max(1, int(len(popularity) * fraction))
     return np.argsort(-np.asarray(popularity), kind="stable")[:m]
+
+
+def popularity_density(popularity: np.ndarray, users: int) -> float:
+    """kappa = sum_i c_i^2 / (U sum_i c_i): over the training positives, the mean share of the U
+    users who hold that positive's item (c_i: item i's training positives).
+
+    The unit of the AutoRec family's lambda (``--lam-units popularity``): an item's predict row
+    is pulled by its c_i positives against a penalty the same for every item, so the penalty that
+    balances it scales with c_i / U, and the items that carry the ranking metrics are weighted by
+    their positives. Measured, the best lambda on mean(W^2) tracks kappa (about 0.1 on ml-100k,
+    0.06 on ml-latest-small, 0.002 on citeulike-a) where it does not track the plain density
+    (0.021, 0.007, 0.001): benchmarks/results/tune_defaults.md."""
+    c = np.asarray(popularity, dtype=np.float64)
+    total = c.sum()
+    if users < 1 or total <= 0:
+        raise ValueError(f"need users >= 1 and some positives; got {users} users, {total:g} positives")
+    return float((c * c).sum() / (users * total))

@@ -74,7 +74,10 @@ class ModelBehaviour:
         torch.manual_seed(0)
         table, train, withheld = checkerboard()
         batch = batch_from_arrow(table)
-        model = MODELS[self.name].from_config(N, self.hp, n_users=N)
+        # the unit of the AutoRec family's lambda, from the training rows as the trainer does
+        pop = np.bincount(np.concatenate(train), minlength=N)
+        model = MODELS[self.name].from_config(N, self.hp, n_users=N,
+                                              density=protocol.popularity_density(pop, N))
         if model.engine == "spark":  # the training pairs as a Spark DataFrame
             spark = request.getfixturevalue("spark")
             pairs = spark.createDataFrame([(u, i) for u in range(N) for i in train[u]],

@@ -289,7 +289,7 @@ def test_limited_finetune_phase_two_reaches_the_exact_head_on_its_frozen_encoder
     from training.closed_form import ridge_head
 
     cfg = config(ml100k_prepared, runs_dir, run_name="nce-limited", model="nce-autorec",
-                 mode="limited-finetune", lam=3.0, pretrain_epochs=8, epochs=30, patience=3)
+                 mode="limited-finetune", lam=30.0, pretrain_epochs=8, epochs=30, patience=3)
     result = run(cfg, mlflow_server.url)
     assert result["phase_epochs"][0] == 8 and result["phase_epochs"][1] < 30  # stopped early
     model = load_model(result["model_path"])
@@ -299,7 +299,7 @@ def test_limited_finetune_phase_two_reaches_the_exact_head_on_its_frozen_encoder
     table = pq.read_table(ml100k_prepared / "rows")
     table = table.filter(pc.invert(table.column("cold")))
     ridge = load_model(result["model_path"])
-    weight, bias = ridge_head(ridge, table, ridge.n_items, 3.0)
+    weight, bias = ridge_head(ridge, table, ridge.n_items, ridge.lam * ridge.lam_scale)
     ridge.heads["predict"].weight.data.copy_(weight)
     ridge.heads["predict"].bias.data.copy_(bias)
     exact = reference_validation(ridge, rows)[0]

@@ -162,7 +162,8 @@ def ridge_head(model, rows, n_items: int, lam: float, batch: int = 4096) -> tupl
     which is the phase's loss (MSE over B x n entries per batch, plus lam * mean(W^2)) summed over
     an epoch of N users and scaled by N n. Per item a ridge regression on [H, 1] with the bias
     unpenalised: (X'X + a D) theta_i = X' r_i for all items at once. The reference a trained
-    phase 2 is measured against (benchmarks/finetune_convergence.py, tests)."""
+    phase 2 is measured against (benchmarks/finetune_convergence.py, tests). ``lam`` is in plain
+    units: a model's ``lam * lam_scale``."""
     items, off = flat(rows.column(S.TRAIN_ITEMS))
     t_items, t_off = torch.from_numpy(items.astype(np.int64)), torch.from_numpy(off)
     n_users = rows.num_rows

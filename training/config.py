@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from models.autorec import MODES
+from models.autorec import LAM_UNITS, MODES
 from models.registry import MODELS
 from prepared.errors import UsageError
 from runtime.cli import option
@@ -78,10 +78,18 @@ class TrainConfig:
                                help="latent width d: the code, or the factors of bpr and cml "
                                     f"({model_defaults('width')})")
     lam: float | None = option(None, group=HYPER,
-                               help="regularisation lambda: the AutoRec family and cdae on "
+                               help="regularisation lambda: the AutoRec family on kappa * "
+                                    "mean(W^2) per matrix (--lam-units), cdae on "
                                     "mean(W^2) per matrix, bpr on each triple's squared norms, "
                                     "vae-cf on squared weights, nce-plrec the ridge, ease the "
                                     f"diagonal, wrmf Spark's regParam ({model_defaults('lam')})")
+    lam_units: str | None = option(None, group=HYPER, choices=LAM_UNITS,
+                                   help="the AutoRec family's lambda: popularity (default) = "
+                                        "times kappa, the training positives' mean share of "
+                                        "users holding their item, so that one value transfers "
+                                        "across datasets, with every head's loss per (user, "
+                                        "item) entry; plain = lambda * mean(W^2) with the NS "
+                                        "head's loss per user (runs before 2026-11-25)")
     rank: int | None = option(None, group=HYPER, help=f"factors kept ({model_defaults('rank')})")
     alpha: float | None = option(None, group=HYPER,
                                  help=f"confidence 1 + alpha of a positive ({model_defaults('alpha')})")

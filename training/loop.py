@@ -138,9 +138,11 @@ def ridge_start(model, shard, make: BatchMaker, per_worker: int, epoch: int,
     return n_users
 
 
-def build_model(cfg: TrainConfig, n_items: int, n_users: int | None):
-    """The model to train, with ``--loss-path`` applied (the AutoRec family's ``dense_loss``)."""
-    model = MODELS[cfg.model].from_config(n_items, cfg.hyperparameters(), n_users)
+def build_model(cfg: TrainConfig, n_items: int, n_users: int | None,
+                density: float | None = None):
+    """The model to train, with ``--loss-path`` applied (the AutoRec family's ``dense_loss``);
+    ``density``: the training data's popularity density, the unit of its lambda."""
+    model = MODELS[cfg.model].from_config(n_items, cfg.hyperparameters(), n_users, density)
     if cfg.loss_path != "auto":
         model.dense_loss = cfg.loss_path == "dense"
     return model
@@ -158,7 +160,7 @@ def train_loop(config: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = build_model(cfg, n_items, config.get("n_users"))
+    model = build_model(cfg, n_items, config.get("n_users"), config.get("density"))
     all_phases = model.phases()
     progress, best_state, opt_states = new_progress(), None, None
     checkpoint = ray.train.get_checkpoint()

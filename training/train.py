@@ -130,6 +130,14 @@ def check_resume(cfg: TrainConfig, record: dict | None) -> None:
     if record is None:
         return
     old = record["config"]
+    if ("lam_units" not in old and "lam_units" in MODELS[cfg.model].hyperparameters
+            and cfg.lam_units != "plain"):
+        raise UsageError(
+            f"run {cfg.run_name!r} in {cfg.output} was recorded before lambda's units changed "
+            "(2026-11-25; its lambda multiplies mean(W^2) alone): pass --lam-units plain to "
+            "resume it as it was, or another --run-name for a new run")
+    if "lam_units" not in old and cfg.lam_units == "plain":
+        old = {**old, "lam_units": "plain"}
     diff = {k: (old.get(k), v) for k, v in cfg.to_dict().items()
             if k not in RESUMABLE_CHANGES and old.get(k) != v}
     if diff:
@@ -191,6 +199,8 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
         train_loop,
         train_loop_config={"cfg": cfg.to_dict(), "feed": plan, "n_items": prep.n_items,
                            "n_users": prep.n_users,
+                           # the unit of the AutoRec family's lambda, from the rows trained on
+                           "density": prep.popularity_density(cfg.final_retraining),
                            # validation reports the share of recommendations from these items
                            "head_items": head_items(prep.pop_train),
                            "threads": max(1, int(cpw)), "mlflow": mlflow_cfg,

@@ -1,0 +1,87 @@
+"""lambda's units (issue 15): kappa by hand, the loss terms under each unit against the plain form,
+and runs or models from before the units existed keeping what they were."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from models.batch import Batch
+from models.registry import build
+from prepared.errors import UsageError
+from prepared.protocol import popularity_density
+
+
+def test_popularity_density_by_hand():
+    # c = (3, 1, 0, 2) over U = 4 users: sum c^2 / (U sum c) = (9 + 1 + 0 + 4) / (4 * 6)
+    assert popularity_density(np.array([3, 1, 0, 2]), 4) == pytest.approx(14 / 24)
+    # every user holds every item: each positive's item is held by all users
+    assert popularity_density(np.full(5, 7), 7) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="some positives"):
+        popularity_density(np.zeros(3), 4)
+
+
+def _batch(n_items: int) -> Batch:
+    rows = [[0, 2], [1, 3, 4], [5]]
+    idx = torch.tensor([i for r in rows for i in r])
+    offsets = torch.tensor([0, 2, 5])
+    negs = [[1, 3], [0], [2, 4]]
+    return Batch(users=torch.arange(3), train_items=idx, train_offsets=offsets,
+                 train_rstar=torch.linspace(0.5, 2.0, len(idx)),
+                 neg_items=torch.tensor([i for r in negs for i in r]),
+                 neg_counts=torch.tensor([2, 1, 3, 1, 1]),
+                 neg_offsets=torch.tensor([0, 2, 3]))
+
+
+@pytest.mark.parametrize("name", ["autorec", "ohns-autorec", "ns-autorec", "nce-autorec"])
+def test_popularity_units_scale_the_l2_by_kappa_and_put_the_ns_loss_per_entry(name):
+    """Same weights, same batch: under popularity units the l2 term is kappa times the plain
+    one (lam * sum of mean(W^2), recomputed here), the NS head's loss is the plain (per-user) one
+    over n_items, and the MSE heads' losses are unchanged."""
+    n_items, kappa = 6, 0.2
+    torch.manual_seed(4)
+    plain = build(name, {"n_items": n_items, "width": 3, "lam": 5.0})
+    units = build(name, {"n_items": n_items, "width": 3, "lam": 5.0, "lam_units": "popularity",
+                         "density": kappa})
+    units.load_state_dict(plain.state_dict())
+    batch = _batch(n_items)
+    a, b = plain(batch), units(batch)
+    trained = [plain.encoder.weight] + [plain.heads[h].weight for h in plain.heads_trained]
+    by_hand = 5.0 * sum(float((w ** 2).mean()) for w in trained)
+    assert a["l2"].item() == pytest.approx(by_hand, rel=1e-6)
+    assert b["l2"].item() == pytest.approx(kappa * by_hand, rel=1e-6)
+    for head in plain.heads_trained:
+        want = a[head].item() / n_items if head == "ns" else a[head].item()
+        assert b[head].item() == pytest.approx(want, rel=1e-6), head
+
+
+def test_popularity_units_need_the_datas_kappa():
+    with pytest.raises(ValueError, match="popularity density"):
+        build("autorec", {"n_items": 5, "width": 2, "lam": 1.0, "lam_units": "popularity"})
+
+
+def test_a_model_saved_before_the_units_loads_as_it_trained():
+    """model_args without lam_units (saved before 2026-11-25) rebuild the plain form; a model
+    with the units saves and rebuilds them, kappa included."""
+    old = build("nce-autorec", {"n_items": 5, "width": 2, "lam": 30.0, "mode": "joint"})
+    assert old.lam_units == "plain" and old.lam_scale == 1.0 and "lam_units" not in old.model_args()
+    new = build("nce-autorec", {"n_items": 5, "width": 2, "lam": 300.0, "lam_units": "popularity",
+                                "density": 0.1})
+    again = build("nce-autorec", new.model_args())
+    assert (again.lam_units, again.density, again.lam_scale) == ("popularity", 0.1, 0.1)
+
+
+def test_a_run_recorded_before_the_units_resumes_only_as_it_was():
+    from dataclasses import replace
+
+    from training.config import TrainConfig
+    from training.train import check_resume
+
+    cfg = TrainConfig(data="d", model="autorec", run_name="r")
+    old = {k: v for k, v in cfg.to_dict().items() if k != "lam_units"}
+    with pytest.raises(UsageError, match="pass --lam-units plain to resume it"):
+        check_resume(cfg, {"config": old})
+    check_resume(replace(cfg, lam_units="plain"), {"config": old})
+    # closed-form models have no units: nothing to refuse
+    check_resume(replace(cfg, model="ease"), {"config": {**old, "model": "ease"}})
