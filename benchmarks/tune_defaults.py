@@ -42,10 +42,10 @@ from prepared.reader import open_prepared  # noqa: E402
 from training.step import make_optimizers, train_batch  # noqa: E402
 from training.closed_form import validate  # noqa: E402
 
-# lambda in popularity units (models/autorec.py): lambda * kappa multiplies mean(W^2). The plain
+# lambda in overlap units (models/autorec.py): lambda * omega multiplies mean(W^2). The plain
 # form's best values, 10-30 on ml-100k and ml-latest-small and about 0.3 on citeulike-a, are
-# 100-500 and about 130 here. lr None: each model's own.
-GRID = {"width": [200], "lr": [None], "lam": [30.0, 100.0, 300.0, 1000.0, 3000.0]}
+# 3-10 and about 7 here. lr None: each model's own.
+GRID = {"width": [200], "lr": [None], "lam": [1.0, 3.0, 10.0, 30.0]}
 FAMILY = ("autorec", "ohns-autorec", "ns-autorec", "nce-autorec")
 EPOCHS = 200  # a cap; early stopping (patience 5) ends every run of the grid before it
 
@@ -56,7 +56,7 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
     torch.manual_seed(cfg.seed)
     make = F.BatchMaker(F.plan(MODELS[cfg.model], prep, cfg))
     model = MODELS[cfg.model].from_config(prep.n_items, cfg.hyperparameters(), prep.n_users,
-                                          prep.popularity_density(cfg.final_retraining))
+                                          prep.user_overlap(cfg.final_retraining))
     all_phases = model.phases()
     opts = make_optimizers(model, all_phases[0], cfg.learning_rate)
     p = new_progress()
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", nargs="+", type=int, default=GRID["width"])
     p.add_argument("--lr", nargs="+", type=float, default=GRID["lr"],
                    help="learning rates (default: each model's own)")
-    p.add_argument("--lam-units", default="popularity", choices=["popularity", "plain"])
+    p.add_argument("--lam-units", default="overlap", choices=["overlap", "plain"])
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "tune_defaults"))
     p.add_argument("--fresh", action="store_true",
                    help="start over; by default runs already in --out's .json are kept and skipped "
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         prep, rows, valid = load(data)
         datasets[prep.dataset] = {"users": rows.num_rows, "items": prep.n_items,
                                   "positives": int(prep.pop_train.sum()),
-                                  "kappa": prep.popularity_density(False)}
+                                  "omega": prep.user_overlap(False)}
         for model in args.models:
             for width, lr, lam in itertools.product(args.width, args.lr, args.lam):
                 cfg = replace(TrainConfig(data=data, model=model), width=width, lr=lr, lam=lam,
@@ -183,6 +183,21 @@ def defaults(model: str) -> dict:
             "lam_units": hp["lam_units"]}
 
 
+def in_units(results: list[dict], datasets: dict) -> list[dict]:
+    """Each record with ``lam_plain`` (what multiplied mean(W^2)) and ``lam_overlap`` (lambda in
+    the default units). Records in "popularity" units (kappa = omega U / positives: a unit tried
+    first, measured by this grid on 2026-11-25) convert exactly: the penalty is the same."""
+    out = []
+    for r in results:
+        d = datasets[r["dataset"]]
+        omega = d.get("omega") or d["kappa"] * d["positives"] / d["users"]
+        kappa = omega * d["users"] / d["positives"]
+        units = r.get("lam_units", "plain")
+        plain = r["lam"] * {"plain": 1.0, "popularity": kappa, "overlap": omega}[units]
+        out.append({**r, "lam_plain": plain, "lam_overlap": float(f"{plain / omega:.3g}")})
+    return out
+
+
 def goal_rows(results: list[dict]) -> list[dict]:
     """Per (dataset, model): the default configuration's NDCG against the best of the grid (its
     own tuned NDCG); the issue's goal is a fraction of at least 0.9 everywhere."""
@@ -190,12 +205,13 @@ def goal_rows(results: list[dict]) -> list[dict]:
     for (dataset, model), group in itertools.groupby(
             sorted(results, key=lambda r: (r["dataset"], r["model"])),
             key=lambda r: (r["dataset"], r["model"])):
-        group = [r for r in group if r.get("lam_units", "plain") == defaults(model)["lam_units"]]
+        group = [r for r in group if r.get("lam_units", "plain") != "plain"]
         if not group:
             continue
         best = max(group, key=lambda r: r["best_ndcg"])
         want = defaults(model)
-        at_default = [r for r in group if all(r[k] == want[k] for k in ("width", "lr", "lam"))]
+        at_default = [r for r in group if r["lam_units"] == want["lam_units"]
+                      and all(r[k] == want[k] for k in ("width", "lr", "lam"))]
         rows.append({"dataset": dataset, "model": model, "best": best,
                      "default": at_default[0] if at_default else None})
     return rows
@@ -209,10 +225,10 @@ def rank_configs(results: list[dict]) -> list[dict]:
         best[k] = max(best.get(k, 0.0), r["best_ndcg"])
     by_cfg: dict[tuple, list[float]] = {}
     for r in results:
-        by_cfg.setdefault((r["width"], r["lr"], r["lam"], r.get("lam_units", "plain")), []).append(
+        by_cfg.setdefault((r["width"], r["lr"], r["lam_overlap"]), []).append(
             r["best_ndcg"] / best[(r["dataset"], r["model"])])
-    rows = [{"width": w, "lr": lr, "lam": lam, "units": u, "worst": min(v),
-             "mean": sum(v) / len(v), "n": len(v)} for (w, lr, lam, u), v in by_cfg.items()]
+    rows = [{"width": w, "lr": lr, "lam": lam, "worst": min(v),
+             "mean": sum(v) / len(v), "n": len(v)} for (w, lr, lam), v in by_cfg.items()]
     return sorted(rows, key=lambda r: (-r["n"], -r["worst"], -r["mean"]))
 
 
@@ -220,17 +236,24 @@ def write(out: Path, results: list[dict], meta: dict, datasets: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out.with_suffix(".json"), json.dumps(
         {**meta, "datasets": datasets, "results": results}, indent=2))
-    units = sorted({r.get("lam_units", "plain") for r in results})
+    results = in_units(results, datasets)
     lines = ["# Default hyperparameters: grid on real data\n",
              "Commands: " + "; ".join(f"`{c}`" for c in meta.get("commands", [meta["command"]])) + "  ",
              f"Machine: {meta['machine']}; {meta['date']}.  ",
              f"Fixed: {meta['fixed']}. Score: best validation NDCG with early stopping. "
-             f"lambda units: {', '.join(units)} (models/autorec.py).\n",
-             "## Datasets\n", "kappa: the popularity density, the unit of lambda "
-             "(prepared.protocol.popularity_density).\n",
-             "| dataset | users | items | training positives | kappa |", "|---|---|---|---|---|"]
-    lines += [f"| {d} | {v['users']:,} | {v['items']:,} | {v['positives']:,} | {v['kappa']:.5f} |"
-              for d, v in sorted(datasets.items())]
+             "lambda is given in overlap units (models/autorec.py, the default), whatever the "
+             "units it ran in: lambda * omega multiplies mean(W^2). Runs in popularity units "
+             "(lambda * kappa, kappa = sum c^2 / (U sum c): the first unit this grid tried) "
+             "convert exactly.\n",
+             "## Datasets\n", "omega = sum_i c_i^2 / U^2, the unit of lambda "
+             "(prepared.protocol.user_overlap); the best plain lambda (on mean(W^2) alone) "
+             "moves with it.\n",
+             "| dataset | users | items | training positives | positives per user | omega |",
+             "|---|---|---|---|---|---|"]
+    for d, v in sorted(datasets.items()):
+        omega = v.get("omega") or v["kappa"] * v["positives"] / v["users"]
+        lines.append(f"| {d} | {v['users']:,} | {v['items']:,} | {v['positives']:,} | "
+                     f"{v['positives'] / v['users']:.1f} | {omega:.4f} |")
     lines += ["\n## The goal: defaults within 90% of each model's own tuned NDCG\n",
               "Tuned: the best of the grid below for that dataset and model. Default: the "
               "configuration a run without flags gets (each model's class).\n",
@@ -241,25 +264,23 @@ def write(out: Path, results: list[dict], meta: dict, datasets: dict) -> None:
         at_default = f"{d['best_ndcg']:.4f}" if d else "not run"
         frac = f"{d['best_ndcg'] / b['best_ndcg']:.3f}" if d else "-"
         lines.append(f"| {g['dataset']} | {g['model']} | {at_default} | "
-                     f"{b['best_ndcg']:.4f} ({b['lam']:g}) | {frac} |")
+                     f"{b['best_ndcg']:.4f} ({b['lam_overlap']:g}) | {frac} |")
     lines += ["\n## Configurations by their worst case\n",
               "Each configuration's NDCG as a fraction of the best of its (dataset, model); "
               "configurations run on the most (dataset, model) pairs first.\n",
-              "| width | lr | lambda (units) | pairs | worst fraction of best | mean fraction |",
+              "| width | lr | lambda | pairs | worst fraction of best | mean fraction |",
               "|---|---|---|---|---|---|"]
     for r in rank_configs(results)[:8]:
-        lines.append(f"| {r['width']} | {r['lr']:g} | {r['lam']:g} ({r['units']}) | {r['n']} | "
+        lines.append(f"| {r['width']} | {r['lr']:g} | {r['lam']:g} | {r['n']} | "
                      f"{r['worst']:.3f} | {r['mean']:.3f} |")
     for (dataset, model), group in itertools.groupby(
             sorted(results, key=lambda r: (r["dataset"], r["model"], -r["best_ndcg"])),
             key=lambda r: (r["dataset"], r["model"])):
-        group = list(group)
-        kappa = datasets.get(dataset, {}).get("kappa")
         lines += [f"\n## {dataset}, {model}\n",
-                  "| width | lr | lambda | lambda * kappa (plain units) | best NDCG | epoch | s |",
-                  "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['width']} | {r['lr']:g} | {r['lam']:g} | "
-                  f"{r['lam'] * kappa if kappa and r.get('lam_units') == 'popularity' else r['lam']:.3g} | "
+                  "| width | lr | lambda | as run (units) | plain lambda | best NDCG | epoch | s |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['width']} | {r['lr']:g} | {r['lam_overlap']:g} | "
+                  f"{r['lam']:g} ({r.get('lam_units', 'plain')}) | {r['lam_plain']:.3g} | "
                   f"{r['best_ndcg']:.4f} | {r['best_epoch']} | {r['seconds']:.0f} |" for r in group]
     write_atomic(out.with_suffix(".md"), "\n".join(lines) + "\n")
 

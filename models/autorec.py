@@ -34,16 +34,16 @@ batch's (user, item) entries: the MSE heads' squared errors, and the NS head's p
 paper's form) divided by n_items, so that in NS-AutoRec the two heads weigh as in the paper's sum
 over users. The L2 term, over the matrices a step trains (biases are not regularised), is
 
-    lam * kappa * sum over matrices of mean(W^2)        (lam_units "popularity", the default)
+    lam * omega * sum over matrices of mean(W^2)        (lam_units "overlap", the default)
 
-with kappa = ``prepared.protocol.popularity_density`` of the training data: the mean, over the
-training positives, of the share of users holding the positive's item. In the paper's form (loss
-summed over users, lambda_paper ||W||_F^2) that is lambda_paper = lam * kappa * U / d per matrix
-(U training users, d the width). kappa makes one lam mean the same on every dataset: the L2 that
-balances an item's row against its c_i positives scales with c_i / U; measured, the best lambda on
-mean(W^2) moved by 100x between ml-100k and citeulike-a, and with kappa within the optimum's
-breadth (benchmarks/results/tune_defaults.md). ``lam_units="plain"`` is the form before
-2026-11-25, lam * mean(W^2) against the NS head's loss per user, which runs recorded then keep.
+with omega = ``prepared.protocol.user_overlap`` of the training data: sum_i c_i^2 / U^2, the mean
+number of training items two users share. In the paper's form (loss summed over users,
+lambda_paper ||W||_F^2) that is lambda_paper = lam * omega * U / d per matrix (U training users,
+d the width). omega makes one lam mean about the same on every dataset: the L2 weighs against the
+spectrum of the user Gram R R', whose leading eigenvalue is about U * omega; measured, the best
+lambda on mean(W^2) alone moved by 100x between ml-100k and citeulike-a
+(benchmarks/results/tune_defaults.md). ``lam_units="plain"`` is the form before 2026-11-25,
+lam * mean(W^2) against the NS head's loss per user, which runs recorded then keep.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from models.batch import Batch
 from models.losses import l2_penalty, linear_mse, linear_ns, mse_loss, ns_loss
 
 MODES = ("joint", "alternating", "limited-finetune", "full-finetune")
-LAM_UNITS = ("popularity", "plain")
+LAM_UNITS = ("overlap", "plain")
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,10 @@ class AutoRec(Recommender):
     heads_trained: ClassVar[tuple[str, ...]] = ("predict",)
     embed_head: ClassVar[str | None] = None   # the de-popularising head (nce | ns), if any
     recommend_head: ClassVar[str] = "predict"
-    hyperparameters = {"width": 200, "lam": 300.0, "lam_units": "popularity"}
+    #: lambda in overlap units (see above): 3 for the one-headed models, 10 for the two-headed,
+    #: whose encoder fits two heads' losses (benchmarks/results/tune_defaults.md: on four datasets
+    #: each within 90% of its own tuned NDCG; OHNS-AutoRec collapses from 10 on)
+    hyperparameters = {"width": 200, "lam": 3.0, "lam_units": "overlap"}
     #: train each head through the dense (B, n_items) scores (True) or its exact fast loss
     #: (False); None: whichever is cheaper. For the predict and NCE heads the dense way costs
     #: about 3 B n d (product and two gradients), the fast one about 2 n d^2 (W'W and its
@@ -92,20 +95,20 @@ class AutoRec(Recommender):
 
     def __init__(self, n_items: int, width: int, lam: float, mode: str | None = None,
                  embed_weight: float = 1.0, embed_lam: float | None = None,
-                 lam_units: str = "plain", density: float | None = None):
+                 lam_units: str = "plain", overlap: float | None = None):
         super().__init__()
         if n_items < 1 or width < 1:
             raise ValueError(f"need n_items >= 1 and width >= 1; got {n_items}, {width}")
         if lam_units not in LAM_UNITS:
             raise ValueError(f"unknown lam_units {lam_units!r}; choose one of {', '.join(LAM_UNITS)}")
-        if lam_units == "popularity" and not (density and 0 < density <= 1):
-            raise ValueError("lam_units 'popularity' needs the training data's popularity density "
-                             f"in (0, 1] (prepared.protocol.popularity_density); got {density!r}")
+        if lam_units == "overlap" and not (overlap and overlap > 0):
+            raise ValueError("lam_units 'overlap' needs the training data's user overlap > 0 "
+                             f"(prepared.protocol.user_overlap); got {overlap!r}")
         self.lam_units = lam_units
-        self.density = float(density) if lam_units == "popularity" else None
+        self.overlap = float(overlap) if lam_units == "overlap" else None
         # what lam and embed_lam multiply, and what the NS head's per-user loss is divided by
-        self.lam_scale = self.density if lam_units == "popularity" else 1.0
-        self.ns_scale = 1.0 / n_items if lam_units == "popularity" else 1.0
+        self.lam_scale = self.overlap if lam_units == "overlap" else 1.0
+        self.ns_scale = 1.0 / n_items if lam_units == "overlap" else 1.0
         two_headed = len(self.heads_trained) > 1
         if mode is not None and not two_headed:
             raise ValueError(f"{self.name} has one head, so it has no mode; modes apply to the "
@@ -129,7 +132,7 @@ class AutoRec(Recommender):
     def model_args(self) -> dict:
         args = {"n_items": self.n_items, "width": self.width, "lam": self.lam}
         if self.lam_units != "plain":  # absent: a model saved before the units existed
-            args.update(lam_units=self.lam_units, density=self.density)
+            args.update(lam_units=self.lam_units, overlap=self.overlap)
         if not self.mode:
             return args
         return {**args, "mode": self.mode, "embed_weight": self.embed_weight,
@@ -198,10 +201,10 @@ class AutoRec(Recommender):
         """The predict head that minimises phase 2's loss on the current encoder's codes, over
         the ``n_users`` rows ``gram`` and ``rtx`` sum (``ridge_statistics``):
 
-            sum over users and items of (r_ui - w_i . h_u - b_i)^2 + (N lam kappa / d) ||W||^2
+            sum over users and items of (r_ui - w_i . h_u - b_i)^2 + (N lam omega / d) ||W||^2
 
-        (an epoch's mean MSE over the (users, items) entries plus lam * kappa * mean(W^2), scaled
-        by N n_items; kappa = 1 under lam_units "plain"); per item a ridge regression on [h, 1],
+        (an epoch's mean MSE over the (users, items) entries plus lam * omega * mean(W^2), scaled
+        by N n_items; omega = 1 under lam_units "plain"); per item a ridge regression on [h, 1],
         the bias unpenalised."""
         d = gram.shape[0] - 1
         penalty = torch.full((d + 1,), n_users * self.lam * self.lam_scale / d, dtype=gram.dtype,
@@ -281,7 +284,7 @@ class NSAutoRec(AutoRec):
     heads_trained = ("ns", "predict")
     embed_head = "ns"
     needs = frozenset({NEGATIVES})
-    hyperparameters = {**AutoRec.hyperparameters, "mode": "joint", "embed_weight": 1.0,
+    hyperparameters = {**AutoRec.hyperparameters, "lam": 10.0, "mode": "joint", "embed_weight": 1.0,
                        "embed_lam": None}
 
 
@@ -290,5 +293,5 @@ class NCEAutoRec(AutoRec):
     heads_trained = ("nce", "predict")
     embed_head = "nce"
     needs = frozenset({RSTAR})
-    hyperparameters = {**AutoRec.hyperparameters, "mode": "joint", "embed_weight": 1.0,
+    hyperparameters = {**AutoRec.hyperparameters, "lam": 10.0, "mode": "joint", "embed_weight": 1.0,
                        "embed_lam": None}

@@ -64,15 +64,15 @@ class Recommender(nn.Module):
 
     @classmethod
     def from_config(cls, n_items: int, hp: dict[str, Any], n_users: int | None = None,
-                    density: float | None = None) -> Recommender:
+                    overlap: float | None = None) -> Recommender:
         """A new model for ``n_items`` items (and ``n_users`` user indices, for a ``per_user``
         model) from hyperparameters (missing ones take defaults; the constructor has none of its
-        own, so ``hyperparameters`` is the only copy). ``density`` is the training data's
-        ``prepared.protocol.popularity_density``, the unit of lambda of a model with
-        ``lam_units`` (the AutoRec family)."""
+        own, so ``hyperparameters`` is the only copy). ``overlap`` is the training data's
+        ``prepared.protocol.user_overlap``, the unit of lambda of a model with ``lam_units``
+        (the AutoRec family)."""
         args = {k: hp.get(k, v) for k, v in cls.hyperparameters.items()}
         if "lam_units" in args:
-            args["density"] = density
+            args["overlap"] = overlap
         if cls.per_user:
             if not n_users:
                 raise ValueError(f"{cls.name} has a vector per user: pass n_users")

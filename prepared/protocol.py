@@ -171,18 +171,21 @@ def head_items(popularity: np.ndarray, fraction: float = 0.1) -> np.ndarray:
     return np.argsort(-np.asarray(popularity), kind="stable")[:m]
 
 
-def popularity_density(popularity: np.ndarray, users: int) -> float:
-    """kappa = sum_i c_i^2 / (U sum_i c_i): over the training positives, the mean share of the U
-    users who hold that positive's item (c_i: item i's training positives).
 
-    The unit of the AutoRec family's lambda (``--lam-units popularity``): an item's predict row
-    is pulled by its c_i positives against a penalty the same for every item, so the penalty that
-    balances it scales with c_i / U, and the items that carry the ranking metrics are weighted by
-    their positives. Measured, the best lambda on mean(W^2) tracks kappa (about 0.1 on ml-100k,
-    0.06 on ml-latest-small, 0.002 on citeulike-a) where it does not track the plain density
-    (0.021, 0.007, 0.001): benchmarks/results/tune_defaults.md."""
+def user_overlap(popularity: np.ndarray, users: int) -> float:
+    """omega = sum_i c_i^2 / U^2: the mean number of training items two of the U users share (a
+    user paired with herself included), i.e. the mean entry of the user Gram R R' (c_i: item i's
+    training positives; R' 1 = c).
+
+    The unit of the AutoRec family's lambda (``--lam-units overlap``). Linearised, the model
+    predicts R E W' and its L2 on the factors E, W is a nuclear-norm penalty on E W', which is
+    weighed against the spectrum of R'R: the same as that of R R', whose leading eigenvalue is
+    about U * omega (exactly so for a constant R R'). The loss is a mean over U x n entries and the
+    L2 a mean over the n x d weights, so the lambda that balances them scales with omega.
+    Measured, the best lambda in plain units moved about 100x from ml-100k (omega 2.9) to
+    citeulike-a (omega 0.04); in units of omega the best values of four datasets lie within a
+    few-fold (benchmarks/results/tune_defaults.md)."""
     c = np.asarray(popularity, dtype=np.float64)
-    total = c.sum()
-    if users < 1 or total <= 0:
-        raise ValueError(f"need users >= 1 and some positives; got {users} users, {total:g} positives")
-    return float((c * c).sum() / (users * total))
+    if users < 1 or c.sum() <= 0:
+        raise ValueError(f"need users >= 1 and some positives; got {users} users, {c.sum():g} positives")
+    return float((c * c).sum() / (users * users))

@@ -58,11 +58,11 @@ class Prepared:
                              self.manifest["counts"]["warm_users"], int(pop.sum()))
         return protocol.rstar_per_item(pop, z, beta).astype(np.float32)
 
-    def popularity_density(self, train_valid: bool) -> float:
-        """kappa of the training splits (``protocol.popularity_density``): the unit of the
-        AutoRec family's lambda under ``--lam-units popularity``."""
+    def user_overlap(self, train_valid: bool) -> float:
+        """omega of the training splits' warm users (``protocol.user_overlap``): the unit of the
+        AutoRec family's lambda under ``--lam-units overlap``."""
         pop = self.pop_train_valid if train_valid else self.pop_train
-        return protocol.popularity_density(pop, int(self.manifest["counts"]["warm_users"]))
+        return protocol.user_overlap(pop, int(self.manifest["counts"]["warm_users"]))
 
     def rstar_is_stored(self, beta: float | None, train_valid: bool) -> bool:
         return not train_valid and (beta is None or beta == self.beta())

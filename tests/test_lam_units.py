@@ -1,4 +1,4 @@
-"""lambda's units (issue 15): kappa by hand, the loss terms under each unit against the plain form,
+"""lambda's units (issue 15): omega by hand, the loss terms under each unit against the plain form,
 and runs or models from before the units existed keeping what they were."""
 
 from __future__ import annotations
@@ -10,16 +10,17 @@ import torch
 from models.batch import Batch
 from models.registry import build
 from prepared.errors import UsageError
-from prepared.protocol import popularity_density
+from prepared.protocol import user_overlap
 
 
-def test_popularity_density_by_hand():
-    # c = (3, 1, 0, 2) over U = 4 users: sum c^2 / (U sum c) = (9 + 1 + 0 + 4) / (4 * 6)
-    assert popularity_density(np.array([3, 1, 0, 2]), 4) == pytest.approx(14 / 24)
-    # every user holds every item: each positive's item is held by all users
-    assert popularity_density(np.full(5, 7), 7) == pytest.approx(1.0)
+def test_user_overlap_is_the_mean_entry_of_the_user_gram():
+    # c = (3, 1, 0, 2) over U = 4 users: sum c^2 / U^2 = (9 + 1 + 0 + 4) / 16
+    assert user_overlap(np.array([3, 1, 0, 2]), 4) == pytest.approx(14 / 16)
+    # against R R' formed: a random binary R, its users' shared-item counts averaged
+    r = (np.random.default_rng(0).random((9, 13)) < 0.3).astype(float)
+    assert user_overlap(r.sum(0), 9) == pytest.approx((r @ r.T).mean())
     with pytest.raises(ValueError, match="some positives"):
-        popularity_density(np.zeros(3), 4)
+        user_overlap(np.zeros(3), 4)
 
 
 def _batch(n_items: int) -> Batch:
@@ -35,41 +36,41 @@ def _batch(n_items: int) -> Batch:
 
 
 @pytest.mark.parametrize("name", ["autorec", "ohns-autorec", "ns-autorec", "nce-autorec"])
-def test_popularity_units_scale_the_l2_by_kappa_and_put_the_ns_loss_per_entry(name):
-    """Same weights, same batch: under popularity units the l2 term is kappa times the plain
+def test_overlap_units_scale_the_l2_by_omega_and_put_the_ns_loss_per_entry(name):
+    """Same weights, same batch: under overlap units the l2 term is omega times the plain
     one (lam * sum of mean(W^2), recomputed here), the NS head's loss is the plain (per-user) one
     over n_items, and the MSE heads' losses are unchanged."""
-    n_items, kappa = 6, 0.2
+    n_items, omega = 6, 0.2
     torch.manual_seed(4)
     plain = build(name, {"n_items": n_items, "width": 3, "lam": 5.0})
-    units = build(name, {"n_items": n_items, "width": 3, "lam": 5.0, "lam_units": "popularity",
-                         "density": kappa})
+    units = build(name, {"n_items": n_items, "width": 3, "lam": 5.0, "lam_units": "overlap",
+                         "overlap": omega})
     units.load_state_dict(plain.state_dict())
     batch = _batch(n_items)
     a, b = plain(batch), units(batch)
     trained = [plain.encoder.weight] + [plain.heads[h].weight for h in plain.heads_trained]
     by_hand = 5.0 * sum(float((w ** 2).mean()) for w in trained)
     assert a["l2"].item() == pytest.approx(by_hand, rel=1e-6)
-    assert b["l2"].item() == pytest.approx(kappa * by_hand, rel=1e-6)
+    assert b["l2"].item() == pytest.approx(omega * by_hand, rel=1e-6)
     for head in plain.heads_trained:
         want = a[head].item() / n_items if head == "ns" else a[head].item()
         assert b[head].item() == pytest.approx(want, rel=1e-6), head
 
 
-def test_popularity_units_need_the_datas_kappa():
-    with pytest.raises(ValueError, match="popularity density"):
-        build("autorec", {"n_items": 5, "width": 2, "lam": 1.0, "lam_units": "popularity"})
+def test_overlap_units_need_the_datas_overlap():
+    with pytest.raises(ValueError, match="user overlap"):
+        build("autorec", {"n_items": 5, "width": 2, "lam": 1.0, "lam_units": "overlap"})
 
 
 def test_a_model_saved_before_the_units_loads_as_it_trained():
     """model_args without lam_units (saved before 2026-11-25) rebuild the plain form; a model
-    with the units saves and rebuilds them, kappa included."""
+    with the units saves and rebuilds them, omega included."""
     old = build("nce-autorec", {"n_items": 5, "width": 2, "lam": 30.0, "mode": "joint"})
     assert old.lam_units == "plain" and old.lam_scale == 1.0 and "lam_units" not in old.model_args()
-    new = build("nce-autorec", {"n_items": 5, "width": 2, "lam": 300.0, "lam_units": "popularity",
-                                "density": 0.1})
+    new = build("nce-autorec", {"n_items": 5, "width": 2, "lam": 10.0, "lam_units": "overlap",
+                                "overlap": 2.5})
     again = build("nce-autorec", new.model_args())
-    assert (again.lam_units, again.density, again.lam_scale) == ("popularity", 0.1, 0.1)
+    assert (again.lam_units, again.overlap, again.lam_scale) == ("overlap", 2.5, 2.5)
 
 
 def test_a_run_recorded_before_the_units_resumes_only_as_it_was():

@@ -77,7 +77,7 @@ class ModelBehaviour:
         # the unit of the AutoRec family's lambda, from the training rows as the trainer does
         pop = np.bincount(np.concatenate(train), minlength=N)
         model = MODELS[self.name].from_config(N, self.hp, n_users=N,
-                                              density=protocol.popularity_density(pop, N))
+                                              overlap=protocol.user_overlap(pop, N))
         if model.engine == "spark":  # the training pairs as a Spark DataFrame
             spark = request.getfixturevalue("spark")
             pairs = spark.createDataFrame([(u, i) for u in range(N) for i in train[u]],

@@ -118,11 +118,11 @@ def test_r_star_falls_with_popularity_and_beta_sets_how_fast():
     assert got[0] > got[1] > got[2] > got[3] == 0.0 and got[4] == 0.0  # clipped; unseen item: 0
 
 
-@pytest.mark.parametrize("units,density", [("plain", None), ("popularity", 0.25)])
-def test_the_ridge_start_is_the_minimiser_of_phase_two_and_equals_the_reference(units, density):
+@pytest.mark.parametrize("units,overlap", [("plain", None), ("overlap", 0.25)])
+def test_the_ridge_start_is_the_minimiser_of_phase_two_and_equals_the_reference(units, overlap):
     """Fine-tune phase 2's start (``--finetune-init ridge``): the sums over batches solved by the
     model equal the reference solve over all rows at once (training.closed_form.ridge_head, at
-    lambda in plain units: lam * kappa), and at that head the gradient of phase 2's own loss
+    lambda in plain units: lam * omega), and at that head the gradient of phase 2's own loss
     (the model's forward, every user in one batch) vanishes: it is the minimiser, not just a
     formula, in either of lambda's units."""
     import pyarrow as pa
@@ -137,7 +137,7 @@ def test_the_ridge_start_is_the_minimiser_of_phase_two_and_equals_the_reference(
     torch.manual_seed(0)
     model = build("nce-autorec", {"n_items": n_items, "width": 5, "lam": 2.0,
                                   "mode": "limited-finetune", "lam_units": units,
-                                  "density": density}).double()
+                                  "overlap": overlap}).double()
     idx = torch.tensor([i for r in rows for i in r])
     offsets = torch.tensor([0, *np.cumsum([len(r) for r in rows])[:-1]])
     gram = rtx = 0
@@ -147,7 +147,7 @@ def test_the_ridge_start_is_the_minimiser_of_phase_two_and_equals_the_reference(
                                         offsets[lo:hi] - offsets[lo])
         gram, rtx = gram + g_, rtx + r_
     model.set_ridge_head(gram, rtx, users)
-    weight, bias = ridge_head(copy.deepcopy(model).float(), table, n_items, 2.0 * (density or 1.0))
+    weight, bias = ridge_head(copy.deepcopy(model).float(), table, n_items, 2.0 * (overlap or 1.0))
     torch.testing.assert_close(model.heads["predict"].weight.float(), weight, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(model.heads["predict"].bias.float(), bias, rtol=1e-4, atol=1e-5)
 

@@ -183,7 +183,7 @@ def test_a_closed_form_model_trains_logs_and_scores_like_autorec(ml100k_prepared
     result = run(cfg, mlflow_server.url)
     model = load_model(result["model_path"])
     assert model.name == "puresvd" and model.model_args() == {"n_items": model.n_items, "rank": 32}
-    ndcg, recall = reference_validation(model, warm_rows(ml100k_prepared))
+    ndcg, recall, recs = reference_validation(model, warm_rows(ml100k_prepared), with_recs=True)
     assert result["best_valid_ndcg"] == pytest.approx(ndcg, abs=1e-9) and ndcg > 0.15
     assert result["best_valid_recall_at_50"] == pytest.approx(recall, abs=1e-9)
 
@@ -193,6 +193,14 @@ def test_a_closed_form_model_trains_logs_and_scores_like_autorec(ml100k_prepared
     assert r.data.params["rank"] == "32" and r.data.params["width"] == "None"
     assert [m.value for m in client.get_metric_history(r.info.run_id, "valid_ndcg")] == \
         [pytest.approx(ndcg)]
+    # the popularity of its lists beside NDCG, as a gradient run logs it: the share of the top 50
+    # from the 10% most popular items, recomputed from the slow reference's lists
+    from prepared.protocol import head_items
+    from prepared.reader import open_prepared
+
+    head = np.isin(recs, head_items(open_prepared(str(ml100k_prepared)).pop_train)).mean(1).mean()
+    assert [m.value for m in client.get_metric_history(r.info.run_id, "valid_head_share")] == \
+        [pytest.approx(head, abs=1e-4)]
     assert "learning_curves.png" in {a.path for a in client.list_artifacts(r.info.run_id)}
     rows = warm_rows(ml100k_prepared).head(5)
     got = mlflow.pyfunc.load_model(result["model_uri"]).predict(

@@ -23,7 +23,8 @@ from models.registry import MODELS
 from training.config import TrainConfig
 from training.feed import in_valid_sample, union_sorted, valid_batch
 from prepared.reader import filesystem
-from training.validate import model_metrics
+from prepared.protocol import head_items
+from training.validate import TOP_K, top_metrics
 
 SCORE_USERS = 1024  # validation users scored at once: 1024 x n_items float32
 
@@ -58,31 +59,57 @@ def matrices(prep, cfg: TrainConfig, rows):
 def validate(model, rows, fraction: float = 1.0) -> tuple[float, float, int]:
     """(mean NDCG, mean Recall@50, users) over the users of ``rows`` with a validation item
     (those of the sample ``fraction`` keeps, as the gradient loop's, ``training.feed``)."""
+    s = validation_stats(model, rows, fraction)
+    return s["ndcg"], s["recall"], s["users"]
+
+
+def validation_stats(model, rows, fraction: float = 1.0, head: np.ndarray | None = None) -> dict:
+    """``validate``'s figures as a dict; with ``head`` (item indices: the most popular 10%) also
+    ``head_share``, the mean share of the top-50 lists from those items, as the gradient loop
+    logs beside NDCG (valid_head_share)."""
     if fraction < 1:
         rows = rows.filter(in_valid_sample(rows.column(S.USER_INDEX).to_numpy(), fraction))
-    ndcg_sum = recall_sum = 0.0
+    mask = None
+    if head is not None:
+        mask = torch.zeros(model.n_items, dtype=torch.bool)
+        mask[torch.as_tensor(head, dtype=torch.long)] = True
+    ndcg_sum = recall_sum = head_sum = 0.0
     count = 0
     for lo in range(0, rows.num_rows, SCORE_USERS):
         vb = valid_batch(rows.slice(lo, SCORE_USERS), 0, 1)
         if vb is None:
             continue
-        ndcg, recall = model_metrics(model, vb)
+        _, top = model.recommend(vb.train_items, vb.train_offsets, TOP_K)
+        ndcg, recall = top_metrics(top, vb)
         ndcg_sum += float(ndcg.sum())
         recall_sum += float(recall.sum())
+        if mask is not None and top.numel():
+            head_sum += float(mask[top].float().mean(1).sum())
         count += len(vb)
-    return (ndcg_sum / count, recall_sum / count, count) if count else (float("nan"),) * 2 + (0,)
+    nan = float("nan")
+    out = {"ndcg": ndcg_sum / count if count else nan,
+           "recall": recall_sum / count if count else nan, "users": count}
+    if mask is not None:
+        out["head_share"] = head_sum / count if count else nan
+    return out
 
 
 def finish(cfg: TrainConfig, model, rows, info: dict, fit_s: float, read_s: float, users: int,
-           t0: float) -> dict:
-    """Validate a fitted model; the run's one history record, its weights and arguments."""
+           t0: float, head: np.ndarray | None = None) -> dict:
+    """Validate a fitted model; the run's one history record, its weights and arguments
+    (``head``: the most popular items, whose share of the lists validation reports)."""
     record = {"epoch": 1, "phase": 1, "train_seconds": fit_s, "read_seconds": read_s,
               "users_per_second": users / max(fit_s, 1e-9), **info}
     if not cfg.final_retraining:
-        ndcg, recall, n = validate(model.eval(), rows, cfg.valid_sample)
+        stats = validation_stats(model.eval(), rows, cfg.valid_sample, head)
+        ndcg, recall, n = stats["ndcg"], stats["recall"], stats["users"]
         record.update({"valid_ndcg": ndcg, "valid_recall_at_50": recall})
+        if "head_share" in stats:
+            record["valid_head_share"] = stats["head_share"]
         print(f"{model.describe()}: fitted in {fit_s:.1f}s; validation NDCG {ndcg:.4f} "
-              f"Recall@50 {recall:.4f} ({n:,} users)", flush=True)
+              f"Recall@50 {recall:.4f} ({n:,} users)"
+              + (f"; top-10% share {stats['head_share']:.2f}" if "head_share" in stats else ""),
+              flush=True)
     record["epoch_seconds"] = time.perf_counter() - t0
     return {"record": record, "state_dict": {k: v.cpu() for k, v in model.state_dict().items()},
             "model_args": model.model_args()}
@@ -102,7 +129,7 @@ def fit_task(cfg_dict: dict, prep, threads: int) -> dict:
     model = MODELS[cfg.model].from_config(prep.n_items, cfg.hyperparameters())
     info = model.fit(train, rstar, seed=cfg.seed)
     return finish(cfg, model, rows, info, time.perf_counter() - t0 - read_s, read_s,
-                  train.shape[0], t0)
+                  train.shape[0], t0, head_items(prep.pop_train))
 
 
 def summarise(out: dict, t0: float) -> tuple[dict, list[dict], dict, dict]:
@@ -147,7 +174,7 @@ def fit_on_spark(cfg: TrainConfig, prep) -> tuple[dict, list[dict], dict, dict]:
     info = model.fit(pairs, seed=cfg.seed)
     fit_s = time.perf_counter() - t0
     rows = read_rows(prep, [S.USER_INDEX, S.TRAIN_ITEMS, S.VALID_ITEMS])
-    out = finish(cfg, model, rows, info, fit_s, 0.0, rows.num_rows, t0)
+    out = finish(cfg, model, rows, info, fit_s, 0.0, rows.num_rows, t0, head_items(prep.pop_train))
     return summarise(out, t0)
 
 

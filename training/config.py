@@ -53,9 +53,10 @@ def model_defaults(field: str) -> str:
 class TrainConfig:
     """Every flag of training/train.py, with its default: the CLI is built from these fields.
 
-    Training defaults: benchmarks/tune_defaults.py on ml-100k and ml-latest-small (results
-    committed): for the AutoRec family width 200, lr 3e-4, lambda 30 has the best worst case
-    (97.7% of the best NDCG of each model on each dataset)."""
+    Training defaults: benchmarks/tune_defaults.py on ml-100k, ml-latest-small, citeulike-a and
+    a sparse synthetic set (results committed): for the AutoRec family width 200, lr 3e-4 and
+    lambda in overlap units 3 (autorec, ohns-autorec) or 10 (ns-autorec, nce-autorec), each
+    model within 90% of its own tuned validation NDCG on every one of them."""
 
     data: str = option(help="a prepared directory (etl/prepare.py --output)", group=DATA)
     model: str = option("nce-autorec", help="one of " + ", ".join(MODELS), group=DATA,
@@ -78,18 +79,18 @@ class TrainConfig:
                                help="latent width d: the code, or the factors of bpr and cml "
                                     f"({model_defaults('width')})")
     lam: float | None = option(None, group=HYPER,
-                               help="regularisation lambda: the AutoRec family on kappa * "
+                               help="regularisation lambda: the AutoRec family on omega * "
                                     "mean(W^2) per matrix (--lam-units), cdae on "
                                     "mean(W^2) per matrix, bpr on each triple's squared norms, "
                                     "vae-cf on squared weights, nce-plrec the ridge, ease the "
                                     f"diagonal, wrmf Spark's regParam ({model_defaults('lam')})")
     lam_units: str | None = option(None, group=HYPER, choices=LAM_UNITS,
-                                   help="the AutoRec family's lambda: popularity (default) = "
-                                        "times kappa, the training positives' mean share of "
-                                        "users holding their item, so that one value transfers "
-                                        "across datasets, with every head's loss per (user, "
-                                        "item) entry; plain = lambda * mean(W^2) with the NS "
-                                        "head's loss per user (runs before 2026-11-25)")
+                                   help="the AutoRec family's lambda: overlap (default) = "
+                                        "times omega, the mean number of training items two "
+                                        "users share, so that one value transfers across "
+                                        "datasets, with every head's loss per (user, item) "
+                                        "entry; plain = lambda * mean(W^2) with the NS head's "
+                                        "loss per user (runs before 2026-11-25)")
     rank: int | None = option(None, group=HYPER, help=f"factors kept ({model_defaults('rank')})")
     alpha: float | None = option(None, group=HYPER,
                                  help=f"confidence 1 + alpha of a positive ({model_defaults('alpha')})")

@@ -9,8 +9,8 @@ a ``TrainConfig`` that ``training.config.check`` accepts, so a flag a model does
 before anything runs. A model a named grid does not list is searched over nothing (its defaults).
 
 Where the paper's settings do not map one to one (protocol.md):
-- lambda: the paper's 1e-7..1e4 on ||W||_F^2; this project's lambda multiplies mean(W^2) per matrix,
-  so the same numbers regularise more weakly here (issue 15 redefines it);
+- lambda: the paper's 1e-7..1e4 on ||W||_F^2; the AutoRec family's lambda here is in overlap units
+  (lambda * omega * mean(W^2) per matrix, models/autorec.py), so the same numbers mean other things;
 - rho (corruption) 0.1..1 becomes ``dropout`` 0.1..0.9 (1 drops every input);
 - alpha: the paper's negative values for WRMF would weigh positives below the unobserved
   entries (confidence 1 + alpha); only 0, 0.1, 1, 10, 100 are kept; NCE-PLRec has no alpha here.
@@ -56,14 +56,15 @@ PAPER = {
 
 # 45 trials over every model, joint mode only: on ml-100k a joint trial takes about 1.5 minutes
 # on 2 cores, a fine-tune one several times that (phase 1 runs until its loss converges, 135-200
-# epochs), so the modes are searched by --grid paper or a grid file. lambda spans two decades because its best
-# value falls with density (ml-100k about 10-30, citeulike-a about 0.3: issue 15)
-_SMALL_LAM = [0.3, 3.0, 30.0]
+# epochs), so the modes are searched by --grid paper or a grid file. lambda (overlap units) a
+# decade around each model's default: best values lay within 1-10 for the one-headed models and
+# 3-30 for the two-headed on four datasets (benchmarks/results/tune_defaults.md)
+_ONE_HEAD_LAM, _TWO_HEAD_LAM = [1.0, 3.0, 10.0], [3.0, 10.0, 30.0]
 SMALL = {
-    "autorec": {"lam": _SMALL_LAM},
-    "ohns-autorec": {"lam": _SMALL_LAM},
-    "ns-autorec": {"lam": _SMALL_LAM},
-    "nce-autorec": {"lam": _SMALL_LAM, "beta": [0.8, 1.0]},
+    "autorec": {"lam": _ONE_HEAD_LAM},
+    "ohns-autorec": {"lam": _ONE_HEAD_LAM},
+    "ns-autorec": {"lam": _TWO_HEAD_LAM},
+    "nce-autorec": {"lam": _TWO_HEAD_LAM, "beta": [0.8, 1.0]},
     "puresvd": {"rank": [20, 50, 100]},
     "nce-plrec": {"rank": [100, 200], "lam": [1000.0, 10000.0], "beta": [0.8, 1.0]},
     "ease": {"lam": [100.0, 500.0, 2000.0]},

@@ -139,10 +139,10 @@ def ridge_start(model, shard, make: BatchMaker, per_worker: int, epoch: int,
 
 
 def build_model(cfg: TrainConfig, n_items: int, n_users: int | None,
-                density: float | None = None):
+                overlap: float | None = None):
     """The model to train, with ``--loss-path`` applied (the AutoRec family's ``dense_loss``);
-    ``density``: the training data's popularity density, the unit of its lambda."""
-    model = MODELS[cfg.model].from_config(n_items, cfg.hyperparameters(), n_users, density)
+    ``overlap``: the training data's user overlap, the unit of its lambda."""
+    model = MODELS[cfg.model].from_config(n_items, cfg.hyperparameters(), n_users, overlap)
     if cfg.loss_path != "auto":
         model.dense_loss = cfg.loss_path == "dense"
     return model
@@ -160,7 +160,7 @@ def train_loop(config: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = build_model(cfg, n_items, config.get("n_users"), config.get("density"))
+    model = build_model(cfg, n_items, config.get("n_users"), config.get("overlap"))
     all_phases = model.phases()
     progress, best_state, opt_states = new_progress(), None, None
     checkpoint = ray.train.get_checkpoint()

@@ -200,7 +200,7 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
         train_loop_config={"cfg": cfg.to_dict(), "feed": plan, "n_items": prep.n_items,
                            "n_users": prep.n_users,
                            # the unit of the AutoRec family's lambda, from the rows trained on
-                           "density": prep.popularity_density(cfg.final_retraining),
+                           "overlap": prep.user_overlap(cfg.final_retraining),
                            # validation reports the share of recommendations from these items
                            "head_items": head_items(prep.pop_train),
                            "threads": max(1, int(cpw)), "mlflow": mlflow_cfg,
@@ -246,6 +246,9 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
                                      "train_splits": cfg.train_splits, **(tags or {})})
     tracking.log_params(uri, run_id, {**cfg.to_dict(), **cfg.resolved(), "n_items": prep.n_items,
                                       "dataset": prep.dataset,
+                                      # lambda's unit (--lam-units overlap): lam * omega is
+                                      # what multiplies mean(W^2)
+                                      "omega": prep.user_overlap(cfg.final_retraining),
                                       "etl_beta": prep.beta(), "etl_negatives": prep.negatives(),
                                       "users": prep.manifest["counts"]["users"]})
     run_record = {"config": cfg.to_dict(), "mlflow_uri": uri, "mlflow_run_id": run_id}
