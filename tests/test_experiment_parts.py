@@ -130,6 +130,23 @@ def test_a_resumed_experiment_refuses_changed_settings(tmp_path):
         open_state(ExperimentConfig(**{**cfg.__dict__, "seed": 1}), root)
 
 
+def test_a_trial_run_by_older_code_is_not_reused_silently(tmp_path):
+    """A finished trial is reused by name; one recorded before lambda's units (its config has no
+    lam_units) ran a different model than its name now means, and the plan says so."""
+    cfg = exp(tmp_path, grid="small", models="autorec")
+    t = trial_config(cfg, str(tmp_path), "autorec", {"lam": 3.0})
+    run_dir = tmp_path / "trials" / t.run_name
+    run_dir.mkdir(parents=True)
+    same = t.to_dict()
+    (run_dir / "run.json").write_text(json.dumps({"config": same, "summary": {}}))
+    plan(cfg, prep(), str(tmp_path))  # the same configuration: reused
+    old = {k: v for k, v in same.items() if k != "lam_units"}
+    (run_dir / "run.json").write_text(json.dumps({"config": old, "summary": {}}))
+    with pytest.raises(UsageError, match="autorec-lam3 ran with settings.*lam-units plain.*"
+                                         "another --name"):
+        plan(cfg, prep(), str(tmp_path))
+
+
 def test_trials_are_training_runs_of_the_experiment(tmp_path):
     t = trial_config(exp(tmp_path, epochs=7), str(tmp_path), "autorec", {"lam": 3.0})
     assert (t.model, t.lam, t.epochs, t.experiment, t.run_name) == (

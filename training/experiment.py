@@ -123,8 +123,26 @@ def plan(cfg: ExperimentConfig, prep: Prepared, root: str) -> dict[str, list[dic
                 check(trial_config(cfg, root, model, p))
             except UsageError as e:
                 raise UsageError(f"--grid {cfg.grid}: {model} {p}: {e}") from None
+            check_trial_record(cfg, root, model, p)
         out[model] = pts
     return out
+
+
+def check_trial_record(cfg: ExperimentConfig, root: str, model: str, point: dict) -> None:
+    """A trial already run under this point's name must have run this point's configuration: a
+    finished trial is reused as is, so one run by older code whose flags now mean something else
+    (lambda before its units, 2026-11-25) would otherwise enter the selection silently."""
+    from training.train import check_resume
+
+    tc = trial_config(cfg, root, model, point)
+    record = read_json(Path(root) / "trials" / tc.run_name / "run.json")
+    try:
+        check_resume(tc, record)
+    except UsageError as e:
+        raise UsageError(f"experiment {cfg.name!r}: its trial {tc.run_name} ran with settings "
+                         f"this code and these flags do not give it ({e}). Pass another --name "
+                         "for a new experiment, or remove that trial's directory to rerun it"
+                         ) from None
 
 
 # -- the experiment's state: OUTPUT/NAME/experiment.json, rewritten after every stage -------------
