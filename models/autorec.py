@@ -79,9 +79,9 @@ class AutoRec(Recommender):
     heads_trained: ClassVar[tuple[str, ...]] = ("predict",)
     embed_head: ClassVar[str | None] = None   # the de-popularising head (nce | ns), if any
     recommend_head: ClassVar[str] = "predict"
-    #: lambda in overlap units (see above): 3 for the one-headed models, 10 for the two-headed,
-    #: whose encoder fits two heads' losses (benchmarks/results/tune_defaults.md: on four datasets
-    #: each within 90% of its own tuned NDCG; OHNS-AutoRec collapses from 10 on)
+    #: lambda in overlap units (see above): 3 for AutoRec, 2 for OHNS-AutoRec (it collapses from
+    #: 10 on), 10 for the two-headed models, whose encoder fits two heads' losses
+    #: (benchmarks/results/tune_defaults.md: on four datasets each within 90% of its own tuned NDCG)
     hyperparameters = {"width": 200, "lam": 3.0, "lam_units": "overlap"}
     #: train each head through the dense (B, n_items) scores (True) or its exact fast loss
     #: (False); None: whichever is cheaper. For the predict and NCE heads the dense way costs
@@ -277,6 +277,7 @@ class OHNSAutoRec(AutoRec):
     embed_head = "ns"
     recommend_head = "ns"
     needs = frozenset({NEGATIVES})
+    hyperparameters = {**AutoRec.hyperparameters, "lam": 2.0}
 
 
 class NSAutoRec(AutoRec):

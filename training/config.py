@@ -55,7 +55,7 @@ class TrainConfig:
 
     Training defaults: benchmarks/tune_defaults.py on ml-100k, ml-latest-small, citeulike-a and
     a sparse synthetic set (results committed): for the AutoRec family width 200, lr 3e-4 and
-    lambda in overlap units 3 (autorec, ohns-autorec) or 10 (ns-autorec, nce-autorec), each
+    lambda in overlap units 3 (autorec), 2 (ohns-autorec) or 10 (ns-autorec, nce-autorec), each
     model within 90% of its own tuned validation NDCG on every one of them."""
 
     data: str = option(help="a prepared directory (etl/prepare.py --output)", group=DATA)
