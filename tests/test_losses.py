@@ -60,7 +60,7 @@ def test_models_registry_and_shapes():
     dense[1, 6] = 1
     h = torch.relu(dense @ m.encoder.weight + m.encoder_bias)
     torch.testing.assert_close(m.encode(torch.tensor([0, 3, 6]), torch.tensor([0, 2])), h)
-    assert isinstance(m, AutoRec) and m.model_args() == {"n_items": 7, "width": 4, "lam": 30.0,
+    assert isinstance(m, AutoRec) and m.model_args() == {"n_items": 7, "width": 4, "lam": 10.0,
                                                          "mode": "joint", "embed_weight": 1.0,
                                                          "embed_lam": None}
 
