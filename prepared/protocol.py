@@ -171,7 +171,6 @@ def head_items(popularity: np.ndarray, fraction: float = 0.1) -> np.ndarray:
     return np.argsort(-np.asarray(popularity), kind="stable")[:m]
 
 
-
 def user_overlap(popularity: np.ndarray, users: int) -> float:
     """omega = sum_i c_i^2 / U^2: the mean number of training items two of the U users share (a
     user paired with herself included), i.e. the mean entry of the user Gram R R' (c_i: item i's
