@@ -24,7 +24,7 @@ from training.config import TrainConfig
 from training.feed import in_valid_sample, union_sorted, valid_batch
 from prepared.reader import filesystem
 from prepared.protocol import head_items
-from training.validate import TOP_K, top_metrics
+from training.validate import TOP_K, head_mask, head_share_sum, top_metrics
 
 SCORE_USERS = 1024  # validation users scored at once: 1024 x n_items float32
 
@@ -69,10 +69,7 @@ def validation_stats(model, rows, fraction: float = 1.0, head: np.ndarray | None
     logs beside NDCG (valid_head_share)."""
     if fraction < 1:
         rows = rows.filter(in_valid_sample(rows.column(S.USER_INDEX).to_numpy(), fraction))
-    mask = None
-    if head is not None:
-        mask = torch.zeros(model.n_items, dtype=torch.bool)
-        mask[torch.as_tensor(head, dtype=torch.long)] = True
+    mask = head_mask(model.n_items, head) if head is not None else None
     ndcg_sum = recall_sum = head_sum = 0.0
     count = 0
     for lo in range(0, rows.num_rows, SCORE_USERS):
@@ -83,8 +80,8 @@ def validation_stats(model, rows, fraction: float = 1.0, head: np.ndarray | None
         ndcg, recall = top_metrics(top, vb)
         ndcg_sum += float(ndcg.sum())
         recall_sum += float(recall.sum())
-        if mask is not None and top.numel():
-            head_sum += float(mask[top].float().mean(1).sum())
+        if mask is not None:
+            head_sum += head_share_sum(mask, top)
         count += len(vb)
     nan = float("nan")
     out = {"ndcg": ndcg_sum / count if count else nan,

@@ -27,7 +27,7 @@ from training.feed import BatchMaker, valid_batch
 from models.registry import MODELS, load_weights_only
 from training.step import make_optimizers, train_batch, unwrap
 from prepared.protocol import TOP_K
-from training.validate import top_metrics
+from training.validate import head_mask, head_share_sum, top_metrics
 
 STATE, BEST = "state.pt", "best.pt"
 CONVERGED = 1e-3  # fine-tune phase 1 ends when its loss improves by less than this (relative)
@@ -196,8 +196,7 @@ def train_loop(config: dict) -> None:
     if rank == 0 and world > 1:
         say(f"DDP: {per_worker} users per worker per step; each step all-reduces "
             f"{allreduce_bytes(model, all_phases) / 2**20:,.1f} MiB of gradients")
-    head = torch.zeros(n_items, dtype=torch.bool, device=device)  # the 10% most popular items
-    head[torch.as_tensor(config["head_items"], dtype=torch.long, device=device)] = True
+    head = head_mask(n_items, config["head_items"], device)  # the 10% most popular items
     train_shard = ray.train.get_dataset_shard("train")
     valid_rows = ray.train.get_dataset_shard("valid") if not cfg.final_retraining else None
     times: list[float] = []
@@ -313,7 +312,7 @@ def evaluate(net, valid_rows, device: torch.device, batch_size: int, head: torch
         ndcg, recall = top_metrics(top, vb)
         ndcg_sum += float(ndcg.sum())
         recall_sum += float(recall.sum())
-        head_sum += float(head[top].float().mean(1).sum()) if top.numel() else 0.0
+        head_sum += head_share_sum(head, top)
         count += len(vb)
         if not sampled:  # a sample: this rank's first batch (None: the model has no codes)
             sampled = True

@@ -57,3 +57,15 @@ def top_metrics(top: torch.Tensor, batch: ValidBatch) -> tuple[torch.Tensor, tor
     ndcg = (hits * discount).sum(dim=1) / ideal_all[n_truth.long() - 1]
     recall = hits.sum(dim=1) / n_truth
     return ndcg, recall
+
+
+def head_mask(n_items: int, head, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(n_items,) bool, True at the items of ``head`` (indices: the 10% most popular)."""
+    mask = torch.zeros(n_items, dtype=torch.bool, device=device)
+    mask[torch.as_tensor(head, dtype=torch.long, device=device)] = True
+    return mask
+
+
+def head_share_sum(mask: torch.Tensor, top: torch.Tensor) -> float:
+    """Summed over the users of ``top`` (B, k), each list's share of items in ``mask``."""
+    return float(mask[top].float().mean(1).sum()) if top.numel() else 0.0
