@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 
 import numpy as np
 
@@ -29,6 +30,15 @@ def log_density(popularity: np.ndarray, weights: np.ndarray, grid: np.ndarray) -
     return (np.exp(-0.5 * z ** 2) * w).sum(axis=1) / (bw * np.sqrt(2 * np.pi))
 
 
+def line_styles(plt):
+    """(colour, line style) pairs without end: the colour cycle once solid, then dashed, then
+    dash-dotted, so that more models than colours (13 in the experiment) still get a line each
+    (a plain zip with the 10-colour cycle silently dropped the rest)."""
+    colors = [c["color"] for c in plt.rcParams["axes.prop_cycle"]]
+    for i in itertools.count():
+        yield colors[i % len(colors)], ("-", "--", "-.")[i // len(colors) % 3]
+
+
 def popularity_density(models: dict[str, tuple[np.ndarray, np.ndarray]],
                        summaries: dict[str, dict], title: str):
     """Density of the popularity of recommended items (log scale), one line per model, the
@@ -40,12 +50,12 @@ def popularity_density(models: dict[str, tuple[np.ndarray, np.ndarray]],
     fig, ax = plt.subplots(figsize=(8, 4.5))
     top = max(float(p.max()) for p, _ in models.values())
     grid = np.linspace(0, np.log10(max(top, 10.0)) + 0.2, 300)
-    for (label, (pop, counts)), color in zip(models.items(), plt.rcParams["axes.prop_cycle"]):
+    for (label, (pop, counts)), (color, style) in zip(models.items(), line_styles(plt)):
         s = summaries[label]
-        ax.plot(10 ** grid, log_density(pop, counts, grid), color=color["color"],
+        ax.plot(10 ** grid, log_density(pop, counts, grid), color=color, ls=style,
                 label=f"{label}: median {s['median_popularity']:.0f}, top-10% share "
                       f"{s['share_top10pct']:.2f}, coverage {s['coverage']:.2f}")
-        ax.axvline(s["median_popularity"], color=color["color"], ls=":", lw=1)
+        ax.axvline(s["median_popularity"], color=color, ls=":", lw=1)
     ax.set(xscale="log", xlabel="popularity of a recommended item (train+valid positives)",
            ylabel="density (per log10 unit)", title=title)
     ax.set_ylim(bottom=0)

@@ -111,3 +111,18 @@ def test_the_cold_start_plot_wraps_many_models_into_rows_and_counts_each_panel()
     assert shown[0].get_title().startswith("m0 better for 0 users, worse for 3")
     assert shown[1].get_title().startswith("m1 better for 3 users, worse for 0")
     _plt().close(fig)
+
+
+def test_the_popularity_plot_draws_every_model_past_the_colour_cycle():
+    from evaluation.plots import _plt, popularity_density
+
+    pop = np.array([1.0, 10.0, 100.0])
+    models = {f"m{i}": (pop, np.array([i + 1.0, 1.0, 1.0])) for i in range(13)}
+    summaries = {k: {"median_popularity": 10.0, "share_top10pct": 0.5, "coverage": 1.0}
+                 for k in models}
+    fig = popularity_density(models, summaries, "t")
+    lines = [ln for ln in fig.axes[0].get_lines() if not ln.get_label().startswith("_")]
+    assert [ln.get_label().split(":")[0] for ln in lines] == list(models)
+    # no two models share both colour and line style
+    assert len({(ln.get_color(), ln.get_linestyle()) for ln in lines}) == 13
+    _plt().close(fig)
