@@ -42,6 +42,16 @@ def test_every_point_of_the_named_grids_is_a_valid_training_run(name, tmp_path):
         assert len(set(names)) == len(names)
 
 
+SHIPPED = sorted(str(p) for p in (Path(__file__).parents[1] / "benchmarks" / "grids").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED)
+def test_every_point_of_the_shipped_grid_files_is_a_valid_training_run(path, tmp_path):
+    models = list(grids.read_grid_file(path))
+    points = plan(exp(tmp_path, grid=path, models=",".join(models)), prep(), str(tmp_path))
+    assert list(points) == models and all(points.values())
+
+
 @pytest.mark.parametrize("grid, models, match", [
     ({"autorec": {"lam": []}}, "autorec", "lam has no values, so the grid has no points"),
     ({"autorec": {"num_workers": [1, 2]}}, "autorec", "'num_workers' cannot be searched"),
