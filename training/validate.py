@@ -62,7 +62,9 @@ def top_metrics(top: torch.Tensor, batch: ValidBatch) -> tuple[torch.Tensor, tor
 def head_mask(n_items: int, head, device: torch.device | str = "cpu") -> torch.Tensor:
     """(n_items,) bool, True at the items of ``head`` (indices: the 10% most popular)."""
     mask = torch.zeros(n_items, dtype=torch.bool, device=device)
-    mask[torch.as_tensor(head, dtype=torch.long, device=device)] = True
+    # a copy: ``head`` may be a read-only array (from Ray's object store), which as_tensor would
+    # share and warn about
+    mask[torch.tensor(head, dtype=torch.long, device=device)] = True
     return mask
 
 
