@@ -45,8 +45,9 @@ class Recommender(nn.Module):
     #: parts of the prepared rows the batches must carry besides the input items (RSTAR, NEGATIVES)
     needs: ClassVar[frozenset[str]] = frozenset()
     #: whether it has parameters per training user (indexed by ``Batch.users``; its constructor
-    #: then takes ``n_users``). Scoring never uses them: such a model folds every user in from
-    #: the input row (models/peruser.py), so ``score`` stays a function of the row.
+    #: then takes ``n_users``; the vectors are ``users``, scored by ``score_users``). Scoring
+    #: never uses them: such a model folds every user in from the input row (models/peruser.py),
+    #: so ``score`` stays a function of the row. Validation may (``trained_scores``).
     per_user: ClassVar[bool] = False
     #: Adam's learning rate when ``--lr`` is not given (gradient models)
     learning_rate: ClassVar[float] = 3e-4
@@ -128,14 +129,23 @@ class Recommender(nn.Module):
         """(B, n_items) float32 scores of every item for users with these input rows."""
         raise NotImplementedError
 
+    def trained_scores(self, users: torch.Tensor, items: torch.Tensor, offsets: torch.Tensor
+                       ) -> torch.Tensor:
+        """(B, n_items) scores of training users (indices ``users``) from their trained vectors
+        instead of a fold-in: validation's cheap way for a ``per_user`` model (``--valid-by
+        trained``); the input rows still feed what else the model reads (CDAE's encoder)."""
+        if not self.per_user:
+            raise NotImplementedError(f"{self.name} has no trained user vectors")
+        return self.score_users(self.users(users), items, offsets)
+
     @torch.no_grad()
     def recommend(self, items: torch.Tensor, offsets: torch.Tensor, k: int,
-                  exclude_seen: bool = True, exclude: tuple[torch.Tensor, torch.Tensor] | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  exclude_seen: bool = True, exclude: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  users: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(scores, item indices), each (B, min(k, n_items)), best first. Left out: the rows
         ``exclude`` = (items, offsets) when given (e.g. scoring's exclusion columns), else the
         user's input items unless ``exclude_seen`` is False; a user with fewer than k candidates
-        gets -inf scores in the tail.
+        gets -inf scores in the tail. ``users`` (B,): scored by ``trained_scores``, not ``score``.
 
         On a CPU the users go in blocks whose scores stay near the cache (SCORE_BLOCK_FLOATS), so
         the masking and the top-k read what the product just wrote instead of a (B, n_items)
@@ -143,13 +153,15 @@ class Recommender(nn.Module):
         (benchmarks/results/validation_speed.md). Per-row results do not depend on the blocks."""
         if exclude is None:
             exclude = (items, offsets) if exclude_seen else (items[:0], offsets[:0])
-        per_block = (len(offsets) if not self.score_in_blocks or items.device.type != "cpu"
+        blocks = self.score_in_blocks or users is not None  # no fold-in: no per-call cost
+        per_block = (len(offsets) if not blocks or items.device.type != "cpu"
                      else max(1, SCORE_BLOCK_FLOATS // self.n_items))
         values, indices = [], []
         for lo in range(0, len(offsets), per_block):
             hi = min(lo + per_block, len(offsets))
             block_items, block_offsets = user_slice(items, offsets, lo, hi)
-            scores = self.score(block_items, block_offsets)
+            scores = (self.score(block_items, block_offsets) if users is None
+                      else self.trained_scores(users[lo:hi], block_items, block_offsets))
             ex_items, ex_offsets = user_slice(*exclude, lo, hi) if len(exclude[1]) else exclude
             if len(ex_items):
                 scores[row_ids(ex_offsets, len(ex_items)), ex_items] = -torch.inf

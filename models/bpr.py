@@ -25,7 +25,7 @@ from torch import nn
 from models.base import Recommender
 from models.batch import Batch, row_ids
 from models.peruser import (FOLD_STEPS, fold_in, fold_rows, hashed_negatives, is_positive,
-                            pair_scores, uniform_negatives)
+                            pair_dots, uniform_negatives)
 
 
 class BPR(Recommender):
@@ -57,7 +57,7 @@ class BPR(Recommender):
         keep = (~is_positive(items, offsets, neg, self.n_items)).to(torch.float32)
         rows = row_ids(offsets, len(items))
         u, v = self.users(batch.users), self.items.weight
-        x_ui, x_uj = pair_scores(u @ v.T, rows, items, neg)
+        x_ui, x_uj = pair_dots(u, v, rows, items, neg)
         pairs = keep.sum().clamp(min=1)
         vn = v.pow(2).sum(1)
         norms = u.pow(2).sum(1)[rows, None] + vn[items, None] + vn[neg]

@@ -33,7 +33,7 @@ from models.base import Recommender
 from models.batch import Batch, row_ids
 from models.losses import densify, l2_penalty
 from models.peruser import (FOLD_STEPS, fold_in, fold_rows, hashed_negatives, is_positive,
-                            pair_scores, uniform_negatives)
+                            pair_dots, uniform_negatives)
 
 
 class CDAE(Recommender):
@@ -94,8 +94,8 @@ class CDAE(Recommender):
             total, count = whole_row_loss(z, items, offsets, w, bias)
         else:
             keep = (~is_positive(items, offsets, neg, self.n_items)).to(torch.float32)
-            total, count = sampled_loss(F.linear(z, w, bias), row_ids(offsets, len(items)),
-                                        items, neg, keep)
+            total, count = sampled_loss(z, w, bias, row_ids(offsets, len(items)), items, neg,
+                                        keep)
         return {"log_loss": total.sum() / count.sum().clamp(min=1),
                 "l2": l2_penalty([self.encoder.weight, self.decoder.weight, node], self.lam)}
 
@@ -143,12 +143,16 @@ class CDAE(Recommender):
         return self.score_users(self.fold_in(items, offsets), items, offsets)
 
 
-def sampled_loss(logits: torch.Tensor, rows: torch.Tensor, items: torch.Tensor, neg: torch.Tensor,
-                 keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sampled_loss(z: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, rows: torch.Tensor,
+                 items: torch.Tensor, neg: torch.Tensor, keep: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-user sums of the log loss over positives and kept draws, and their counts, each (B,):
-    ``logits`` (B, n_items) the users' outputs, ``rows``/``items`` (nnz,) each positive's user and
-    item, ``neg`` (nnz, c) its draws, ``keep`` (nnz, c) 1 for a draw that is not a positive."""
-    return sampled_terms(*pair_scores(logits, rows, items, neg), rows, keep, len(logits))
+    ``z`` (B, width) the users' hidden layers, ``w`` (n_items, width) and ``bias`` the output
+    layer's, ``rows``/``items`` (nnz,) each positive's user and item, ``neg`` (nnz, c) its draws,
+    ``keep`` (nnz, c) 1 for a draw that is not a positive. Only the outputs it covers are computed
+    (``pair_dots``), the whole (B, n_items) output layer only where that is cheaper."""
+    pos, negl = pair_dots(z, w, rows, items, neg)
+    return sampled_terms(pos + bias[items], negl + bias[neg], rows, keep, len(z))
 
 
 def sampled_terms(pos: torch.Tensor, negl: torch.Tensor, rows: torch.Tensor, keep: torch.Tensor,

@@ -30,7 +30,7 @@ from torch import nn
 from models.base import Recommender
 from models.batch import Batch, row_ids
 from models.peruser import (FOLD_STEPS, fold_in, fold_rows, hashed_negatives, is_positive,
-                            pair_scores, uniform_negatives)
+                            pair_dots, uniform_negatives)
 
 
 def clip(x: torch.Tensor) -> torch.Tensor:
@@ -121,9 +121,9 @@ class CML(Recommender):
 def distances(u: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, items: torch.Tensor,
               neg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Squared distances of each positive (nnz,) and of its draws (nnz, c) to their user, as
-    |u|^2 - 2 u.v + |v|^2 from the users' dense products with every item (models/peruser.py)."""
+    |u|^2 - 2 u.v + |v|^2 from the dot products (``pair_dots``, models/peruser.py)."""
     un, vn = u.pow(2).sum(1), v.pow(2).sum(1)
-    return squared(un[rows], *pair_scores(u @ v.T, rows, items, neg), vn[items], vn[neg])
+    return squared(un[rows], *pair_dots(u, v, rows, items, neg), vn[items], vn[neg])
 
 
 def squared(un: torch.Tensor, dot_pos: torch.Tensor, dot_neg: torch.Tensor, vn_pos: torch.Tensor,

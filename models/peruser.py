@@ -1,14 +1,18 @@
 """What the models with per-user parameters (BPR, CML, CDAE) share: negatives, and fold-in.
 
-Training draws negatives with torch's generator (seeded per epoch and rank by the trainer).
+Training draws negatives with torch's generator (seeded per epoch and rank by the trainer), and
+scores each positive and draw by ``pair_dots``: gathered item vectors on sparse rows, one dense
+product on dense ones.
 
 Scoring must be a function of the user's input row (``Recommender.score``): Spark scoring, the
 MLflow pyfunc and the cold-start users (held out of training entirely, protocol.md) give rows, not
 user indices. So these models **fold in** every user they score, the same way, warm or cold: the
 user's vector is fitted by ``FOLD_STEPS`` Adam steps on the model's own per-user training loss with
 every item parameter frozen, starting from zero (Rendle et al., "Revisiting the Performance of iALS
-on Item Recommendation Benchmarks", 2022, evaluate so too). The trained user vectors serve only to
-train the item parameters. WRMF does the same in closed form (models/wrmf.py).
+on Item Recommendation Benchmarks", 2022, evaluate so too). The trained user vectors serve to
+train the item parameters and, where asked (``--valid-by trained``: ``Recommender.trained_scores``),
+to validate each epoch at a hundredth of a fold-in's cost. WRMF does the same in closed form
+(models/wrmf.py).
 
 The fold-in negatives are not random but a hash of the user's row and the positive's position, so a
 user's scores do not depend on the batch it is scored in or on any generator's state, and Adam is
@@ -92,9 +96,9 @@ def is_positive(items: torch.Tensor, offsets: torch.Tensor, candidates: torch.Te
 def pair_scores(scores: torch.Tensor, rows: torch.Tensor, items: torch.Tensor, neg: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The (nnz,) scores of each positive and the (nnz, c) scores of its draws, gathered from the
-    users' dense (B, n_items) scores. Computing those by one matrix product and gathering is
-    several times faster than gathering (nnz, c, d) item vectors: the product runs at GEMM speed,
-    the gather at memory speed."""
+    users' dense (B, n_items) scores. Where rows are dense next to the catalogue, one matrix
+    product and a gather is several times faster than gathering (nnz, c, d) item vectors: the
+    product runs at GEMM speed, the gather at memory speed (``pair_dots`` picks the way)."""
     return scores[rows, items], scores[rows[:, None], neg]
 
 
@@ -102,8 +106,9 @@ def frozen_dots(v: torch.Tensor, rows: torch.Tensor, items: torch.Tensor, neg: t
                 ) -> Dots:
     """``u -> pair_scores(u @ v.T, rows, items, neg)`` for frozen item vectors ``v`` (n_items,
     width), without the product with every item: the vectors of each positive (nnz, width) and of
-    its draws (nnz, c, width) are gathered once, and each call costs nnz * (1 + c) dot products.
-    The gather that training avoids (``pair_scores``) pays here, where the items do not move."""
+    its draws (nnz, c, width) are gathered once, and each call costs nnz * (1 + c) dot products:
+    the fold-in's steps share one gather, the items being frozen. Gradients flow into ``v`` too
+    where it is trained (``pair_dots``)."""
     v_pos, v_neg = v[items], v[neg]
 
     def dots(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,6 +123,19 @@ def dense_dots(v: torch.Tensor, rows: torch.Tensor, items: torch.Tensor, neg: to
     """``frozen_dots`` by each user's product with every item: the faster way where rows are
     dense next to the catalogue, and the reference the fast way is tested against."""
     return lambda u: pair_scores(u @ v.T, rows, items, neg)
+
+
+def pair_dots(u: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, items: torch.Tensor,
+              neg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A training step's ``pair_scores`` of users ``u`` (B, width) against item vectors ``v``
+    (n_items, width), both trained, the cheaper way for this batch: gathered (``frozen_dots``,
+    whose gathers backpropagate into ``v`` like any index) where the entries touched are few next
+    to the users' whole rows of the catalogue, else one dense product. Equal up to float rounding.
+    On citeulike-a's shape the gathered step (forward and backward) runs 1.6-5.5x faster, on
+    ml-100k's the dense one up to 7x (benchmarks/results/peruser_step_speed.md)."""
+    if len(items) * (1 + neg.shape[1]) * GATHER_COST < len(u) * len(v):
+        return frozen_dots(v, rows, items, neg)(u)
+    return pair_scores(u @ v.T, rows, items, neg)
 
 
 def fold_rows(fold: Callable[[torch.Tensor, torch.Tensor, Callable[..., Dots]], torch.Tensor],

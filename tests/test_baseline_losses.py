@@ -254,3 +254,47 @@ def test_in_blocks_splits_whole_users_within_the_budget(monkeypatch):
     # 2 floats a positive, 10 a block: [2 + 1 positives], [6 positives: alone, over budget], [1 + 2]
     assert seen == [[[1, 2], [3]], [[4, 5, 6, 7, 8, 9]], [[0], [2, 3]]]
     assert out[:, 0].tolist() == [1, 1, 2, 3, 3]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: BPR(n_items=60, n_users=6, width=5, lam=0.01, neg_ratio=3),
+    lambda: CML(n_items=60, n_users=6, width=5, margin=0.5, neg_ratio=4, cov_weight=0.1),
+    lambda: CDAE(n_items=60, n_users=6, width=5, lam=0.01, dropout=0.5, neg_ratio=3),
+], ids=["bpr", "cml", "cdae"])
+def test_a_training_step_over_gathered_items_equals_the_dense_one(make, monkeypatch):
+    """Training's pair scores (``peruser.pair_dots``) gathered or by the dense product give the
+    same loss terms and the same gradients, item parameters included."""
+    torch.manual_seed(0)
+    m = make().train()
+    rng = np.random.default_rng(2)
+    rows = [sorted(rng.choice(60, size=k, replace=False).tolist()) for k in (5, 1, 12, 3, 30, 7)]
+    b = batch(list(range(len(rows))), rows)
+    out = {}
+    for way, cost in (("gathered", 0), ("dense", 1 << 40)):
+        monkeypatch.setattr(peruser, "GATHER_COST", cost)
+        m.zero_grad()
+        torch.manual_seed(7)  # the same draws (and CDAE's corruption) both ways
+        terms = m(b)
+        sum(terms.values()).backward()
+        out[way] = ({k: float(v) for k, v in terms.items()},
+                    {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
+    (t_g, g_g), (t_d, g_d) = out["gathered"], out["dense"]
+    assert t_g == pytest.approx(t_d, rel=1e-5) and min(t_d.values()) > 0
+    assert g_g.keys() == g_d.keys() and len(g_d) >= 2
+    for name in g_d:
+        assert torch.allclose(g_g[name], g_d[name], atol=1e-6), name
+        assert float(g_d[name].abs().max()) > 0, name  # every trained parameter moved
+
+
+def test_pair_dots_gathers_only_where_it_is_cheaper(monkeypatch):
+    """20 positives and 4 draws a user, as fold_rows: gathered against 17k items, dense 1.4k."""
+    b = batch(list(range(3)), [list(range(20))] * 3)
+    rows = peruser.row_ids(b.train_offsets, len(b.train_items))
+    neg = torch.zeros(len(b.train_items), 4, dtype=torch.long)
+    ways = []
+    monkeypatch.setattr(peruser, "frozen_dots", lambda *a: ways.append("gathered") or (
+        lambda u: (None, None)))
+    monkeypatch.setattr(peruser, "pair_scores", lambda *a: ways.append("dense") or (None, None))
+    for n_items in (17_000, 1_400):
+        peruser.pair_dots(torch.zeros(3, 2), torch.zeros(n_items, 2), rows, b.train_items, neg)
+    assert ways == ["gathered", "dense"]

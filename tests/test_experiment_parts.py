@@ -140,6 +140,21 @@ def test_a_resumed_experiment_refuses_changed_settings(tmp_path):
         open_state(ExperimentConfig(**{**cfg.__dict__, "seed": 1}), root)
 
 
+def test_valid_by_reaches_the_per_user_models_trials_only(tmp_path):
+    cfg = exp(tmp_path, valid_by="trained", models="bpr,autorec", grid="small")
+    assert trial_config(cfg, str(tmp_path), "bpr", {}).valid_by == "trained"
+    assert trial_config(cfg, str(tmp_path), "autorec", {}).valid_by == "fold-in"
+    plan(cfg, prep(), str(tmp_path))  # every point checks: autorec's never carries the flag
+    # an experiment recorded before the option validated by fold-in: it resumes so, not otherwise
+    root = tmp_path / "e"
+    root.mkdir()
+    old = {k: v for k, v in exp(tmp_path).__dict__.items() if k != "valid_by"}
+    (root / "experiment.json").write_text(json.dumps({"config": old, "models": {}}))
+    open_state(exp(tmp_path), root)
+    with pytest.raises(UsageError, match="valid_by was 'fold-in', now 'trained'"):
+        open_state(cfg, root)
+
+
 def test_a_trial_run_by_older_code_is_not_reused_silently(tmp_path):
     """A finished trial is reused by name; one recorded before lambda's units (its config has no
     lam_units) ran a different model than its name now means, and the plan says so."""

@@ -282,6 +282,30 @@ def test_the_gradient_baselines_train_distributed_and_report_exact_validation(
         assert abs(one["best_valid_ndcg"] - result["best_valid_ndcg"]) < 0.02
 
 
+def test_validation_by_trained_vectors_is_exact_across_ranks(ml100k_prepared, ray_head,
+                                                            mlflow_server, runs_dir):
+    """``--valid-by trained`` under two workers: each rank scores its users from the user vectors
+    DDP keeps equal on every rank, so the NDCG they report together is what one process computes
+    from the saved model's trained vectors, and it is not the fold-in's."""
+    cfg = config(ml100k_prepared, runs_dir, run_name="bpr-trained", model="bpr", width=None,
+                 epochs=2, valid_by="trained", **BASELINES["bpr"])
+    result = run(cfg, mlflow_server.url)
+    model = load_model(result["model_path"])
+    rows = warm_rows(ml100k_prepared)
+    rows = rows[rows["valid_items"].map(len) > 0]
+    users = torch.from_numpy(rows["user_index"].to_numpy().astype(np.int64))
+    with torch.no_grad():
+        trained = model.users(users) @ model.items.weight.T
+    scores = trained.numpy()
+    for u, train in enumerate(rows["train_items"]):
+        scores[u, train] = -np.inf
+    recs = np.argsort(-scores, axis=1, kind="stable")[:, :50]
+    truth = [np.asarray(v) for v in rows["valid_items"]]
+    ndcg = float(per_user(hit_matrix(recs, truth), np.array([len(t) for t in truth]))["NDCG"].mean())
+    assert result["best_valid_ndcg"] == pytest.approx(ndcg, abs=1e-4) and ndcg > 0.06
+    assert abs(reference_validation(model, rows)[0] - ndcg) > 1e-4  # fold-in: another number
+
+
 def test_finetune_phases_run_distributed(ml100k_prepared, ray_head, mlflow_server, runs_dir):
     cfg = config(ml100k_prepared, runs_dir, run_name="ns-limited", model="ns-autorec",
                  mode="limited-finetune", pretrain_epochs=1, epochs=1)

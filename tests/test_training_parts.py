@@ -18,7 +18,7 @@ from training.feed import (BatchMaker, FeedPlan, epoch_seed, in_valid_sample, un
 from training.loop import new_progress, next_state
 from prepared.reader import Prepared, open_prepared
 from runtime.tracking import check_reachable, tracking_uri
-from training.validate import batch_metrics, model_metrics
+from training.validate import batch_metrics, model_metrics, top_metrics
 
 def L(rows):  # noqa: N802
     return pa.array(rows, pa.list_(pa.int32()))
@@ -190,6 +190,54 @@ def test_model_metrics_equal_the_metrics_of_the_model_scores():
     want = batch_metrics(model.score(vb.train_items, vb.train_offsets), vb)
     for g, w in zip(got, want):
         assert torch.allclose(g, w, atol=1e-12) and float(w.sum()) > 0
+
+
+@pytest.mark.parametrize("name", ["bpr", "cml", "cdae"])
+def test_validation_by_trained_vectors_scores_each_user_by_its_own_vector(name):
+    """``--valid-by trained``: the metrics of the scores from each validation user's trained
+    vector (its index carried by the batch, here shuffled and with a user left out), in blocks;
+    not the fold-in's."""
+    from models.registry import build
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(3)
+    n_items, b = 300, 48
+    train, valid = train_valid_rows(rng, b, n_items, 30, 10)
+    valid[5] = []  # no validation item: left out of the batch, with its index
+    users = rng.permutation(100)[:b].tolist()
+    vb = valid_batch(rows_table(train, valid, users), 0, 1)
+    assert vb.users.tolist() == [u for i, u in enumerate(users) if i != 5]
+    model = build(name, {"n_items": n_items, "n_users": 100, "width": 8}).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))  # trained-looking vectors, not the init's
+        want = batch_metrics(model.score_users(model.users(vb.users), vb.train_items,
+                                               vb.train_offsets), vb)
+        _, top = model.recommend(vb.train_items, vb.train_offsets, 50, users=vb.users)
+        folded = model_metrics(model, vb)
+    got = top_metrics(top, vb)
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, atol=1e-12) and float(w.sum()) > 0
+    assert not torch.allclose(got[0], folded[0])  # the fold-in path is another one
+
+
+def test_valid_by_trained_is_for_models_with_trained_user_vectors():
+    check(cfg(model="cdae", valid_by="trained"))
+    with pytest.raises(UsageError, match="--valid-by trained: autorec has no trained user "
+                                         "vectors \\(only bpr, cml, cdae have\\); drop the flag"):
+        check(cfg(model="autorec", valid_by="trained"))
+
+
+def test_a_run_recorded_before_valid_by_resumes_as_fold_in_only():
+    from dataclasses import replace
+
+    from training.train import check_resume
+
+    c = cfg(model="bpr", run_name="r")
+    old = {k: v for k, v in c.to_dict().items() if k != "valid_by"}
+    check_resume(c, {"config": old})  # it validated by fold-in, the default
+    with pytest.raises(UsageError, match="valid_by was 'fold-in', now 'trained'"):
+        check_resume(replace(c, valid_by="trained"), {"config": old})
 
 
 # -- early stopping and phases ----------------------------------------------------------------------

@@ -45,20 +45,21 @@ import os
 import time
 from dataclasses import dataclass
 
+from models.registry import MODELS
 from prepared.errors import UsageError
 from prepared.protocol import TOP_K
 from prepared.reader import Prepared, open_prepared
 from runtime.cli import add_options, option, strict_parser, values
 from training import grids
-from training.config import TrainConfig, check
-from training.train import add_connection_flags, check_job_paths
+from training.config import VALID_BY, TrainConfig, check
+from training.train import ADDED_OPTIONS, add_connection_flags, check_job_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 PARENT = "mlflow.parentRunId"  # MLflow's tag that nests a run under another in the UI
 TABLE = ("R-Precision", "NDCG", "MAP@5", "MAP@50", "Precision@5", "Precision@50", "Recall@5",
          "Recall@50")
 # what a trial changes in the experiment's configuration: never where or how it runs
-FIXED = ("data", "grid", "epochs", "patience", "seed", "valid_sample", "batch_size")
+FIXED = ("data", "grid", "epochs", "patience", "seed", "valid_sample", "valid_by", "batch_size")
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,10 @@ class ExperimentConfig:
     batch_size: int = option(128, help="users per step over all workers (every trial)")
     valid_sample: float = option(1.0, help="fraction of validation users scored each epoch "
                                            "(training/train.py --valid-sample)")
+    valid_by: str = option("fold-in", choices=VALID_BY,
+                           help="how the per-user models (bpr, cml, cdae) score validation users "
+                                "(training/train.py --valid-by): trained is about 100x cheaper "
+                                "on sparse catalogues; the others ignore it")
     seed: int = option(0, help="every trial's and the final runs' seed", show_default=False)
     num_workers: int = option(2, help="Ray Train workers per trial (DDP ranks)")
     cpus_per_worker: float = option(0.0, show_default=False,
@@ -101,6 +106,7 @@ class ExperimentConfig:
 def trial_config(cfg: ExperimentConfig, root: str, model: str, point: dict) -> TrainConfig:
     return TrainConfig(data=cfg.data, model=model, epochs=cfg.epochs, patience=cfg.patience,
                        batch_size=cfg.batch_size, valid_sample=cfg.valid_sample, seed=cfg.seed,
+                       valid_by=cfg.valid_by if MODELS[model].per_user else "fold-in",
                        num_workers=cfg.num_workers, cpus_per_worker=cfg.cpus_per_worker,
                        run_name=grids.point_name(model, point), output=f"{root}/trials",
                        experiment=cfg.name, **point)
@@ -172,6 +178,7 @@ def open_state(cfg: ExperimentConfig, root: Path) -> dict:
     if state is None:
         return {"config": dataclasses.asdict(cfg), "models": {}}
     old = state["config"]
+    old = {**ADDED_OPTIONS, **old}  # what an experiment recorded before an option existed ran as
     changed = {k: (old.get(k), getattr(cfg, k)) for k in FIXED if old.get(k) != getattr(cfg, k)}
     if changed:
         raise UsageError(

@@ -199,14 +199,15 @@ class ValidBatch:
     train_offsets: torch.Tensor
     valid_items: torch.Tensor
     valid_offsets: torch.Tensor
+    users: torch.Tensor | None = None  # the users' indices (for models that validate by them)
 
     def __len__(self) -> int:
         return len(self.train_offsets)
 
     def to(self, device: torch.device) -> ValidBatch:
-        return ValidBatch(*(x.to(device, non_blocking=True) for x in
+        return ValidBatch(*(x.to(device, non_blocking=True) if x is not None else None for x in
                             (self.train_items, self.train_offsets, self.valid_items,
-                             self.valid_offsets)))
+                             self.valid_offsets, self.users)))
 
 
 def valid_batch(rows: pa.Table, rank: int, world: int) -> ValidBatch | None:
@@ -220,4 +221,4 @@ def valid_batch(rows: pa.Table, rank: int, world: int) -> ValidBatch | None:
     t = lambda a: torch.from_numpy(np.array(a, dtype=np.int64))
     items, off = flat(rows.column(S.TRAIN_ITEMS))
     v_items, v_off = flat(rows.column(S.VALID_ITEMS))
-    return ValidBatch(t(items), t(off), t(v_items), t(v_off))
+    return ValidBatch(t(items), t(off), t(v_items), t(v_off), t(users[keep]))

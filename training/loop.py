@@ -238,7 +238,8 @@ def train_loop(config: dict) -> None:
         t_valid = time.perf_counter()
         if valid_rows is not None and last_phase:
             (ndcg, recall), valid_share, valid_users, diagnostics = evaluate(
-                net, valid_rows, device, batch_size=max(per_worker, 256), head=head)
+                net, valid_rows, device, batch_size=max(per_worker, 256), head=head,
+                trained_users=cfg.valid_by == "trained")
         valid_s = time.perf_counter() - t_valid
         diverged = not all(math.isfinite(v) for v in loss.values())
         phase_loss = None if last_phase else unwrap(net).monitor(phase, loss)
@@ -290,12 +291,14 @@ def train_loop(config: dict) -> None:
 
 
 @torch.no_grad()
-def evaluate(net, valid_rows, device: torch.device, batch_size: int, head: torch.Tensor
+def evaluate(net, valid_rows, device: torch.device, batch_size: int, head: torch.Tensor,
+             trained_users: bool = False
              ) -> tuple[tuple[float, float], float, int, dict[str, float]]:
     """(mean validation NDCG, Recall@50) over all validation users (all ranks together), the
     largest share of them one rank scored, how many there were, and what else the lists and
     codes say (``diagnostics``): the share of the recommendations from the ``head`` items (the
-    10% most popular), and the effective rank of the user codes where the model has them."""
+    10% most popular), and the effective rank of the user codes where the model has them.
+    ``trained_users``: a per-user model scores from its trained user vectors (``--valid-by``)."""
     net.eval()
     model = unwrap(net)
     ndcg_sum = recall_sum = head_sum = 0.0
@@ -308,7 +311,8 @@ def evaluate(net, valid_rows, device: torch.device, batch_size: int, head: torch
         vb = vb.to(device)
         # the wrapped module, not DDP: scoring needs no gradient synchronisation
         with torch.no_grad():
-            _, top = model.recommend(vb.train_items, vb.train_offsets, TOP_K)
+            _, top = model.recommend(vb.train_items, vb.train_offsets, TOP_K,
+                                     users=vb.users if trained_users else None)
         ndcg, recall = top_metrics(top, vb)
         ndcg_sum += float(ndcg.sum())
         recall_sum += float(recall.sum())

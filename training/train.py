@@ -40,6 +40,8 @@ from prepared.reader import Prepared, filesystem, join, open_prepared
 
 ROOT = Path(__file__).resolve().parents[1]
 # fields that may change when a run resumes (where and how it runs, not what it trains)
+# options added after runs were first recorded, with what a record without them ran as
+ADDED_OPTIONS = {"valid_by": "fold-in"}
 RESUMABLE_CHANGES = {"data_cache", "num_workers", "cpus_per_worker", "use_gpu", "placement",
                      "loss_path",
                      "max_failures", "mlflow_wait",
@@ -138,6 +140,7 @@ def check_resume(cfg: TrainConfig, record: dict | None) -> None:
             "resume it as it was, or another --run-name for a new run")
     if "lam_units" not in old and cfg.lam_units == "plain":
         old = {**old, "lam_units": "plain"}
+    old = {**ADDED_OPTIONS, **old}
     diff = {k: (old.get(k), v) for k, v in cfg.to_dict().items()
             if k not in RESUMABLE_CHANGES and old.get(k) != v}
     if diff:
