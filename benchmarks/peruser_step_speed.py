@@ -50,7 +50,7 @@ def main() -> None:
             draws, width = hp["neg_ratio"], hp["width"]
             dense = step_seconds(peruser.dense_dots, n_items, per_user, draws, width)
             gathered = step_seconds(peruser.frozen_dots, n_items, per_user, draws, width)
-            picks = ("gathered" if per_user * BATCH * (1 + draws) * peruser.GATHER_COST
+            picks = ("gathered" if per_user * BATCH * (1 + draws) * peruser.TRAIN_GATHER_COST
                      < BATCH * n_items else "dense")
             rows.append({"dataset": dataset, "model": name, "draws": draws, "width": width,
                          "dense_ms": dense * 1e3, "gathered_ms": gathered * 1e3, "picks": picks})

@@ -44,6 +44,10 @@ FOLD_BLOCK_FLOATS = 1 << 21  # gathered floats per fold-in block on a CPU (8 MiB
 # a gathered entry (one dot product, memory-bound) costs about as much as this many entries of the
 # dense product (GEMM speed): 13-17 in benchmarks/results/fold_in_speed.md, on ml-100k and citeulike-a
 GATHER_COST = 16
+# the same in a training step, whose gathers also scatter gradients into the item vectors: the
+# crossover lies between 24 (ml-100k's BPR, where the dense product wins) and 81 (citeulike-a's
+# CML, where gathering wins; benchmarks/results/peruser_step_speed.md)
+TRAIN_GATHER_COST = 48
 
 Dots = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -131,9 +135,9 @@ def pair_dots(u: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, items: torch
     (n_items, width), both trained, the cheaper way for this batch: gathered (``frozen_dots``,
     whose gathers backpropagate into ``v`` like any index) where the entries touched are few next
     to the users' whole rows of the catalogue, else one dense product. Equal up to float rounding.
-    On citeulike-a's shape the gathered step (forward and backward) runs 1.6-5.5x faster, on
-    ml-100k's the dense one up to 7x (benchmarks/results/peruser_step_speed.md)."""
-    if len(items) * (1 + neg.shape[1]) * GATHER_COST < len(u) * len(v):
+    On citeulike-a's shape the gathered step (forward and backward) runs 1.1-4x faster, on
+    ml-100k's the dense one 2-8x (benchmarks/results/peruser_step_speed.md)."""
+    if len(items) * (1 + neg.shape[1]) * TRAIN_GATHER_COST < len(u) * len(v):
         return frozen_dots(v, rows, items, neg)(u)
     return pair_scores(u @ v.T, rows, items, neg)
 

@@ -271,7 +271,7 @@ def test_a_training_step_over_gathered_items_equals_the_dense_one(make, monkeypa
     b = batch(list(range(len(rows))), rows)
     out = {}
     for way, cost in (("gathered", 0), ("dense", 1 << 40)):
-        monkeypatch.setattr(peruser, "GATHER_COST", cost)
+        monkeypatch.setattr(peruser, "TRAIN_GATHER_COST", cost)
         m.zero_grad()
         torch.manual_seed(7)  # the same draws (and CDAE's corruption) both ways
         terms = m(b)
@@ -287,7 +287,8 @@ def test_a_training_step_over_gathered_items_equals_the_dense_one(make, monkeypa
 
 
 def test_pair_dots_gathers_only_where_it_is_cheaper(monkeypatch):
-    """20 positives and 4 draws a user, as fold_rows: gathered against 17k items, dense 1.4k."""
+    """20 positives and 4 draws a user: 100 entries x 48 gathered against 17k items, dense
+    against 1.4k."""
     b = batch(list(range(3)), [list(range(20))] * 3)
     rows = peruser.row_ids(b.train_offsets, len(b.train_items))
     neg = torch.zeros(len(b.train_items), 4, dtype=torch.long)
