@@ -80,6 +80,13 @@ class Recommender(nn.Module):
             args["n_users"] = n_users
         return cls(n_items=n_items, **args)
 
+    @classmethod
+    def fit_memory(cls, n_items: int) -> int:
+        """Bytes a fit holds at its peak where that is large and known before it starts (a
+        dense n_items x n_items state); 0 otherwise. The experiment runs no more such trials at
+        once than the machine's memory holds."""
+        return 0
+
     def model_args(self) -> dict[str, Any]:
         """The constructor's keyword arguments, JSON-able: ``type(self)(**model_args())`` rebuilds
         the model (then ``load_state_dict``)."""

@@ -32,6 +32,10 @@ class EASE(ClosedForm):
                      "machine with more memory")
         self.register_buffer("weights", torch.zeros(n_items, n_items))
 
+    @classmethod
+    def fit_memory(cls, n_items: int) -> int:
+        return fit_bytes(n_items)
+
     def model_args(self) -> dict:
         return {"n_items": self.n_items, "lam": self.lam}
 

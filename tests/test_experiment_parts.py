@@ -250,3 +250,23 @@ def test_concurrency_leaves_a_cpu_for_the_data(tmp_path, monkeypatch):
     with pytest.raises(UsageError, match=r"--concurrency 2 x \(--num-workers 1 x 1 CPUs \+ 1 for "
                                          r"its data\) needs 4 of the cluster's 3 CPUs.*e.g. 0.5"):
         concurrency(exp(tmp_path, num_workers=1, cpus_per_worker=1, concurrency=2))
+
+
+def test_trials_with_a_large_fit_run_no_more_at_once_than_memory_holds(monkeypatch, capsys):
+    from models import closed_form
+    from models.ease import fit_bytes
+    from training.experiment import memory_bound
+
+    need = fit_bytes(16_980)                                  # citeulike-a: 7.5 GiB a fit
+    assert need == 16_980 ** 2 * 28
+    monkeypatch.setattr(closed_form, "available_memory", lambda: int(2.6 * need))
+    assert memory_bound("ease", 16_980, 4) == 2               # 0.8 x 2.6 = 2.08 fits
+    monkeypatch.setattr(closed_form, "available_memory", lambda: int(1.1 * need))
+    assert memory_bound("ease", 16_980, 2) == 1               # seen: both refused, the run stopped
+    assert "1 trial(s) at a time, not 2: a fit on 16,980 items holds 7.5 GiB" in capsys.readouterr().out
+    # never 0: the one trial's own check refuses a fit that cannot fit, with the size it needs
+    monkeypatch.setattr(closed_form, "available_memory", lambda: need // 2)
+    assert memory_bound("ease", 16_980, 2) == 1
+    # models without a large dense state keep the CPU-bound concurrency
+    assert memory_bound("puresvd", 16_980, 2) == 2
+    assert memory_bound("nce-autorec", 16_980, 2) == 2

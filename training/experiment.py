@@ -243,6 +243,25 @@ def concurrency(cfg: ExperimentConfig) -> int:
     return cfg.concurrency
 
 
+def memory_bound(model: str, n_items: int, at_once: int) -> int:
+    """``at_once``, lowered so that the fits of that many trials of ``model`` fit in this node's
+    available memory (with the 20% margin of ``models.closed_form.check_memory``). Seen on
+    citeulike-a (16,980 items): two EASE trials at once, 7.5 GiB each, with 8.2 GiB available;
+    both refused, and the experiment stopped. On a cluster each trial's own node still refuses a
+    fit that does not fit it, with the size it needs."""
+    from models.closed_form import available_memory
+
+    need = MODELS[model].fit_memory(n_items)
+    if not need:
+        return at_once
+    have = available_memory()
+    fits = max(1, int(0.8 * have // need))
+    if fits < at_once:
+        print(f"== {model}: {fits} trial(s) at a time, not {at_once}: a fit on {n_items:,} items "
+              f"holds {need / 2**30:.1f} GiB and {have / 2**30:.1f} GiB are available", flush=True)
+    return min(at_once, fits)
+
+
 class Progress:
     """Prints a line per finished trial: done / left, the best so far, time left."""
 
@@ -267,14 +286,14 @@ class Progress:
 
 
 def search(cfg: ExperimentConfig, root: Path, model: str, points: list[dict],
-           state: dict) -> None:
+           state: dict, n_items: int) -> None:
     """Run the points of ``model`` whose run has not finished, as one Tune grid search."""
     from ray import tune
 
     runs = root / "trials"
     pending = [p for p in points if not finished(runs / grids.point_name(model, p))]
     done = len(points) - len(pending)
-    at_once = concurrency(cfg)
+    at_once = memory_bound(model, n_items, concurrency(cfg))
     print(f"\n== search {model}: {len(points)} point(s), {done} finished already; "
           f"{at_once} at a time", flush=True)
     if not pending:
@@ -537,7 +556,7 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
 
     for model, pts in points.items():  # 1-3: search, select, retrain
         s = state["models"][model]
-        search(cfg, root, model, pts, state)
+        search(cfg, root, model, pts, state, prep.n_items)
         s["chosen"] = select(root, model, pts)
         write_json(root / "experiment.json", state)
         fc = final_config(cfg, root, model, s["chosen"])
