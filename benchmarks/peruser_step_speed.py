@@ -50,8 +50,8 @@ def main() -> None:
             draws, width = hp["neg_ratio"], hp["width"]
             dense = step_seconds(peruser.dense_dots, n_items, per_user, draws, width)
             gathered = step_seconds(peruser.frozen_dots, n_items, per_user, draws, width)
-            picks = ("gathered" if per_user * BATCH * (1 + draws) * peruser.TRAIN_GATHER_COST
-                     < BATCH * n_items else "dense")
+            picks = ("gathered" if peruser.gathers(per_user * BATCH * (1 + draws), BATCH * n_items,
+                                                   peruser.TRAIN_GATHER_COST) else "dense")
             rows.append({"dataset": dataset, "model": name, "draws": draws, "width": width,
                          "dense_ms": dense * 1e3, "gathered_ms": gathered * 1e3, "picks": picks})
             print(rows[-1], flush=True)

@@ -44,12 +44,16 @@ def available_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+# the share of the available memory a fit may plan to hold: the rest is the process's own
+USABLE_MEMORY = 0.8
+
+
 def check_memory(model: Recommender, need: int, what: str, instead: str) -> None:
     """Refuse, before allocating, a fit whose ``need`` bytes exceed what the machine has."""
     from prepared.errors import UsageError
 
     have = available_memory()
-    if need > 0.8 * have:
+    if need > USABLE_MEMORY * have:
         raise UsageError(f"{model.name} on {model.n_items:,} items needs {need / 2**30:.1f} GiB for "
                          f"{what}; this machine has {have / 2**30:.1f} GiB available: {instead}")
 

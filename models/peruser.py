@@ -137,9 +137,15 @@ def pair_dots(u: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, items: torch
     to the users' whole rows of the catalogue, else one dense product. Equal up to float rounding.
     On citeulike-a's shape the gathered step (forward and backward) runs 1.1-4x faster, on
     ml-100k's the dense one 2-8x (benchmarks/results/peruser_step_speed.md)."""
-    if len(items) * (1 + neg.shape[1]) * TRAIN_GATHER_COST < len(u) * len(v):
+    if gathers(len(items) * (1 + neg.shape[1]), len(u) * len(v), TRAIN_GATHER_COST):
         return frozen_dots(v, rows, items, neg)(u)
     return pair_scores(u @ v.T, rows, items, neg)
+
+
+def gathers(entries: int, dense: int, cost: int) -> bool:
+    """Whether gathering ``entries`` (user, item) dot products, each worth ``cost`` entries of
+    the dense product, is cheaper than the ``dense`` entries of the users' whole rows."""
+    return entries * cost < dense
 
 
 def fold_rows(fold: Callable[[torch.Tensor, torch.Tensor, Callable[..., Dots]], torch.Tensor],
@@ -149,7 +155,7 @@ def fold_rows(fold: Callable[[torch.Tensor, torch.Tensor, Callable[..., Dots]], 
     ``frozen_dots`` over cache-sized blocks of users when the entries a fold-in touches (each
     positive and its ``draws``) are few next to the users' whole rows of the catalogue, else with
     ``dense_dots`` over every user at once."""
-    if len(items) * (1 + draws) * GATHER_COST < len(offsets) * n_items:
+    if gathers(len(items) * (1 + draws), len(offsets) * n_items, GATHER_COST):
         return in_blocks(lambda i, o: fold(i, o, frozen_dots), items, offsets,
                          per_positive=(1 + draws) * width)
     return fold(items, offsets, dense_dots)

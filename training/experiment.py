@@ -245,17 +245,17 @@ def concurrency(cfg: ExperimentConfig) -> int:
 
 def memory_bound(model: str, n_items: int, at_once: int) -> int:
     """``at_once``, lowered so that the fits of that many trials of ``model`` fit in this node's
-    available memory (with the 20% margin of ``models.closed_form.check_memory``). Seen on
+    available memory (the share ``models.closed_form.check_memory`` allows a fit). Seen on
     citeulike-a (16,980 items): two EASE trials at once, 7.5 GiB each, with 8.2 GiB available;
     both refused, and the experiment stopped. On a cluster each trial's own node still refuses a
     fit that does not fit it, with the size it needs."""
-    from models.closed_form import available_memory
+    from models import closed_form
 
     need = MODELS[model].fit_memory(n_items)
     if not need:
         return at_once
-    have = available_memory()
-    fits = max(1, int(0.8 * have // need))
+    have = closed_form.available_memory()
+    fits = max(1, int(closed_form.USABLE_MEMORY * have // need))
     if fits < at_once:
         print(f"== {model}: {fits} trial(s) at a time, not {at_once}: a fit on {n_items:,} items "
               f"holds {need / 2**30:.1f} GiB and {have / 2**30:.1f} GiB are available", flush=True)
