@@ -173,7 +173,8 @@ def status(state: Path = STATE, log=print) -> bool:
         svc = record.get(name)
         up = svc is not None and healthy(svc)
         ok &= up
-        log(f"{name}: " + (f"up at {svc.url}" if up else
+        gcs = f" (GCS {svc.address}: a driver's --ray-address)" if name == "ray" else ""
+        log(f"{name}: " + (f"up at {svc.url}{gcs}" if up else
                            f"DOWN (recorded at {svc.url})" if svc else "not started"))
     return ok
 
@@ -201,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                        **{k: v for k, v in client_env(record).items() if k != "RAY_AUTH_TOKEN"}}
             print("\nTo use the stack from another shell:\n"
                   + "".join(f"export {k}={v}\n" for k, v in exports.items())
+                  + f"(RAY_ADDRESS is the job server, for `ray job submit`; a driver run directly, "
+                  f"python training/train.py, joins with --ray-address {record['ray'].address})\n"
                   + f"MLflow UI: {record['mlflow'].url}    Ray dashboard: {record['ray'].url}\n"
                   "stop with: python -m infra.stack stop")
         elif args.command == "stop":

@@ -153,3 +153,30 @@ def test_a_model_refuses_a_flag_it_does_not_take_in_one_line(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [
         "error: --width 100: ease does not take it; its hyperparameters: --lam. Drop the flag"]
+
+
+@pytest.mark.parametrize("script", ["training/train.py", "training/experiment.py"])
+def test_a_job_server_address_is_refused_before_anything_runs(script, tmp_path):
+    """The stack's exports set RAY_ADDRESS to the job server (http://...) for `ray job submit`;
+    a driver run directly in that shell is told which address it needs, not given Ray's traceback
+    (and nothing is read: --data does not exist)."""
+    env = {**os.environ, "RAY_ADDRESS": "http://127.0.0.1:8265"}
+    out = subprocess.run([PY, script, "--data", str(tmp_path / "absent")], cwd=ROOT, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("error: RAY_ADDRESS=http://127.0.0.1:8265 is a Ray job server's")
+    assert "--ray-address HOST:6379" in line and "unset RAY_ADDRESS" in line
+
+
+def test_the_ray_address_a_driver_joins(monkeypatch):
+    from prepared.errors import UsageError
+    from runtime.raycluster import join_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert join_address(None) is None  # a local Ray
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    assert join_address(None) == "10.0.0.5:6379"
+    assert join_address("127.0.0.1:6379") == "127.0.0.1:6379"  # the flag wins
+    with pytest.raises(UsageError, match=r"^--ray-address=https://head:8265 is a Ray job server"):
+        join_address("https://head:8265")

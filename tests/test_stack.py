@@ -30,7 +30,9 @@ def test_second_start_reuses_the_running_stack(local_stack):
     assert len(said) == 2 and all("already running" in s and "reusing" in s for s in said)
     lines = []
     assert stack.status(local_stack.state, log=lines.append)
-    assert sorted(lines) == sorted(f"{k}: up at {v.url}" for k, v in local_stack.services.items())
+    assert sorted(lines) == sorted(f"{k}: up at {v.url}" + (f" (GCS {v.address}: a driver's "
+                                   "--ray-address)" if k == "ray" else "")
+                                   for k, v in local_stack.services.items())
 
 
 def test_a_taken_port_is_refused_with_the_port_and_the_fix(local_stack, tmp_path):
@@ -83,6 +85,7 @@ def test_the_stack_starts_on_a_fresh_machine_with_an_empty_home(tmp_path):
         assert stat.S_IMODE(token.stat().st_mode) == 0o600 and len(token.read_text()) == 64
         exports = dict(re.findall(r"^export (\w+)=(\S+)$", out.stdout, re.M))
         assert exports["RAY_AUTH_TOKEN_PATH"] == str(token) and exports["RAY_AUTH_MODE"] == "token"
+        assert re.search(r"joins with --ray-address 127\.0\.0\.1:\d+\)$", out.stdout, re.M)
         assert subprocess.run([*cli, "status", *where], cwd=ROOT, env=env).returncode == 0
 
         client = {**env, **exports}  # "another shell" that exported what start printed

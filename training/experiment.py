@@ -50,6 +50,7 @@ from prepared.errors import UsageError
 from prepared.protocol import TOP_K
 from prepared.reader import Prepared, open_prepared
 from runtime.cli import add_options, option, strict_parser, values
+from runtime.raycluster import join_address
 from training import grids
 from training.config import VALID_BY, TrainConfig, check
 from training.train import ADDED_OPTIONS, add_connection_flags, check_job_paths
@@ -550,7 +551,7 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
     parent_runs(uri, cfg, state, list(points), prep.dataset)
     write_json(root / "experiment.json", state)
     if not ray.is_initialized():
-        address = ray_address or os.environ.get("RAY_ADDRESS")
+        address = join_address(ray_address)
         ray.init(address=address, log_to_driver=True) if address else ray.init(
             num_cpus=max(os.cpu_count() or 1, cfg.num_workers + 1), log_to_driver=True)
 
@@ -640,6 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_job_paths(args)  # under ray job submit, defaults would land in a throw-away copy
+        join_address(args.ray_address)  # a job server's http address fails here, not mid-run
         state = run_experiment(ExperimentConfig(**values(args, ExperimentConfig)),
                                args.mlflow_uri, args.ray_address)
     except UsageError as e:

@@ -33,6 +33,7 @@ import time
 from prepared.errors import UsageError
 from training import feed as F
 from runtime.cli import add_options, strict_parser, values
+from runtime.raycluster import join_address
 from training.config import TrainConfig, check
 from models.registry import MODELS, load_weights_only
 from prepared.protocol import head_items
@@ -156,7 +157,7 @@ def start_ray(cfg: TrainConfig, address: str | None) -> float:
     """Join the cluster (or start a local Ray) and check the workers fit; returns CPUs per worker."""
     import ray
 
-    address = address or os.environ.get("RAY_ADDRESS")
+    address = join_address(address)
     if not ray.is_initialized():
         if address:
             ray.init(address=address, log_to_driver=True)
@@ -396,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_job_paths(args)
+        join_address(args.ray_address)  # a job server's http address fails here, not mid-run
         check(TrainConfig(**values(args, TrainConfig)))  # flags first: no data read for a typo
         prep = open_prepared(args.data if "://" in args.data else str(Path(args.data).resolve()))
         cfg = config_from_args(args, prep)
