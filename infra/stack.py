@@ -173,7 +173,7 @@ def status(state: Path = STATE, log=print) -> bool:
         svc = record.get(name)
         up = svc is not None and healthy(svc)
         ok &= up
-        gcs = f" (GCS {svc.address}: a driver's --ray-address)" if name == "ray" else ""
+        gcs = f" (GCS {svc.address}: a driver's --ray-address)" if name == "ray" and svc else ""
         log(f"{name}: " + (f"up at {svc.url}{gcs}" if up else
                            f"DOWN (recorded at {svc.url})" if svc else "not started"))
     return ok
