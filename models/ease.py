@@ -18,6 +18,9 @@ import torch
 from models.closed_form import ClosedForm, check_memory, row_sums
 
 
+INSTEAD = "use a model with a low-rank state (puresvd, nce-plrec) or a machine with more memory"
+
+
 class EASE(ClosedForm):
     name = "ease"
     hyperparameters = {"lam": 500.0}
@@ -27,9 +30,10 @@ class EASE(ClosedForm):
         if n_items < 1 or lam <= 0:
             raise ValueError(f"need n_items >= 1 and lam > 0; got {n_items}, {lam}")
         self.n_items, self.lam = n_items, float(lam)
-        check_memory(self, fit_bytes(n_items), "its n x n matrices (float64: the Gram matrix, its "
-                     "inverse and B)", "use a model with a low-rank state (puresvd, nce-plrec) or a "
-                     "machine with more memory")
+        # holding B is what scoring needs (Spark executors build the model to load it); the
+        # fit's float64 matrices are checked by fit alone, or scoring would refuse a model that
+        # the same machine can serve (citeulike-a: 1.1 GiB held, 7.5 GiB to fit)
+        check_memory(self, 4 * n_items * n_items, "its n x n weights B (float32)", INSTEAD)
         self.register_buffer("weights", torch.zeros(n_items, n_items))
 
     @classmethod
@@ -40,6 +44,8 @@ class EASE(ClosedForm):
         return {"n_items": self.n_items, "lam": self.lam}
 
     def fit(self, train, rstar=None, seed: int = 0) -> dict:
+        check_memory(self, fit_bytes(self.n_items), "fitting its n x n matrices (float64: the "
+                     "Gram matrix, its inverse and B)", INSTEAD)
         t0 = time.perf_counter()
         gram = np.asarray((train.T @ train).todense(), dtype=np.float64)
         gram[np.diag_indices_from(gram)] += self.lam

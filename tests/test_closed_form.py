@@ -71,10 +71,23 @@ def test_ease_equals_a_ridge_regression_per_item_without_itself(data):
 def test_ease_refuses_a_catalogue_it_cannot_hold(monkeypatch):
     from models import closed_form
 
-    monkeypatch.setattr(closed_form, "available_memory", lambda: 16 * 2**30)
-    with pytest.raises(UsageError, match=r"ease on 44,865 items needs 52\.5 GiB .* 16\.0 GiB "
-                                         r"available: use a model with a low-rank state"):
-        build("ease", {"n_items": 44_865, "lam": 100.0})
+    monkeypatch.setattr(closed_form, "available_memory", lambda: 4 * 2**30)
+    with pytest.raises(UsageError, match=r"ease on 44,865 items needs 7\.5 GiB for its n x n "
+                       r"weights .* 4\.0 GiB available: use a model with a low-rank state"):
+        build("ease", {"n_items": 44_865, "lam": 100.0})  # refused before allocating B
+
+
+def test_ease_serves_a_model_it_could_not_fit_here(monkeypatch):
+    """Scoring builds the model to load B (4 n^2 bytes); only a fit needs the float64 matrices
+    (28 n^2): an executor with room for B but not for a fit must still serve it."""
+    from models import closed_form
+
+    n = 2000
+    monkeypatch.setattr(closed_form, "available_memory", lambda: 20 * n * n)
+    model = build("ease", {"n_items": n, "lam": 100.0})  # holding B fits
+    with pytest.raises(UsageError, match=r"ease on 2,000 items needs 0\.1 GiB for fitting its n x n "
+                                         r"matrices"):
+        model.fit(sp.csr_matrix((3, n), dtype=np.float32))
 
 
 def test_nce_plrec_needs_rstar():
