@@ -12,8 +12,9 @@ import pytest
 from prepared.errors import UsageError
 from training import grids
 from training.config import check
-from training.experiment import (ExperimentConfig, final_config, open_state, plan, select,
-                                 table_csv, table_md, table_rows, trial_config)
+from training.experiment import (ExperimentConfig, final_config, open_state, plan,
+                                 retire_stale_final, select, table_csv, table_md, table_rows,
+                                 trial_config)
 
 
 def prep(valid: int = 100):
@@ -59,6 +60,8 @@ def test_every_point_of_the_shipped_grid_files_is_a_valid_training_run(path, tmp
     ({"autorec": {"lam": [-1.0]}}, "autorec", "--lam -1.0"),
     ({"gru4rec": {"width": [8]}}, "autorec", "no model gru4rec"),
     ({}, "autorec,gru4rec", "--models: no model gru4rec"),
+    ({"autorec": [{"lam": [1.0]}, {"lam": []}]}, "autorec", "lam has no values"),
+    ({"autorec": [{"lam": [1.0]}, 3]}, "autorec", "want a mapping of model"),
 ])
 def test_a_bad_grid_fails_in_one_line_before_anything_runs(grid, models, match, tmp_path):
     path = tmp_path / "grid.json"
@@ -71,13 +74,23 @@ def test_grid_files_are_yaml_or_json_and_a_broken_one_names_the_line(tmp_path):
     good = tmp_path / "g.yaml"
     good.write_text("autorec:\n  lam: [10, 30]\n  width: 32\npuresvd:\n")
     assert grids.grid(str(good), ["autorec", "puresvd"]) == {
-        "autorec": {"lam": [10, 30], "width": [32]}, "puresvd": {}}
+        "autorec": [{"lam": [10, 30], "width": [32]}], "puresvd": [{}]}
     bad = tmp_path / "b.yaml"
     bad.write_text("autorec:\n  lam: [10, 30\n")
     with pytest.raises(UsageError, match=r"b.yaml: not valid YAML: .*"):
         grids.grid(str(bad), ["autorec"])
     with pytest.raises(UsageError, match="neither a named grid .* nor a file"):
         grids.grid(str(tmp_path / "missing.json"), ["autorec"])
+
+
+def test_a_grid_file_entry_may_list_sub_grids_searched_as_their_union(tmp_path):
+    path = tmp_path / "g.yaml"
+    path.write_text("nce-autorec:\n  - {lam: [3], beta: [0.8], mode: [joint, full-finetune]}\n"
+                    "  - {lam: [3.0], beta: [0.5, 0.8, 1.0], mode: [joint]}\n")
+    points = plan(exp(tmp_path, grid=str(path), models="nce-autorec"), prep(), str(tmp_path))
+    names = [grids.point_name("nce-autorec", p) for p in points["nce-autorec"]]
+    assert names == ["nce-autorec-beta0.8-lam3-modejoint", "nce-autorec-beta0.8-lam3-modefull-finetune",
+                     "nce-autorec-beta0.5-lam3-modejoint", "nce-autorec-beta1-lam3-modejoint"]
 
 
 def test_a_dataset_without_a_validation_split_is_refused(tmp_path):
@@ -90,6 +103,11 @@ def test_points_are_the_product_of_the_axes():
         {"lam": 1.0, "mode": "joint"}, {"lam": 1.0, "mode": "alternating"},
         {"lam": 2.0, "mode": "joint"}, {"lam": 2.0, "mode": "alternating"}]
     assert grids.points({}) == [{}]
+    # sub-grids: the union of their points, a point two of them share once
+    assert grids.points([{"beta": [0.8], "mode": ["joint", "full-finetune"]},
+                         {"beta": [0.5, 0.8], "mode": ["joint"]}]) == [
+        {"beta": 0.8, "mode": "joint"}, {"beta": 0.8, "mode": "full-finetune"},
+        {"beta": 0.5, "mode": "joint"}]
     assert grids.point_name("nce-autorec", {"mode": "joint", "lam": 30.0}) == \
         "nce-autorec-lam30-modejoint"
 
@@ -270,3 +288,25 @@ def test_trials_with_a_large_fit_run_no_more_at_once_than_memory_holds(monkeypat
     # models without a large dense state keep the CPU-bound concurrency
     assert memory_bound("puresvd", 16_980, 2) == 2
     assert memory_bound("nce-autorec", 16_980, 2) == 2
+
+
+def test_a_final_run_of_an_earlier_choice_is_moved_aside_not_reused_or_fatal(tmp_path):
+    """Resumed with a grown grid, validation may choose another point: its retraining must not
+    reuse (or fail on) the final run recorded for the old choice."""
+    cfg = exp(tmp_path)
+
+    def final(lam: float):
+        chosen = {"point": {"lam": lam}, "best_epoch": 7, "phase_epochs": []}
+        return final_config(cfg, tmp_path, "autorec", chosen)
+
+    old = final(1.0)
+    run_dir = Path(old.output) / old.run_name
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"config": old.to_dict(),
+                                                  "summary": {"best_epoch": 7}}))
+    assert retire_stale_final(old) is None and run_dir.is_dir()  # the same choice: resumed as is
+    moved = retire_stale_final(final(3.0))
+    assert not run_dir.exists() and moved.parent == run_dir.parent
+    assert moved.name.startswith("autorec-final.superseded-")
+    assert json.loads((moved / "run.json").read_text())["config"]["lam"] == 1.0
+    assert retire_stale_final(final(3.0)) is None  # nothing on record any more

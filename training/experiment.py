@@ -73,7 +73,7 @@ class ExperimentConfig:
                          help="comma-separated models to search, in the table's order")
     grid: str = option("small", help="small (45 trials over every model, joint mode), paper "
                                      "(the paper's settings), or a YAML/JSON file {model: "
-                                     "{flag: [values]}} (training/grids.py)")
+                                     "{flag: [values]}} or a list of those (training/grids.py)")
     name: str = option("", show_default=False,
                        help="the experiment: its folder under --output and its MLflow experiment; "
                             "an existing name resumes it (default: DATASET-GRID)")
@@ -357,6 +357,23 @@ def final_config(cfg: ExperimentConfig, root: Path, model: str, chosen: dict) ->
                                output=str(root / "final"))
 
 
+def retire_stale_final(fc: TrainConfig) -> Path | None:
+    """Move aside a final run recorded with another configuration than ``fc``; returns where it
+    went. It happens when a finished experiment is resumed with a grown grid and validation now
+    chooses another point: the retraining must run the new choice, not fail on the old record,
+    and the old run is kept (its MLflow run too) rather than deleted."""
+    from training.train import check_resume, read_run_record
+
+    try:
+        check_resume(fc, read_run_record(fc))
+        return None
+    except UsageError:
+        old = Path(fc.output) / fc.run_name
+        dest = old.with_name(f"{old.name}.superseded-{time.strftime('%Y%m%d-%H%M%S')}")
+        old.rename(dest)
+        return dest
+
+
 # -- 4. register -----------------------------------------------------------------------------------
 
 def register(uri: str, name: str, model_uri: str, run_id: str) -> str:
@@ -564,6 +581,10 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
         print(f"\n== {model}: chose {fmt_point(s['chosen']['point'])} (validation NDCG "
               f"{s['chosen']['valid_ndcg']:.4f} at epoch {s['chosen']['best_epoch']}); "
               f"retraining on train+valid for {fc.epochs} epoch(s)", flush=True)
+        moved = retire_stale_final(fc)
+        if moved:
+            print(f"   the final run on record was of an earlier choice; moved to {moved}",
+                  flush=True)
         s["final"] = train(fc, uri, ray_address, prep,
                            tags={PARENT: s["run_id"], "kind": "final"})
         write_json(root / "experiment.json", state)

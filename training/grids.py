@@ -4,6 +4,10 @@
     grid("paper", ["nce-autorec"])              the paper's settings (its section 4.2)
     grid("my-grid.yaml", ["autorec"])           a user's: {model: {flag: [values]}} in YAML or JSON
 
+A model's entry in a grid file may also be a list of such mappings, searched as the union of their
+points (as scikit-learn's ParameterGrid takes a list of dicts): e.g. beta searched in joint mode
+only, beside both modes at one beta, without the product of the two.
+
 A key is a ``training/train.py`` flag with underscores (``lam``, ``num_negatives``); every point is
 a ``TrainConfig`` that ``training.config.check`` accepts, so a flag a model does not take is refused
 before anything runs. A model a named grid does not list is searched over nothing (its defaults).
@@ -80,7 +84,8 @@ NAMED = {"paper": PAPER, "small": SMALL}
 
 
 def read_grid_file(path: str) -> dict:
-    """A user's grid file: YAML (.yaml/.yml) or JSON, ``{model: {flag: [values]}}``."""
+    """A user's grid file: YAML (.yaml/.yml) or JSON, ``{model: {flag: [values]}}``, where a
+    model's entry may also be a list of ``{flag: [values]}`` (the union of their points)."""
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"--grid {path}: neither a named grid ({', '.join(NAMED)}) nor a file; "
@@ -96,14 +101,18 @@ def read_grid_file(path: str) -> dict:
     except Exception as e:  # noqa: BLE001 (both parsers' errors name the line)
         raise UsageError(f"--grid {path}: not valid {'YAML' if p.suffix in ('.yaml', '.yml') else 'JSON'}"
                          f": {str(e).splitlines()[0]}") from None
-    if not isinstance(data, dict) or not all(isinstance(v, dict | None) for v in data.values()):
-        raise UsageError(f"--grid {path}: want a mapping of model -> {{flag: [values]}}, e.g. "
-                         "{\"autorec\": {\"lam\": [10, 30]}}")
-    return {m: dict(v or {}) for m, v in data.items()}
+    sub_grids = lambda v: isinstance(v, list) and v and all(isinstance(g, dict) for g in v)
+    if not isinstance(data, dict) or not all(isinstance(v, dict | None) or sub_grids(v)
+                                             for v in data.values()):
+        raise UsageError(f"--grid {path}: want a mapping of model -> {{flag: [values]}} or a list "
+                         "of those, e.g. {\"autorec\": {\"lam\": [10, 30]}}")
+    return {m: [dict(g) for g in v] if isinstance(v, list) else dict(v or {})
+            for m, v in data.items()}
 
 
-def grid(spec: str, models: list[str]) -> dict[str, dict[str, list]]:
-    """Per model (in ``models``' order), each searched flag and its values; checked."""
+def grid(spec: str, models: list[str]) -> dict[str, list[dict[str, list]]]:
+    """Per model (in ``models``' order), its sub-grids (one unless a grid file lists several):
+    each searched flag and its values; checked."""
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         raise UsageError(f"--models: no model {', '.join(unknown)}; choose from "
@@ -117,24 +126,38 @@ def grid(spec: str, models: list[str]) -> dict[str, dict[str, list]]:
                              f"{', '.join(MODELS)}")
     out = {}
     for m in models:
-        axes = source.get(m, {})
-        for key, values in axes.items():
-            if key not in SEARCHABLE:
-                raise UsageError(f"--grid {spec}: {m}: {key!r} cannot be searched; searchable "
-                                 f"flags: {', '.join(sorted(SEARCHABLE))}")
-            if not isinstance(values, list):
-                axes[key] = values = [values]
-            if not values:
-                raise UsageError(f"--grid {spec}: {m}: {key} has no values, so the grid has no "
-                                 "points; give at least one value or drop the key")
-        out[m] = {k: list(v) for k, v in axes.items()}
+        entry = source.get(m, {})
+        out[m] = [_checked(spec, m, axes) for axes in (entry if isinstance(entry, list) else [entry])]
     return out
 
 
-def points(axes: dict[str, list]) -> list[dict]:
-    """Every combination of the axes' values (one empty point for no axes)."""
-    keys = list(axes)
-    return [dict(zip(keys, combo)) for combo in itertools.product(*(axes[k] for k in keys))]
+def _checked(spec: str, model: str, axes: dict) -> dict[str, list]:
+    out = {}
+    for key, values in axes.items():
+        if key not in SEARCHABLE:
+            raise UsageError(f"--grid {spec}: {model}: {key!r} cannot be searched; searchable "
+                             f"flags: {', '.join(sorted(SEARCHABLE))}")
+        values = values if isinstance(values, list) else [values]
+        if not values:
+            raise UsageError(f"--grid {spec}: {model}: {key} has no values, so the grid has no "
+                             "points; give at least one value or drop the key")
+        out[key] = list(values)
+    return out
+
+
+def points(axes: dict[str, list] | list[dict[str, list]]) -> list[dict]:
+    """Every combination of the axes' values (one empty point for no axes); for a list of
+    sub-grids, the union of theirs in order, each point once."""
+    out, seen = [], set()
+    for sub in axes if isinstance(axes, list) else [axes]:
+        keys = list(sub)
+        for combo in itertools.product(*(sub[k] for k in keys)):
+            p = dict(zip(keys, combo))
+            key = tuple(sorted(p.items()))
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+    return out
 
 
 def point_name(model: str, point: dict) -> str:
