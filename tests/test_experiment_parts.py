@@ -12,7 +12,7 @@ import pytest
 from prepared.errors import UsageError
 from training import grids
 from training.config import check
-from training.experiment import (ExperimentConfig, final_config, open_state, plan,
+from training.experiment import (ExperimentConfig, Progress, final_config, open_state, plan,
                                  retire_stale_final, select, table_csv, table_md, table_rows,
                                  trial_config)
 
@@ -310,3 +310,13 @@ def test_a_final_run_of_an_earlier_choice_is_moved_aside_not_reused_or_fatal(tmp
     assert moved.name.startswith("autorec-final.superseded-")
     assert json.loads((moved / "run.json").read_text())["config"]["lam"] == 1.0
     assert retire_stale_final(final(3.0)) is None  # nothing on record any more
+
+
+def test_progress_after_a_resume_counts_the_best_trial_that_finished_before_it(capsys):
+    progress = Progress("nce-autorec", 4, 2, 1, best_before=(0.1285, "before"))
+    progress.trial_done("third", {"valid_ndcg": 0.1280})
+    assert "trial 3/4 third: validation NDCG 0.1280; best 0.1285 (before); 1 left" in \
+        capsys.readouterr().out
+    progress.trial_done("fourth", {"valid_ndcg": 0.1300})
+    assert "trial 4/4 fourth: validation NDCG 0.1300; best 0.1300 (fourth); 0 left" in \
+        capsys.readouterr().out

@@ -266,9 +266,11 @@ def memory_bound(model: str, n_items: int, at_once: int) -> int:
 class Progress:
     """Prints a line per finished trial: done / left, the best so far, time left."""
 
-    def __init__(self, model: str, total: int, done_before: int, at_once: int):
+    def __init__(self, model: str, total: int, done_before: int, at_once: int,
+                 best_before: tuple[float, str] = (-1.0, "")):
+        """``best_before``: (NDCG, trial) of the trials that finished before a resume."""
         self.model, self.total, self.done, self.at_once = model, total, done_before, at_once
-        self.t0, self.ran, self.best = time.perf_counter(), 0, (-1.0, "")
+        self.t0, self.ran, self.best = time.perf_counter(), 0, best_before
 
     def trial_done(self, name: str, result: dict) -> None:
         self.done += 1
@@ -299,7 +301,10 @@ def search(cfg: ExperimentConfig, root: Path, model: str, points: list[dict],
           f"{at_once} at a time", flush=True)
     if not pending:
         return
-    progress = Progress(model, len(points), done, at_once)
+    before = with_ndcg(finished_trials(root, model, points))
+    progress = Progress(model, len(points), done, at_once,
+                        max(((t["best_valid_ndcg"], t["run_name"]) for _, t in before),
+                            default=(-1.0, "")))
 
     class Report(tune.Callback):
         def on_trial_result(self, iteration, trials, trial, result, **info):
