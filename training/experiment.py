@@ -293,17 +293,15 @@ def search(cfg: ExperimentConfig, root: Path, model: str, points: list[dict],
     """Run the points of ``model`` whose run has not finished, as one Tune grid search."""
     from ray import tune
 
-    runs = root / "trials"
-    pending = [p for p in points if not finished(runs / grids.point_name(model, p))]
-    done = len(points) - len(pending)
+    done = finished_trials(root, model, points)  # each run record read once
+    pending = [p for p in points if p not in [q for q, _ in done]]
     at_once = memory_bound(model, n_items, concurrency(cfg))
-    print(f"\n== search {model}: {len(points)} point(s), {done} finished already; "
+    print(f"\n== search {model}: {len(points)} point(s), {len(done)} finished already; "
           f"{at_once} at a time", flush=True)
     if not pending:
         return
-    before = with_ndcg(finished_trials(root, model, points))
-    progress = Progress(model, len(points), done, at_once,
-                        max(((t["best_valid_ndcg"], t["run_name"]) for _, t in before),
+    progress = Progress(model, len(points), len(done), at_once,
+                        max(((t["best_valid_ndcg"], t["run_name"]) for _, t in with_ndcg(done)),
                             default=(-1.0, "")))
 
     class Report(tune.Callback):
