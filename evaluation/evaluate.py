@@ -136,15 +136,77 @@ def truth_table(spark, prep, target: str):
             .groupBy(S.USER_ID, S.COLD).agg(F.collect_set(S.ITEM_ID).alias("truth")))
 
 
-def check_users(spark, prep, recs: Recs) -> None:
-    """Every recommended user must be a user of the dataset."""
-    users = spark.read.parquet(f"{prep.uri}/{prep.manifest['layout']['users']}").select(S.USER_ID)
-    unknown = recs.df.select("user_id").join(users, "user_id", "left_anti")
-    examples = [r[0] for r in unknown.limit(5).collect()]
-    if examples:
-        raise UsageError(f"--recs {recs.path}: {unknown.count():,} user(s) are not users of "
-                         f"--data {prep.uri}, e.g. {', '.join(map(str, examples))}; score the "
+def check_recs(spark, prep, recs: Recs) -> None:
+    """Refuse lists whose metrics would be wrong without showing it, naming the first offending
+    user (in user_id order) and the fix: a user not in ``prep`` (lists for another dataset), an
+    item outside its catalogue, a user on more than one row (counted once per row in every mean),
+    a list that repeats an item (a repeated true item is a hit at each of its positions: one can
+    give NDCG and Recall@50 far above 1). One aggregation over the lists as evaluated (their top
+    TOP_K): a shuffle by user_id of the file's rows beside the dataset's users, fed also by the
+    exploded lists anti-joined to the broadcast catalogue (map-side; only strays survive it). One
+    row of counts and first offenders reaches the driver, whatever the number of users."""
+    from pyspark.sql import functions as F
+
+    layout = prep.manifest["layout"]
+    users = spark.read.parquet(f"{prep.uri}/{layout['users']}") \
+        .select(F.col(S.USER_ID).cast("string").alias("user_id"))
+    catalogue = spark.read.parquet(f"{prep.uri}/{layout['items']}") \
+        .select(F.col(S.ITEM_ID).cast("string").alias("item"))
+    none = F.lit(None).cast("string")
+
+    def facts(df, rows, known, repeats, repeated, strays, stray):
+        """One input of the per-user union: what ``df``'s rows tell about their user."""
+        return df.select("user_id", F.lit(rows).alias("_rows"), F.lit(known).alias("_known"),
+                         repeats.alias("_repeats"), repeated.alias("_repeated"),
+                         F.lit(strays).alias("_strays"), stray.alias("_stray"))
+
+    repeats = F.size(F.array_distinct("item_ids")) != F.size("item_ids")
+    # the first item its list holds again later; CASE WHEN evaluates it only for the lists that
+    # repeat one, so this O(L^2) scan costs nothing on a well-formed file
+    first_repeat = F.expr("try_element_at(filter(item_ids, (x, i) -> "
+                          "array_position(item_ids, x) != i + 1), 1)")
+    strays = (recs.df.select("user_id", F.explode("item_ids").alias("item"))
+              .join(F.broadcast(catalogue), "item", "left_anti"))
+    by_user = (facts(recs.df, 1, False, repeats, F.when(repeats, first_repeat), False, none)
+               .unionByName(facts(strays, 0, False, F.lit(False), none, True, F.col("item")))
+               .unionByName(facts(users, 0, True, F.lit(False), none, False, none))
+               .groupBy("user_id")
+               .agg(F.sum("_rows").alias("rows"), F.max("_known").alias("known"),
+                    F.max("_repeats").alias("repeats"), F.min("_repeated").alias("repeated"),
+                    F.max("_strays").alias("strays"), F.min("_stray").alias("stray")))
+    checks = {"unknown": ((F.col("rows") > 0) & ~F.col("known"), none),
+              "stray": (F.col("strays"), F.col("stray")),
+              "twice": (F.col("rows") > 1, none),
+              "repeat": (F.col("repeats"), F.col("repeated"))}
+    aggs = []
+    for name, (bad, item) in checks.items():
+        aggs += [F.count(F.when(bad, 1)).alias(f"{name}_n"),
+                 F.min(F.when(bad, F.struct(F.col("user_id").alias("user"),
+                                            item.alias("item")))).alias(name)]
+    r = by_user.agg(*aggs).first()
+
+    def shown(v) -> str:
+        return "null" if v is None else str(v)
+
+    where = f"--recs {recs.path}"
+    if r["unknown_n"]:
+        raise UsageError(f"{where}: {r['unknown_n']:,} user(s) are not users of --data {prep.uri}, "
+                         f"e.g. {shown(r['unknown']['user'])} (the first by user_id); score the "
                          "dataset these recommendations are meant for")
+    if r["stray_n"]:
+        raise UsageError(f"{where}: {r['stray_n']:,} user(s) have items outside the catalogue of "
+                         f"--data {prep.uri}, first user {shown(r['stray']['user'])} with item "
+                         f"{shown(r['stray']['item'])}; re-run evaluation/score.py on that --data, "
+                         "or drop the unknown items")
+    if r["twice_n"]:
+        raise UsageError(f"{where}: {r['twice_n']:,} user(s) have more than one row (each row would "
+                         f"count in every mean), first user {shown(r['twice']['user'])}; re-run "
+                         "evaluation/score.py, or keep one list per user")
+    if r["repeat_n"]:
+        raise UsageError(f"{where}: {r['repeat_n']:,} user(s) have a list that repeats an item (a "
+                         "repeated true item would count as a hit at each position), first user "
+                         f"{shown(r['repeat']['user'])} repeats item {shown(r['repeat']['item'])}; "
+                         "re-run evaluation/score.py, or deduplicate the lists")
 
 
 def popularity_counts(recs: Recs, truth, items) -> tuple[np.ndarray, np.ndarray]:
@@ -368,12 +430,12 @@ def evaluate(spark, **kwargs) -> dict:
         seen[f.label] = seen.get(f.label, 0) + 1
         if seen[f.label] > 1:
             f.label = f"{f.label} #{seen[f.label]}"
-    for f in files:
-        log.info("checking the users of %s (%s)", f.path, f.label)
-        check_users(spark, prep, f)
+    for f in files:  # the manifest's word first: it explains unknown users and items at once
         if f.manifest.get("data") and f.manifest.get("dataset") != prep.dataset:
             raise UsageError(f"--recs {f.path} was scored on dataset {f.manifest['dataset']}, "
                              f"but --data {data} is {prep.dataset}")
+        log.info("checking the users and lists of %s (%s)", f.path, f.label)
+        check_recs(spark, prep, f)
 
     truth = truth_table(spark, prep, target).cache()
     n_truth = {bool(r[S.COLD]): r["count"] for r in truth.groupBy(S.COLD).count().collect()}
