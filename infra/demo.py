@@ -11,7 +11,10 @@ then prints the results table, the popularity plot's path and the MLflow UI link
 runs, and writes what it found (test metrics with CIs, popularity, each step's time, the machine,
 the code's commit) to ``var/results/demo.{json,md}``: the README quotes a committed copy.
 A second run reuses every step whose output is current; ``--redo`` does them all again.
-The stack is left running (for the MLflow UI); ``make stop`` stops it.
+A stack the demo starts is the demo's while it runs: stopped if the demo fails, is interrupted or
+killed (a watchdog sees to that even after SIGKILL; SIGTERM stops it at once). After a run that
+finishes, the stack is left running (for the MLflow UI); ``make stop`` stops it. A stack that was
+already running is reused and left as it was.
 
 The models are selected on the validation split and evaluated on the test split with train+valid
 excluded from the candidates (``--exclude train,valid``); the protocol's final retraining on
@@ -25,6 +28,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -219,9 +223,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mlflow-config", default=str(stack.MLFLOW_CONFIG),
                    help="the MLflow server's settings (default mlflow/server.json)")
     args = p.parse_args(argv)
-    dataset = Path(args.input).resolve()
-    var = Path(args.var).resolve()
-    prepared = var / "data" / "ml-latest-small"
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     clock = [time.perf_counter()]
@@ -231,9 +232,27 @@ def main(argv: list[str] | None = None) -> int:
         timings[name] = round(now - clock[0], 1)
         clock[0] = now
 
+    state = Path(args.stack_state)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # ends through the except below
+    try:
+        code = run_steps(args, state, lap, timings, t0)
+    except BaseException:
+        # what this run started stops with it (the user's stack it reused is left alone)
+        stack.stop(state, log=lambda s: print("   " + s, flush=True), owner=os.getpid(), grace=3)
+        raise
+    # finished: the stack is the user's now, up for the MLflow UI until `make stop`
+    stack.release(state, owner=os.getpid())
+    return code
+
+
+def run_steps(args, state: Path, lap, timings: dict, t0: float) -> int:
+    """The five steps and the report (``main`` owns the stack's lifetime)."""
+    dataset = Path(args.input).resolve()
+    var = Path(args.var).resolve()
+    prepared = var / "data" / "ml-latest-small"
     step(1, "local stack: MLflow tracking server and Ray head (loopback)")
-    running = stack.start(state=Path(args.stack_state), mlflow_config=Path(args.mlflow_config),
-                          log=lambda s: print("   " + s, flush=True))
+    running = stack.start(state=state, mlflow_config=Path(args.mlflow_config),
+                          log=lambda s: print("   " + s, flush=True), owner=os.getpid())
     mlflow_url = running["mlflow"].url
     os.environ.update(stack.client_env(running))  # this process and what it starts talk to the head
     lap("stack")

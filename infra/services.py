@@ -5,6 +5,10 @@ Each service runs in its own process group (``start_new_session``), so ``stop`` 
 process it spawned (MLflow's gunicorn/uvicorn workers; Ray's GCS, raylet, dashboard and workers)
 with one signal, and leaves nothing behind. The Ray head runs with ``--block``: its processes are
 children of the one we started, not daemons only ``ray stop`` could find.
+
+A group of its own also outlives whoever started it. Services started for a process (``owner``:
+a test session, the demo) get a watchdog (``infra.watchdog``) that stops them once that process
+is gone, however it ended; services started for the user (``make stack``) run until ``make stop``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's console scripts: mlflow, ray, spark-submit
 TOKEN_FILE = "ray_auth_token"
 
@@ -37,6 +42,7 @@ class Service:
     address: str   # Ray's GCS address (host:port); the URL again for MLflow
     log: Path
     env: dict[str, str] = field(default_factory=dict)  # what a client needs (Ray's token auth)
+    watchdog: int | None = None  # the pid of the watchdog stopping it with its owner, if any
 
 
 def free_port() -> int:
@@ -58,19 +64,45 @@ def port_is_free(port: int) -> bool:
 
 
 def _start(cmd: list[str], log: Path, health_url: str, timeout: float,
-           env: dict | None = None) -> subprocess.Popen:
+           env: dict | None = None, owner: int | None = None) -> tuple[subprocess.Popen, int | None]:
     """Run ``cmd`` in its own process group, logging to ``log``, and wait until ``health_url``
-    answers; on failure nothing is left running."""
+    answers; on failure nothing is left running. With an ``owner`` pid, a watchdog stops the
+    group when that process is gone (started at once: the owner may die while we wait here);
+    returns the process and the watchdog's pid."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env={**os.environ, **(env or {})})
+    dog = watch(owner, [proc.pid], log) if owner else None  # a new session: pgid == pid
     try:
         wait_http(health_url, proc, log, timeout)
     except ServiceError:
         stop(proc)
         raise
-    return proc
+    return proc, dog
+
+
+def watch(owner: int, pgids: list[int], log: Path) -> int:
+    """Start a watchdog (``python -m infra.watchdog``) that stops the process groups ``pgids``
+    once ``owner`` is gone; returns its pid. It runs in a session of its own, so a signal to the
+    owner's group (a timeout's, Ctrl-C) does not take it along; it logs to ``log``."""
+    with open(log, "ab") as f:
+        dog = subprocess.Popen([sys.executable, "-m", "infra.watchdog", "--owner", str(owner),
+                                *[a for g in pgids for a in ("--pgid", str(g))]],
+                               cwd=ROOT, stdin=subprocess.DEVNULL, stdout=f,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    return dog.pid
+
+
+def release(watchdog: int | None) -> None:
+    """Dismiss a watchdog (SIGUSR1): its services keep running after their owner ends."""
+    if not watchdog:
+        return
+    try:
+        os.kill(watchdog, signal.SIGUSR1)
+    except ProcessLookupError:
+        pass
+    _reap(watchdog)
 
 
 def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
@@ -106,8 +138,10 @@ def check_port(port: int, what: str) -> None:
                            "uses it or pick another port")
 
 
-def start_mlflow(state: Path, port: int, timeout: float = 120.0) -> Service:
-    """``mlflow server`` with ``sqlite:///STATE/mlflow.db`` and artifacts in STATE/artifacts."""
+def start_mlflow(state: Path, port: int, timeout: float = 120.0,
+                 owner: int | None = None) -> Service:
+    """``mlflow server`` with ``sqlite:///STATE/mlflow.db`` and artifacts in STATE/artifacts;
+    stopped by a watchdog when the process ``owner`` is gone, if given."""
     state = state.resolve()
     check_port(port, "the MLflow server")
     (state / "artifacts").mkdir(parents=True, exist_ok=True)
@@ -116,8 +150,8 @@ def start_mlflow(state: Path, port: int, timeout: float = 120.0) -> Service:
            "--backend-store-uri", f"sqlite:///{state / 'mlflow.db'}",
            "--default-artifact-root", str(state / "artifacts"), "--workers", "1"]
     url = f"http://127.0.0.1:{port}"
-    proc = _start(cmd, log, url + "/health", timeout)
-    return Service("mlflow", proc, url, url, log)
+    proc, dog = _start(cmd, log, url + "/health", timeout, owner=owner)
+    return Service("mlflow", proc, url, url, log, watchdog=dog)
 
 
 def ray_side_ports(head: bool = True) -> list[str]:
@@ -160,9 +194,11 @@ def ray_token(folder: Path) -> dict[str, str]:
 
 
 def start_ray_head(temp_dir: Path, port: int, dashboard_port: int, num_cpus: int,
-                   auth: dict[str, str], timeout: float = 180.0) -> Service:
+                   auth: dict[str, str], timeout: float = 180.0,
+                   owner: int | None = None) -> Service:
     """A Ray head on 127.0.0.1 with the dashboard (the job server) on ``dashboard_port``, in
-    token-authentication mode with the token of ``auth`` (from ``ray_token``).
+    token-authentication mode with the token of ``auth`` (from ``ray_token``); stopped by a
+    watchdog when the process ``owner`` is gone, if given.
 
     ``num_cpus`` may exceed the real cores: Ray Data needs a logical CPU beside the training
     workers' (platform.md), and the workers' torch threads are set from their own share.
@@ -182,13 +218,13 @@ def start_ray_head(temp_dir: Path, port: int, dashboard_port: int, num_cpus: int
     # drivers inherit the head's token settings
     env = {**auth, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     url = f"http://127.0.0.1:{dashboard_port}"
-    proc = _start(cmd, log, url + "/api/version", timeout, env)
+    proc, dog = _start(cmd, log, url + "/api/version", timeout, env, owner)
     try:
         wait_job_agent(f"127.0.0.1:{port}", auth, timeout)
     except ServiceError as e:
         stop(proc, timeout=5)
         raise ServiceError(f"{e}; see {log}") from None
-    return Service("ray", proc, url, f"127.0.0.1:{port}", log, dict(auth))
+    return Service("ray", proc, url, f"127.0.0.1:{port}", log, dict(auth), dog)
 
 
 _AGENT_PROBE = """

@@ -8,6 +8,10 @@ MLflow's settings (port, SQLite file, artifact root) are in ``mlflow/server.json
 under ``mlflow/state/`` (git-ignored). The Ray head's ports and logical CPUs are flags. What runs is
 recorded in ``var/stack/stack.json`` (process groups, URLs), so ``stop`` and ``status`` work from
 any later shell, and a second ``start`` reuses a healthy stack instead of starting another.
+
+A stack started from the command line is the user's: it runs until ``stop``. A stack a program
+starts for itself (``start(owner=os.getpid())``: the test session, the demo) is stopped by a
+watchdog when that program ends, however it ends, unless the program hands it over (``release``).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ class Running:
     # what a client needs in its environment (Ray's token mode and token file; an inline
     # RAY_AUTH_TOKEN of the user's environment is not written here)
     env: dict[str, str] = field(default_factory=dict)
+    owner: int | None = None     # the pid it stops with (its watchdog's); None: the user's
+    watchdog: int | None = None
 
 
 def client_env(record: dict[str, Running]) -> dict[str, str]:
@@ -106,11 +112,14 @@ def ray_temp_dir(state: Path) -> Path:
 
 
 def start(*, ray_port: int = 6379, dashboard_port: int = 8265, num_cpus: int | None = None,
-          state: Path = STATE, mlflow_config: Path = MLFLOW_CONFIG, log=print) -> dict[str, Running]:
+          state: Path = STATE, mlflow_config: Path = MLFLOW_CONFIG, log=print,
+          owner: int | None = None) -> dict[str, Running]:
     """Start whatever of the stack is not already running and healthy; returns both.
 
     A start that fails part-way stops what this call started (a service that was already running
-    is left alone) and records only what still runs."""
+    is left alone) and records only what still runs. With ``owner`` (a pid), what this call
+    starts is stopped by a watchdog once that process is gone; a service that was running
+    already keeps its own terms."""
     record = read_record(state)
     for name, svc in list(record.items()):
         if healthy(svc):
@@ -125,9 +134,9 @@ def start(*, ray_port: int = 6379, dashboard_port: int = 8265, num_cpus: int | N
         if "mlflow" not in record:
             cfg = mlflow_settings(mlflow_config)
             log(f"mlflow: starting on 127.0.0.1:{cfg['port']} (state in {cfg['state_dir']}) ...")
-            svc = services.start_mlflow(Path(cfg["state_dir"]), int(cfg["port"]))
+            svc = services.start_mlflow(Path(cfg["state_dir"]), int(cfg["port"]), owner=owner)
             record["mlflow"] = Running("mlflow", os.getpgid(svc.proc.pid), svc.url, svc.address,
-                                       str(svc.log))
+                                       str(svc.log), owner=owner, watchdog=svc.watchdog)
             started.append("mlflow")
             write_record(record, state)
             log(f"mlflow: up at {svc.url}")
@@ -137,10 +146,11 @@ def start(*, ray_port: int = 6379, dashboard_port: int = 8265, num_cpus: int | N
             log(f"ray: starting a head on 127.0.0.1:{ray_port}, job server on :{dashboard_port}, "
                 f"{cpus} logical CPUs, token authentication "
                 f"({auth.get('RAY_AUTH_TOKEN_PATH', 'RAY_AUTH_TOKEN of this environment')}) ...")
-            svc = services.start_ray_head(ray_temp_dir(state), ray_port, dashboard_port, cpus, auth)
+            svc = services.start_ray_head(ray_temp_dir(state), ray_port, dashboard_port, cpus, auth,
+                                          owner=owner)
             record["ray"] = Running("ray", os.getpgid(svc.proc.pid), svc.url, svc.address,
                                     str(svc.log), {k: v for k, v in auth.items()
-                                                   if k != "RAY_AUTH_TOKEN"})
+                                                   if k != "RAY_AUTH_TOKEN"}, owner, svc.watchdog)
             started.append("ray")
             write_record(record, state)
             log(f"ray: up at {svc.url} (GCS {svc.address})")
@@ -156,14 +166,41 @@ def start(*, ray_port: int = 6379, dashboard_port: int = 8265, num_cpus: int | N
     return record
 
 
-def stop(state: Path = STATE, log=print) -> None:
+def stop(state: Path = STATE, log=print, owner: int | None = None,
+         grace: float | None = None) -> None:
+    """Stop the recorded services; with ``owner``, only those started for that process (a
+    demo stopping on SIGTERM leaves the user's own stack it reused alone). ``grace``: SIGTERM
+    them all at once and SIGKILL what is left that many seconds later (a process told to stop
+    has seconds, not the half minute a graceful Ray head takes)."""
+    from infra.watchdog import stop_groups
+
     record = read_record(state)
     if not record:
         log("nothing recorded as running (no var/stack/stack.json)")
-    for name, svc in record.items():
+    mine = {k: v for k, v in record.items() if owner is None or v.owner == owner}
+    if grace is not None:
+        stop_groups([svc.pgid for svc in mine.values()], grace, log=lambda s: None)
+    for name, svc in mine.items():
         services.stop_group(svc.pgid, 5 if name == "ray" else 10)
         log(f"{name}: stopped (process group {svc.pgid})")
-    _record_path(state).unlink(missing_ok=True)
+    rest = {k: v for k, v in record.items() if k not in mine}
+    if rest:
+        write_record(rest, state)
+    else:
+        _record_path(state).unlink(missing_ok=True)
+
+
+def release(state: Path = STATE, owner: int | None = None) -> list[str]:
+    """Hand the services started for ``owner`` over to the user: their watchdogs are dismissed
+    and they run until ``stop`` (the demo leaves its stack up for the MLflow UI); returns them."""
+    record = read_record(state)
+    names = [k for k, v in record.items() if v.owner is not None and v.owner == owner]
+    for name in names:
+        services.release(record[name].watchdog)
+        record[name].owner = record[name].watchdog = None
+    if names:
+        write_record(record, state)
+    return names
 
 
 def status(state: Path = STATE, log=print) -> bool:

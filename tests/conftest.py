@@ -52,11 +52,29 @@ def ml100k_prepared(spark, shared_datasets, tmp_path_factory) -> Path:
     return out
 
 
+def stop_stack_on_sigterm(state: Path) -> None:
+    """A session told to stop (SIGTERM: a timeout, a CI runner) stops its stack within seconds and
+    ends as on Ctrl-C, running its teardown; Python's default would end it on the spot, leaving the
+    stack to the watchdog."""
+    import signal
+    import threading
+
+    from infra import stack
+
+    def on_sigterm(signum, frame):
+        stack.stop(state, log=lambda s: None, owner=os.getpid(), grace=3)
+        raise KeyboardInterrupt("SIGTERM")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+
 @pytest.fixture(scope="session")
 def local_stack(tmp_path_factory):
     """The project's local stack (``infra.stack``: an MLflow server with SQLite and a Ray head with
     its job server, loopback, free ports), started once per session by the real script; stopping
-    it at the end must leave no process behind."""
+    it at the end must leave no process behind. It is the session's: a watchdog stops it if the
+    session dies without its teardown (SIGKILL, a crash), and SIGTERM stops it at once."""
     import ray
 
     from infra import services, stack
@@ -65,9 +83,11 @@ def local_stack(tmp_path_factory):
     config = base / "server.json"
     config.write_text(json.dumps({"port": services.free_port(), "state_dir": str(base / "mlflow")}))
     state = base / "state"
+    stop_stack_on_sigterm(state)
     try:
         record = stack.start(ray_port=services.free_port(), dashboard_port=services.free_port(),
-                             num_cpus=3, state=state, mlflow_config=config, log=lambda s: None)
+                             num_cpus=3, state=state, mlflow_config=config, log=lambda s: None,
+                             owner=os.getpid())
         # the session's clients (this driver, ray job submit in tests) use the stack's own token
         os.environ.update(stack.client_env(record))
         ray.init(address=record["ray"].address, log_to_driver=True)

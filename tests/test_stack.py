@@ -87,6 +87,8 @@ def test_the_stack_starts_on_a_fresh_machine_with_an_empty_home(tmp_path):
         assert exports["RAY_AUTH_TOKEN_PATH"] == str(token) and exports["RAY_AUTH_MODE"] == "token"
         assert re.search(r"joins with --ray-address 127\.0\.0\.1:\d+\)$", out.stdout, re.M)
         assert subprocess.run([*cli, "status", *where], cwd=ROOT, env=env).returncode == 0
+        # the user's stack: no owner and no watchdog, it runs until `stop`
+        assert all(s.owner is None and s.watchdog is None for s in stack.read_record(state).values())
 
         client = {**env, **exports}  # "another shell" that exported what start printed
         job = subprocess.run(

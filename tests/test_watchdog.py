@@ -1,0 +1,157 @@
+"""Services started for a process die with it, however it ends: an owner started here starts a
+service through ``infra.services`` with itself as owner, prints the service's process group, and
+is killed with SIGKILL (no cleanup of its own can run); within seconds nothing of the service may
+be left. The fast case is a stand-in service that ignores SIGTERM and has a child, as an MLflow
+server and a Ray head do; the real MLflow server is the slower case."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from infra import services, stack
+
+ROOT = stack.ROOT
+
+# a server that ignores SIGTERM (as MLflow's and Ray's were seen to for 15 s) with a child
+# process in its group that ignores it too
+STUBBORN = textwrap.dedent("""
+    import http.server, signal, subprocess, sys
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                      "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])),
+                           http.server.SimpleHTTPRequestHandler).serve_forever()
+""")
+
+OWNER = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from infra import services
+    kind, folder, release = sys.argv[1], Path(sys.argv[2]), sys.argv[3] == "release"
+    port = services.free_port()
+    if kind == "mlflow":
+        svc = services.start_mlflow(folder, port, owner=os.getpid())
+        proc, dog = svc.proc, svc.watchdog
+    else:
+        proc, dog = services._start([sys.executable, "-c", sys.argv[4], str(port)],
+                                    folder / "stub.log", f"http://127.0.0.1:{port}/", 60,
+                                    owner=os.getpid())
+    if release:
+        services.release(dog)
+    print(os.getpgid(proc.pid), port, dog, flush=True)
+    proc.wait()  # collects the server once it is stopped, as infra.services.stop does
+    time.sleep(600)
+""")
+
+
+def start_owner(tmp_path, kind: str, release: bool = False) -> tuple[subprocess.Popen, int, int]:
+    """The owner process, once its service answers: (owner, the service's pgid, its port)."""
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, kind, str(tmp_path / kind),
+                              "release" if release else "keep", STUBBORN],
+                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    line = owner.stdout.readline()
+    assert line, f"the owner exited ({owner.wait()}) before its {kind} service answered"
+    pgid, port, _ = line.split()
+    return owner, int(pgid), int(port)
+
+
+def wait_gone(pgid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not services.group_alive(pgid):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_an_owner_killed_with_sigkill_takes_its_service_along(tmp_path):
+    owner, pgid, port = start_owner(tmp_path, "stub")
+    try:
+        assert services.group_alive(pgid)
+        members = [p for p in os.listdir("/proc") if p.isdigit() and _pgid(int(p)) == pgid]
+        assert len(members) >= 2  # the server and its child
+        owner.kill()
+        owner.wait()
+        # polled every second, SIGTERM ignored, SIGKILL 3 s later
+        assert wait_gone(pgid, 10), "the owner's service outlived it"
+        assert services.port_is_free(port)
+        log = (tmp_path / "stub" / "stub.log").read_text()
+        assert f"owner {owner.pid} is gone" in log and "sent SIGKILL" in log, log
+    finally:
+        owner.kill()
+        services.stop_group(pgid, 1)
+
+
+def test_a_released_service_outlives_its_owner(tmp_path):
+    """What the demo does when it finishes: its stack stays up for the MLflow UI."""
+    owner, pgid, _ = start_owner(tmp_path, "stub", release=True)
+    try:
+        owner.kill()
+        owner.wait()
+        time.sleep(3)  # a watchdog would have acted within a second of the owner's end
+        assert services.group_alive(pgid)
+    finally:
+        services.stop_group(pgid, 1)
+    assert not services.group_alive(pgid)
+
+
+def test_an_owners_mlflow_server_goes_with_it(tmp_path):
+    """The real server (about 20 s to start here), whose workers are in its process group."""
+    owner, pgid, port = start_owner(tmp_path, "mlflow")
+    try:
+        owner.kill()
+        owner.wait()
+        assert wait_gone(pgid, 15), "the MLflow server outlived its owner"
+        assert services.port_is_free(port)
+    finally:
+        owner.kill()
+        services.stop_group(pgid, 1)
+
+
+def test_the_watchdog_leaves_when_the_services_are_stopped_the_ordinary_way(tmp_path):
+    owner, pgid, _ = start_owner(tmp_path, "stub")
+    try:
+        dog = next(int(p) for p in os.listdir("/proc") if p.isdigit()
+                   and f"--pgid\0{pgid}" in _cmdline(int(p)))
+        services.stop_group(pgid, 1)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _cmdline(dog):
+            time.sleep(0.2)
+        assert not _cmdline(dog), "the watchdog stayed after its services were stopped"
+    finally:
+        owner.kill()
+        owner.wait()
+        services.stop_group(pgid, 1)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _cmdline(pid: int) -> str:
+    """The process's command line, '' once it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return ""
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
+@pytest.mark.ray
+def test_the_session_stack_is_watched_and_a_users_is_not(local_stack):
+    for svc in local_stack.services.values():
+        assert svc.owner == os.getpid() and _cmdline(svc.watchdog)
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # SIGTERM stops the stack
