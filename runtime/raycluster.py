@@ -1,10 +1,20 @@
-"""Which Ray cluster a driver (training/train.py, training/experiment.py) joins."""
+"""Which Ray cluster a driver (training/train.py, training/experiment.py) joins, how many logical
+CPUs a local Ray gets, and whether a run's workers fit the cluster: an impossible request is
+refused at once, and a run that waits for resources says which, instead of waiting in silence."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
+import threading
+import time
+from collections.abc import Callable, Iterator
 
 from prepared.errors import UsageError
+
+READ_CPUS = 1  # a logical CPU beside the training workers' for Ray Data's read tasks
+STALL_SECONDS = 60.0  # no epoch by then: say what the run waits for
 
 
 def join_address(explicit: str | None) -> str | None:
@@ -24,3 +34,128 @@ def join_address(explicit: str | None) -> str | None:
             "this command with `ray job submit -- python ...`, or unset RAY_ADDRESS to start a "
             "local Ray")
     return address
+
+
+def worker_cpus(num_workers: int, cpus_per_worker: float, cluster_cpus: float) -> float:
+    """``--cpus-per-worker``, or (0) the cluster's CPUs shared out, one kept for reading."""
+    return cpus_per_worker or max(1.0, float(int((cluster_cpus - READ_CPUS) // num_workers)))
+
+
+def local_cpus(num_workers: int, cpus_per_worker: float) -> int:
+    """Logical CPUs for a local ``ray.init``: the machine's cores, and at least one more than the
+    workers take. Without the extra one, a worker holding every CPU (one worker of 2 CPUs on a
+    2-core machine) leaves Ray Data's read tasks unschedulable and the run waits forever, idle."""
+    cores = os.cpu_count() or 1
+    cpw = worker_cpus(num_workers, cpus_per_worker, cores)
+    return max(cores, math.ceil(num_workers * cpw) + READ_CPUS)
+
+
+def check_fits(num_workers: int, cpw: float, *, use_gpu: bool = False, reading: bool = True,
+               resources: dict | None = None) -> None:
+    """Refuse, before anything is scheduled, a request the whole cluster could never hold: Ray
+    would queue it forever without a word. ``reading``: the workers read through Ray Data, which
+    needs a CPU of its own beside theirs. ``resources``: the cluster's (``ray.cluster_resources()``)."""
+    if resources is None:
+        import ray
+
+        resources = ray.cluster_resources()
+    cpus, gpus = resources.get("CPU", 0), resources.get("GPU", 0)
+    if use_gpu and gpus < num_workers:
+        raise UsageError(f"--num-workers {num_workers} --use-gpu needs {num_workers} GPUs; the "
+                         f"cluster has {gpus:g}: lower --num-workers or add GPU nodes")
+    need = num_workers * cpw + (READ_CPUS if reading else 0)
+    if need > cpus:
+        raise UsageError(f"--num-workers {num_workers} --cpus-per-worker {cpw:g} needs "
+                         f"{num_workers * cpw:g} CPUs for its workers"
+                         + (f" plus {READ_CPUS} for reading" if reading else "")
+                         + f"; the cluster has {cpus:g}; lower --num-workers or "
+                         "--cpus-per-worker, or add nodes")
+
+
+def pending_demands() -> str:
+    """What the cluster's scheduler cannot place now (the "Pending Demands" of ``ray status``),
+    as text; empty where Ray does not say."""
+    try:
+        import ray
+        from ray.autoscaler.v2.sdk import get_cluster_status
+
+        demands = get_cluster_status(ray.get_runtime_context().gcs_address).resource_demands
+        return "; ".join(f"{b.count} x {_shape(b.bundle)}"
+                         for d in [*demands.ray_task_actor_demand, *demands.placement_group_demand]
+                         for b in d.bundles_by_count)
+    except Exception:  # noqa: BLE001 (an older or newer Ray, a cluster without the autoscaler)
+        return ""
+
+
+def _shape(bundle: dict) -> str:
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(bundle.items())
+                           if not k.startswith(("bundle_group", "node:"))) + "}"
+
+
+def stall_message(what: str, num_workers: int, cpw: float, use_gpu: bool, waited: float,
+                  reading: bool = True) -> str:
+    """One line: what ``what`` asked for, what the cluster has and has free, how to change it."""
+    import ray
+
+    total, free = ray.cluster_resources(), ray.available_resources()
+    pending = pending_demands()
+    asked = f"{num_workers} worker(s) x {cpw:g} CPU" + (" + 1 GPU" if use_gpu else "") + \
+        (f" plus {READ_CPUS} CPU for reading" if reading else "")
+    gpus = (f", {free.get('GPU', 0):g} of {total.get('GPU', 0):g} GPUs free" if use_gpu else "")
+    return (f"{what}: no epoch finished {waited:.0f}s after it started; it asks for {asked}; the "
+            f"cluster has {free.get('CPU', 0):g} of {total.get('CPU', 0):g} CPUs free{gpus}"
+            + (f"; waiting to be scheduled: {pending}" if pending else "")
+            + ". If it stays this way, other runs hold what it needs, or the request does not "
+            "fit: lower --num-workers or --cpus-per-worker, or add nodes")
+
+
+@contextlib.contextmanager
+def watch_start(message: Callable[[float], str], progressed: Callable[[], bool],
+                after: float = STALL_SECONDS, every: float = 5 * STALL_SECONDS,
+                say: Callable[[str], None] = print) -> Iterator[None]:
+    """Around a blocking run (``trainer.fit()``): if ``progressed()`` is still false ``after``
+    seconds in (and every ``every`` seconds after that), print ``message(seconds waited)``. The
+    first progress ends the watch: from then on the run has what it needs."""
+    done, t0 = threading.Event(), time.monotonic()
+
+    def watch() -> None:
+        wait = after
+        while not done.wait(wait):
+            try:
+                if progressed():
+                    return
+                say(message(time.monotonic() - t0))
+            except Exception:  # noqa: BLE001 (a heartbeat never breaks the run it watches)
+                return
+            wait = every
+
+    thread = threading.Thread(target=watch, name="ray-start-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def checkpoints(run_dir: str) -> set[str]:
+    """The checkpoint folders Ray Train has written in a run's directory (one per epoch)."""
+    from pyarrow import fs as pafs
+
+    from prepared.reader import filesystem
+
+    fs, path = filesystem(run_dir)
+    try:
+        return {i.base_name for i in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+                if i.base_name.startswith("checkpoint_")}
+    except OSError:
+        return set()
+
+
+def watch_run(run_dir: str, what: str, num_workers: int, cpw: float,
+              use_gpu: bool) -> contextlib.AbstractContextManager:
+    """``watch_start`` for a Ray Train run writing to ``run_dir``: its progress is a new
+    checkpoint (a resumed run has old ones)."""
+    before = checkpoints(run_dir)
+    return watch_start(lambda waited: stall_message(what, num_workers, cpw, use_gpu, waited),
+                       lambda: bool(checkpoints(run_dir) - before),
+                       say=lambda line: print(line, flush=True))

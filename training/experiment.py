@@ -22,7 +22,9 @@ Stages (a rerun with the same --name skips every finished one, trial by trial):
 
 MLflow: one run per experiment (experiment NAME), one child per model, whose children are the
 trials and the final retraining; the table and plots are artifacts of the experiment's run.
-Everything lands under OUTPUT/NAME: trials/, final/, recs/, evaluation/, experiment.json.
+Everything lands under OUTPUT/NAME: trials/, final/, recs/, evaluation/, experiment.json, and
+the results: table.md, table.csv, paired.csv, figures/, published together with their manifest
+results.json written last (a reader checks it: ``read_results``).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from prepared.errors import UsageError
 from prepared.protocol import TOP_K
 from prepared.reader import Prepared, open_prepared
 from runtime.cli import add_options, option, strict_parser, values
-from runtime.raycluster import join_address
+from runtime.raycluster import check_fits, join_address, local_cpus, worker_cpus
 from training import grids
 from training.config import VALID_BY, TrainConfig, check
 from training.train import ADDED_OPTIONS, add_connection_flags, check_job_paths
@@ -231,7 +233,7 @@ def concurrency(cfg: ExperimentConfig) -> int:
     import ray
 
     cpus = ray.cluster_resources().get("CPU", 1)
-    cpw = cfg.cpus_per_worker or max(1.0, float(int((cpus - 1) // cfg.num_workers)))
+    cpw = worker_cpus(cfg.num_workers, cfg.cpus_per_worker, cpus)
     per_trial = cfg.num_workers * cpw + 1
     if not cfg.concurrency:
         return max(1, int(cpus // per_trial))
@@ -242,6 +244,16 @@ def concurrency(cfg: ExperimentConfig) -> int:
                          "data reads stall; lower --cpus-per-worker (e.g. "
                          f"{(cpus / cfg.concurrency - 1) / cfg.num_workers:.2g}) or --concurrency")
     return cfg.concurrency
+
+
+def check_trial_fits(cfg: ExperimentConfig, models: list[str]) -> None:
+    """Refuse, before any trial starts, workers the cluster could never hold: every trial would
+    otherwise wait for them forever (the same check as training/train.py's, once, up front)."""
+    import ray
+
+    res = ray.cluster_resources()
+    check_fits(cfg.num_workers, worker_cpus(cfg.num_workers, cfg.cpus_per_worker, res.get("CPU", 0)),
+               resources=res, reading=any(MODELS[m].kind != "closed-form" for m in models))
 
 
 def memory_bound(model: str, n_items: int, at_once: int) -> int:
@@ -567,13 +579,15 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
           f"point(s), {total} trial(s) on {prep.dataset}; in {root}", flush=True)
     uri = tracking.tracking_uri(mlflow_uri)
     tracking.check_reachable(uri)
+    if not ray.is_initialized():
+        address = join_address(ray_address)
+        # a local Ray keeps a CPU beyond the trial's workers for Ray Data, as train.py's does
+        ray.init(address=address, log_to_driver=True) if address else ray.init(
+            num_cpus=local_cpus(cfg.num_workers, cfg.cpus_per_worker), log_to_driver=True)
+    check_trial_fits(cfg, list(points))
     state = open_state(cfg, root)
     parent_runs(uri, cfg, state, list(points), prep.dataset)
     write_json(root / "experiment.json", state)
-    if not ray.is_initialized():
-        address = join_address(ray_address)
-        ray.init(address=address, log_to_driver=True) if address else ray.init(
-            num_cpus=max(os.cpu_count() or 1, cfg.num_workers + 1), log_to_driver=True)
 
     for model, pts in points.items():  # 1-3: search, select, retrain
         s = state["models"][model]
@@ -621,13 +635,11 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
                  output=str(root / "evaluation"), target="test", mlflow_uri=uri, overwrite=True)
     rows = table_rows(state, m["rows"], m.get("popularity"), m.get("paired", []))
     title = f"{cfg.name}: {prep.dataset}, grid {Path(cfg.grid).name}"
+    paired = root / "evaluation" / "paired.csv"  # per user, the first model minus each other
     files = {"table.md": table_md(rows, title).encode(), "table.csv": table_csv(rows).encode(),
+             **({"paired.csv": paired.read_bytes()} if paired.is_file() else {}),
              **{f"figures/{k}": v for k, v in figures(root, points).items()}}
-    for name, data in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        tmp = root / f"{name}.tmp"
-        tmp.write_bytes(data)
-        tmp.replace(root / name)
+    publish_results(root, files)
     state["figures"] = sorted(str(root / k) for k in files if k.startswith("figures/"))
     log_report(uri, state["run_id"], root, rows)
     state["table"] = str(root / "table.md")
@@ -636,14 +648,65 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
     return state
 
 
+RESULTS = "results.json"  # the results' manifest: written last, lists every file with its size
+RESULT_FILES = ("table.md", "table.csv", "paired.csv", "figures")
+
+
+def publish_results(root: Path, files: dict[str, bytes]) -> None:
+    """Write the results (``files``: relative path -> bytes) beside the experiment's other
+    folders, so that no reader takes a mix of an earlier run's files and this one's for a result.
+
+    Everything is written first into a hidden staging folder; the manifest ``results.json`` is
+    removed, the files are moved in (``figures/`` whole, by one rename: no figure of an earlier
+    run stays beside new ones), and the manifest, naming every file with its size, is written
+    last. A reader checks it (``read_results``): between the first move and the manifest there
+    is none, and a reader is told the results are being written."""
+    import shutil
+
+    stage = root / f".results.tmp-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    for name, data in files.items():
+        (stage / name).parent.mkdir(parents=True, exist_ok=True)
+        (stage / name).write_bytes(data)
+    (root / RESULTS).unlink(missing_ok=True)  # from here until the end: no complete results
+    old = root / f".figures.old-{os.getpid()}"
+    if (root / "figures").exists():
+        (root / "figures").rename(old)
+    for name in RESULT_FILES:
+        if (stage / name).exists():
+            (stage / name).replace(root / name)
+        elif name != "figures":  # an earlier run's file this run does not write (paired.csv)
+            (root / name).unlink(missing_ok=True)
+    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(stage, ignore_errors=True)
+    write_json(root / RESULTS, {"written": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                "files": {k: len(v) for k, v in sorted(files.items())}})
+
+
+def read_results(root: Path) -> dict:
+    """The results' manifest, once the files match it; refuses results being (re)written."""
+    from prepared.files import FILES, check_files
+
+    manifest = read_json(root / RESULTS)
+    if manifest is None:
+        raise UsageError(f"{root}: no {RESULTS}, so its results are incomplete: the experiment has "
+                         "not finished, or is writing them right now; wait for it, or run it again "
+                         "with the same --name")
+    found = {n: (root / n).stat().st_size for n in RESULT_FILES if (root / n).is_file()}
+    found |= {f"figures/{p.name}": p.stat().st_size for p in (root / "figures").glob("*")}
+    check_files(str(root), manifest[FILES], found)
+    return manifest
+
+
 def log_report(uri: str, run_id: str, root: Path, rows: list[dict]) -> None:
     """The table and the evaluation's plots as artifacts of the experiment's run; per model its
     test NDCG as a metric (compare experiments in the UI)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
-    for name in ("table.md", "table.csv"):
-        client.log_artifact(run_id, str(root / name))
+    for name in ("table.md", "table.csv", "paired.csv"):
+        if (root / name).is_file():
+            client.log_artifact(run_id, str(root / name))
     for plot in sorted([*(root / "evaluation").glob("*.png"), *(root / "figures").glob("*.png")]):
         client.log_artifact(run_id, str(plot), "plots")
     for r in rows:

@@ -33,7 +33,7 @@ import time
 from prepared.errors import UsageError
 from training import feed as F
 from runtime.cli import add_options, strict_parser, values
-from runtime.raycluster import join_address
+from runtime.raycluster import check_fits, join_address, local_cpus, watch_run, worker_cpus
 from training.config import TrainConfig, check
 from models.registry import MODELS, load_weights_only
 from prepared.protocol import head_items
@@ -161,25 +161,14 @@ def start_ray(cfg: TrainConfig, address: str | None) -> float:
     if not ray.is_initialized():
         if address:
             ray.init(address=address, log_to_driver=True)
-        else:
-            cpus = os.cpu_count() or 1
-            cpw = cfg.cpus_per_worker or max(1, (cpus - 1) // cfg.num_workers)
-            # one logical CPU beyond the workers' for Ray Data's read tasks (on a 2-core laptop
-            # two 1-CPU workers would otherwise leave none and the data pipeline would stall)
-            # the dashboard serves the state API that Ray Train's placement-group cleaner polls
-            ray.init(num_cpus=max(cpus, int(cfg.num_workers * cpw) + 1), log_to_driver=True)
+        else:  # a CPU beyond the workers' for Ray Data's reads (runtime.raycluster.local_cpus)
+            ray.init(num_cpus=local_cpus(cfg.num_workers, cfg.cpus_per_worker), log_to_driver=True)
     from training.loop import quiet_ray_logs
     quiet_ray_logs()
     res = ray.cluster_resources()
-    cpus, gpus = res.get("CPU", 0), res.get("GPU", 0)
-    cpw = cfg.cpus_per_worker or max(1.0, float(int((cpus - 1) // cfg.num_workers)))
-    if cfg.use_gpu and gpus < cfg.num_workers:
-        raise UsageError(f"--num-workers {cfg.num_workers} --use-gpu needs {cfg.num_workers} GPUs; "
-                         f"the cluster has {gpus:g}: lower --num-workers or add GPU nodes")
-    if cfg.num_workers * cpw > cpus:
-        raise UsageError(f"--num-workers {cfg.num_workers} x {cpw:g} CPUs each needs "
-                         f"{cfg.num_workers * cpw:g} CPUs; the cluster has {cpus:g}: lower "
-                         "--num-workers or --cpus-per-worker")
+    cpw = worker_cpus(cfg.num_workers, cfg.cpus_per_worker, res.get("CPU", 0))
+    check_fits(cfg.num_workers, cpw, use_gpu=cfg.use_gpu, resources=res,
+               reading=MODELS[cfg.model].kind != "closed-form")  # a closed-form fit reads itself
     return cpw
 
 
@@ -218,7 +207,8 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
         # Ray's own default too, made explicit: NCCL between GPUs, gloo between CPU processes
         torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
         datasets=datasets, dataset_config=ShardedValidation())
-    return trainer.fit()
+    with watch_run(run_dir, f"run {cfg.run_name}", cfg.num_workers, cpw, cfg.use_gpu):
+        return trainer.fit()
 
 
 def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None = None,

@@ -1,0 +1,99 @@
+"""A run's request for Ray resources: a local Ray leaves a CPU for Ray Data, a request the
+cluster could never hold is refused at once in one line, and a run that waits for resources says
+which after a minute instead of waiting in silence (``runtime.raycluster``)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from prepared.errors import UsageError
+from runtime import raycluster as rc
+
+IMPOSSIBLE = ("--num-workers 4 --cpus-per-worker 2 needs 8 CPUs for its workers plus 1 for "
+              "reading; the cluster has 3; lower --num-workers or --cpus-per-worker, or add nodes")
+
+
+def test_a_local_ray_leaves_a_cpu_for_reading(monkeypatch):
+    monkeypatch.setattr(rc.os, "cpu_count", lambda: 2)
+    # the case that waited forever: one worker of 2 CPUs on a 2-core machine
+    assert rc.local_cpus(1, 2) == 3
+    assert rc.local_cpus(2, 0) == 3      # two workers of 1 CPU (shared out), one for reading
+    assert rc.local_cpus(1, 0.5) == 2    # the cores, when the workers leave room anyway
+    assert rc.worker_cpus(2, 0, 3) == 1 and rc.worker_cpus(1, 0, 3) == 2
+
+
+def test_an_impossible_request_is_refused_with_the_sizes_and_the_fix():
+    with pytest.raises(UsageError) as e:
+        rc.check_fits(4, 2, resources={"CPU": 3.0})
+    assert str(e.value) == IMPOSSIBLE
+    rc.check_fits(2, 1, resources={"CPU": 3.0})  # 2 x 1 + 1 for reading: fits exactly
+    with pytest.raises(UsageError, match="needs 3 CPUs for its workers; the cluster has 2;"):
+        rc.check_fits(3, 1, resources={"CPU": 2.0}, reading=False)
+    with pytest.raises(UsageError, match="--use-gpu needs 2 GPUs; the cluster has 0"):
+        rc.check_fits(2, 1, use_gpu=True, resources={"CPU": 8.0})
+
+
+def test_the_experiment_refuses_trials_that_cannot_fit(monkeypatch, tmp_path):
+    import ray
+
+    from training.experiment import ExperimentConfig, check_trial_fits
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 3.0})
+    cfg = ExperimentConfig(data=str(tmp_path), num_workers=4, cpus_per_worker=2)
+    with pytest.raises(UsageError, match="^" + IMPOSSIBLE.replace("+", r"\+") + "$"):
+        check_trial_fits(cfg, ["autorec", "puresvd"])
+    check_trial_fits(ExperimentConfig(data=str(tmp_path), num_workers=2), ["autorec"])
+
+
+def test_a_run_without_progress_says_what_it_waits_for_until_it_progresses():
+    said, progressed = [], []
+    with rc.watch_start(lambda waited: f"waiting {waited:.1f}", lambda: bool(progressed),
+                        after=0.3, every=0.3, say=said.append):
+        time.sleep(1.0)
+        assert len(said) >= 2 and said[0].startswith("waiting 0.")
+        progressed.append(True)  # an epoch finished: the watch ends
+        time.sleep(0.7)
+        n = len(said)
+        time.sleep(0.7)
+        assert len(said) == n
+    quiet = []
+    with rc.watch_start(lambda w: "never", lambda: False, after=5, say=quiet.append):
+        pass  # a run that ends before the minute says nothing
+    time.sleep(0.1)
+    assert quiet == []
+
+
+@pytest.mark.ray
+def test_train_refuses_an_impossible_request_in_one_line(ml100k_prepared, ray_head, mlflow_server,
+                                                         tmp_path, capsys):
+    from training.train import main
+
+    code = main(["--data", str(ml100k_prepared), "--model", "autorec", "--num-workers", "4",
+                 "--cpus-per-worker", "2", "--output", str(tmp_path), "--run-name", "too-big",
+                 "--mlflow-uri", mlflow_server.url, "--epochs", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"error: {IMPOSSIBLE}\n", err
+
+
+@pytest.mark.ray
+def test_the_stall_message_names_what_waits(ray_head):
+    """A placement group the cluster cannot hold (4 CPUs on 3) is pending: the message says what
+    the run asked for, what is free, and what waits."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    pg = placement_group([{"CPU": 4}])
+    try:
+        deadline, line = time.monotonic() + 30, ""
+        while time.monotonic() < deadline and "waiting to be scheduled" not in line:
+            line = rc.stall_message("run big", 4, 1, False, 61)
+            time.sleep(1)
+        assert line.startswith("run big: no epoch finished 61s after it started; it asks for 4 "
+                               "worker(s) x 1 CPU plus 1 CPU for reading; the cluster has ")
+        assert "of 3 CPUs free; waiting to be scheduled: 1 x {CPU: 4}" in line, line
+        assert line.endswith("lower --num-workers or --cpus-per-worker, or add nodes")
+    finally:
+        remove_placement_group(pg)
+    assert ray.is_initialized()
