@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ from prepared import protocol
 from prepared import schema as S
 from etl.config import ETLConfig, PositiveRule
 from prepared.errors import InputDataError
+from prepared.files import crc32_hex
 from etl.sources import parse
 from etl.synthetic import synthetic_rows
 
@@ -475,12 +477,38 @@ def arrow_filesystem(uri: str):
     return fs.FileSystem.from_uri(uri.replace("s3a://", "s3://", 1))
 
 
+class Crc32Sink:
+    """A writable file for pyarrow that passes every byte on to ``stream`` and keeps their CRC-32
+    (``prepared.files``): the shard's checksum for the manifest without reading it back."""
+
+    def __init__(self, stream):
+        self.stream, self.crc = stream, 0
+
+    def write(self, data) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        return self.stream.write(data)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def tell(self) -> int:
+        return self.stream.tell()
+
+    def close(self) -> None:
+        self.stream.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.stream.closed
+
+
 def _write_rows_fn(out_dir: str, rstar_item: np.ndarray, pop: np.ndarray, negatives: int, seed: int):
     """``mapInArrow`` function: build a partition's user rows and write them as one Parquet shard.
 
     The rows are written by pyarrow from the worker: handing ~1e9 list elements (the negatives at
     Yahoo scale) back to the JVM only to write them costs more than the whole rest of the step.
     A retried task rewrites the same deterministic file name; the directory is published whole.
+    Each shard's CRC-32 is computed as its bytes are written, for the manifest.
     """
     build = _rows_fn(rstar_item, pop, negatives, seed)
 
@@ -492,19 +520,23 @@ def _write_rows_fn(out_dir: str, rstar_item: np.ndarray, pop: np.ndarray, negati
         part = TaskContext.get().partitionId()
         path = f"{root}/part-{part:05d}.parquet"
         n_users, pending, buffered = 0, 0, []
-        with pq.ParquetWriter(path, ROWS_SCHEMA, filesystem=filesystem, compression="zstd") as w:
-            for rows in build(batches):
-                buffered.append(rows)
-                n_users += rows.num_rows
-                pending += rows.nbytes
-                if pending > 64 << 20:  # ~64 MiB row groups
+        sink = Crc32Sink(filesystem.open_output_stream(path))
+        try:  # the writer leaves a file object it was given open
+            with pq.ParquetWriter(sink, ROWS_SCHEMA, compression="zstd") as w:
+                for rows in build(batches):
+                    buffered.append(rows)
+                    n_users += rows.num_rows
+                    pending += rows.nbytes
+                    if pending > 64 << 20:  # ~64 MiB row groups
+                        w.write_table(pa.Table.from_batches(buffered))
+                        pending, buffered = 0, []
+                if buffered:
                     w.write_table(pa.Table.from_batches(buffered))
-                    pending, buffered = 0, []
-            if buffered:
-                w.write_table(pa.Table.from_batches(buffered))
+        finally:
+            sink.close()
         n_bytes = filesystem.get_file_info(path).size
         yield pa.RecordBatch.from_pydict({"shard": [path.rsplit("/", 1)[1]], "users": [n_users],
-                                          "bytes": [n_bytes]})
+                                          "bytes": [n_bytes], "crc32": [crc32_hex(sink.crc)]})
 
     return fn
 
@@ -515,7 +547,7 @@ def write_user_rows(split: DataFrame, out_dir: str, rstar_item: np.ndarray, pop:
 
     ``split`` comes out of the split window with each user's positives adjacent in its partition,
     so the rows are built in one streaming Python pass: no aggregation, no further sort.
-    Returns one ``{shard, users, bytes}`` per shard.
+    Returns one ``{shard, users, bytes, crc32}`` per shard.
     """
     filesystem, root = arrow_filesystem(out_dir)
     filesystem.create_dir(root, recursive=True)
@@ -525,7 +557,7 @@ def write_user_rows(split: DataFrame, out_dir: str, rstar_item: np.ndarray, pop:
     positives = split.select("user_index", as_str("user_id"), "cold", "item_index",
                              codes.cast("byte").alias("split_code"))
     fn = _write_rows_fn(out_dir, rstar_item, pop, cfg.negatives, cfg.seed)
-    shards = positives.mapInArrow(fn, "shard string, users long, bytes long").collect()
+    shards = positives.mapInArrow(fn, "shard string, users long, bytes long, crc32 string").collect()
     return sorted((r.asDict() for r in shards), key=lambda r: r["shard"])
 
 

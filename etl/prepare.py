@@ -158,7 +158,9 @@ def run(cfg: ETLConfig, spark=None) -> dict:
                 "spark": {"version": spark.version, "master": spark.sparkContext.master,
                           "shuffle_partitions": partitions},
             }
-            manifest = publisher.write_manifest(manifest)  # last: lists every file, marks completeness
+            # last: lists every file with its size and CRC-32 (the shards' from their writers)
+            manifest = publisher.write_manifest(manifest, checksums={
+                f"{S.ROWS_DIR}/{s['shard']}": s["crc32"] for s in shards})
     finally:
         for df in cached:
             df.unpersist()

@@ -1,9 +1,11 @@
 """A prepared directory (the ETL's output, ``prepared/schema.py``) as every later stage reads it.
 
 Opening one checks that it is complete (its manifest and exactly the files the manifest lists, with
-their sizes: ``prepared/files.py``) and of the schema version this code reads, and loads the
-small per-item tables (popularity, hence R* for any beta and the negative-sampling distribution).
-User rows stay on storage: Ray Data streams them (``training/feed.py``).
+their sizes: ``prepared/files.py``), that its small files are intact (their CRC-32s, where the
+manifest records them: every file up to ``VERIFY_ON_OPEN``, which takes milliseconds; the large
+row shards are checked by ``python -m prepared.verify DIR``) and of the schema version this code
+reads, and loads the small per-item tables (popularity, hence R* for any beta and the
+negative-sampling distribution). User rows stay on storage: Ray Data streams them (``training/feed.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import pyarrow.fs as pafs
 from prepared import protocol
 from prepared import schema as S
 from prepared.errors import UsageError
-from prepared.files import FILES, check_files
+from prepared.files import CHECKSUMS, FILES, check_checksum, check_files, crc32_of
+
+VERIFY_ON_OPEN = 8 << 20  # files up to this size get their CRC-32 checked on every open
 
 
 @dataclass(frozen=True)
@@ -81,8 +85,21 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     return pafs.FileSystem.from_uri(uri.replace("s3a://", "s3://", 1))
 
 
-def open_prepared(uri: str) -> Prepared:
-    """Check ``uri`` is a complete prepared directory of this schema version and load its items."""
+def verify_files(where: str, fs: pafs.FileSystem, path: str, manifest: dict,
+                 max_bytes: int | None = None) -> int:
+    """Check the CRC-32 of every file the manifest records one for (of at most ``max_bytes``
+    each, if given); returns how many were checked. Call after ``check_files`` (sizes)."""
+    sizes, sums = manifest[FILES], manifest.get(CHECKSUMS, {})
+    chosen = [f for f in sorted(sums) if f in sizes
+              and (max_bytes is None or sizes[f] <= max_bytes)]
+    for f in chosen:
+        check_checksum(where, f, sums[f], crc32_of(fs, join(path, f)))
+    return len(chosen)
+
+
+def open_prepared(uri: str, verify: bool = False) -> Prepared:
+    """Check ``uri`` is a complete prepared directory of this schema version and load its items.
+    The CRC-32 of every file is checked with ``verify``, of the small ones always."""
     fs, path = filesystem(uri)
     info = fs.get_file_info(path)
     hint = ("prepare one with: spark-submit etl/prepare.py --dataset NAME --input RAW --output "
@@ -115,6 +132,7 @@ def open_prepared(uri: str) -> Prepared:
              for i in fs.get_file_info(pafs.FileSelector(path, recursive=True)) if i.is_file}
     found.pop(S.MANIFEST, None)
     check_files(f"--data {uri}", manifest[FILES], found)
+    verify_files(f"--data {uri}", fs, path, manifest, None if verify else VERIFY_ON_OPEN)
     items = pds.dataset(join(path, manifest["layout"]["items"]), filesystem=fs,
                         format="parquet").to_table(columns=[S.ITEM_INDEX, S.POP_TRAIN,
                                                             S.POP_TRAIN_VALID])

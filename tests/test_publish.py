@@ -1,12 +1,15 @@
 """Publishing holds where renames are not atomic: the manifest lists every file with its size and
 readers verify it; an ETL killed in each window of publishing leaves either the previous output or
-the new one readable, and the next run restores what an interrupted overwrite moved aside."""
+the new one readable, and the next run restores what an interrupted overwrite moved aside. One
+writer per output at a time: a second is refused while the first holds the lock, a killed one's
+lock is taken over, and only the holder removes leftover staging."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +20,7 @@ from prepared import schema as S
 from prepared.errors import UsageError
 from prepared.files import check_files
 from prepared.reader import open_prepared
+from runtime.publish import Publisher, WriterLock
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,3 +115,107 @@ def test_an_etl_killed_in_each_window_of_publishing_loses_nothing(tmp_path):
     assert last.returncode == 0, last.stderr[-3000:]
     assert "restored the previous" in last.stderr
     assert seed_of(out) == 5 and not hidden(out, "old") and not hidden(out, "tmp")
+
+
+# -- one writer at a time: the lock beside each output ----------------------------------------
+
+HOLD = ("import sys; from runtime.publish import WriterLock; "
+        "WriterLock.local(sys.argv[1], sys.argv[2]).acquire(); print('held', flush=True); "
+        "sys.stdin.read()")
+
+
+def lock_of(target: Path) -> Path:
+    return target.parent / f".{target.name}.lock"
+
+
+def hold_lock(target: Path) -> subprocess.Popen:
+    """Another writer of ``target``: a process holding its lock through the real lock code (a
+    job's lock without its Spark work); it lets go when its stdin closes, or dies on kill()."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(lock_of(target)), str(target)],
+                            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def publisher(spark, out: Path, backend: str) -> Publisher:
+    """A Publisher of ``out``; ``hadoop``: its lock through Hadoop's FileSystem (create without
+    overwrite), as on HDFS or S3A, instead of O_EXCL on the local disk."""
+    p = Publisher(spark, str(out))
+    if backend == "hadoop":
+        p._local = None
+        p._lock = p._writer_lock()
+    return p
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("backend", ["local", "hadoop"])
+def test_a_second_writer_is_refused_and_its_recovery_leaves_the_first_ones_staging(
+        spark, tmp_path, backend):
+    out = tmp_path / "out"
+    staging = tmp_path / ".out.tmp-0123456789ab"  # the first writer's, in use
+    staging.mkdir()
+    (staging / "part-0.parquet").write_bytes(b"rows")
+    first = hold_lock(out)
+    try:
+        second = publisher(spark, out, backend)
+        held = (rf"^{out} is being written by another job: pid {first.pid} on host "
+                rf"{socket.gethostname()}, since .* \(lock {lock_of(out)}\); wait for it to "
+                r"finish, or, if that job no longer runs, delete the lock and run again$")
+        with pytest.raises(UsageError, match=held):
+            second.check_target(overwrite=True)
+        with pytest.raises(UsageError, match=held):  # only the lock holder recovers
+            second.recover()
+        assert (staging / "part-0.parquet").read_bytes() == b"rows"
+        assert json.loads(lock_of(out).read_text())["pid"] == first.pid
+    finally:
+        first.stdin.close()
+        first.wait(timeout=30)
+    assert first.returncode == 0 and not lock_of(out).exists()  # let go at its exit
+    # the path is free: the next writer takes the lock, and the staging is now a leftover
+    third = publisher(spark, out, backend)
+    third.check_target(overwrite=False)
+    assert not staging.exists()
+    assert json.loads(lock_of(out).read_text())["pid"] == os.getpid()
+    third.unlock()
+    assert not lock_of(out).exists()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("backend", ["local", "hadoop"])
+def test_a_stale_lock_is_taken_over_and_said_in_the_log(spark, tmp_path, backend):
+    import logging
+
+    out = tmp_path / "out"
+    killed = hold_lock(out)
+    killed.kill()  # as a killed job: no exit handlers, its lock stays behind
+    killed.wait(timeout=30)
+    assert json.loads(lock_of(out).read_text())["pid"] == killed.pid
+    logger = logging.getLogger("etl")
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger.addHandler(handler)
+    try:
+        p = publisher(spark, out, backend)
+        p.check_target(overwrite=False)
+        assert json.loads(lock_of(out).read_text())["pid"] == os.getpid()
+        with p.staging() as tmp:
+            p.write_text(f"{tmp}/part-0.txt", "new")
+            p.write_manifest({})
+    finally:
+        logger.removeHandler(handler)
+    assert any(f"taking over the stale lock {lock_of(out)}: its writer, pid {killed.pid} on "
+               f"{socket.gethostname()}" in line and "no longer runs" in line for line in lines)
+    assert (out / "part-0.txt").read_text() == "new" and not lock_of(out).exists()
+
+
+def test_a_lock_from_another_host_or_without_a_holder_is_refused(tmp_path):
+    """Whether a pid runs on another host cannot be told from here: refused, with the way out."""
+    lock = tmp_path / ".out.lock"
+    lock.write_text(json.dumps({"pid": 1, "host": "elsewhere", "started": "then"}))
+    with pytest.raises(UsageError, match=r"pid 1 on host elsewhere, since then"):
+        WriterLock.local(str(lock), str(tmp_path / "out")).acquire()
+    lock.write_text("")  # its writer died between creating and filling it
+    with pytest.raises(UsageError, match=rf"locked by {lock}, which names no holder .* delete "):
+        WriterLock.local(str(lock), str(tmp_path / "out")).acquire()
+    assert lock.exists()

@@ -234,14 +234,17 @@ def train_loop(config: dict) -> None:
         loss = {n: v / max(n_users, 1) for n, v in zip(names, totals[:-1])}
         train_s = time.perf_counter() - t0
 
+        # before validation: a diverged model's codes are NaN too, and scoring them fails (the
+        # SVD of the effective rank) with a traceback instead of the run's message. The loss is
+        # all-reduced, so every rank skips validation alike
+        diverged = not all(math.isfinite(v) for v in loss.values())
         ndcg = recall = None
         t_valid = time.perf_counter()
-        if valid_rows is not None and last_phase:
+        if valid_rows is not None and last_phase and not diverged:
             (ndcg, recall), valid_share, valid_users, diagnostics = evaluate(
                 net, valid_rows, device, batch_size=max(per_worker, 256), head=head,
                 trained_users=cfg.valid_by == "trained")
         valid_s = time.perf_counter() - t_valid
-        diverged = not all(math.isfinite(v) for v in loss.values())
         phase_loss = None if last_phase else unwrap(net).monitor(phase, loss)
         record = {"epoch": epoch + 1, "phase": phase + 1, "train_seconds": train_s,
                   "users_per_second": n_users / train_s if train_s > 0 else 0.0,

@@ -1,0 +1,110 @@
+"""Check every file of a prepared directory: ``python -m prepared.verify DIR``.
+
+``open_prepared`` checks the manifest, the file list and sizes, and the CRC-32 of the small files
+on every open; the row shards (gigabytes at scale) only here, or when a read of them fails
+(``naming_damaged_files``). A shard damaged in place keeps its size and often still decodes, to
+wrong numbers (a flipped byte in an incompressible page is not noticed by Parquet or zstd), so the
+checksum is the check that counts. A manifest written before checksums has none; then every
+Parquet file is decoded whole instead, which catches only the damage that breaks decoding.
+
+Exit status 0 when every file is intact, 2 with a one-line ``error: ...`` naming the first damaged
+file otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+
+from prepared.errors import UsageError
+from prepared.files import CHECKSUMS, FILES, is_data_file
+from prepared.reader import filesystem, join, open_prepared
+
+
+def verify(uri: str) -> dict:
+    """Check every file of the prepared directory ``uri``; raises UsageError naming the first
+    damaged one. Returns what was checked: ``{"files", "bytes", "crc32", "decoded"}``."""
+    prep = open_prepared(uri, verify=True)  # sizes, then the CRC-32 of every file that has one
+    sizes, sums = prep.manifest[FILES], prep.manifest.get(CHECKSUMS, {})
+    unsummed = [f for f in sorted(sizes) if f not in sums and is_data_file(f)
+                and f.endswith(".parquet")]
+    fs, path = filesystem(uri)
+    for f in unsummed:
+        decode(fs, join(path, f), f"--data {uri}: {f}")
+    return {"files": len(sizes), "bytes": sum(sizes.values()),
+            "crc32": sum(f in sizes for f in sums), "decoded": len(unsummed)}
+
+
+def decode(fs, path: str, where: str) -> None:
+    """Read the Parquet file ``path`` whole, every column of every row group."""
+    import pyarrow.parquet as pq
+
+    try:
+        with fs.open_input_file(path) as f:
+            pf = pq.ParquetFile(f)
+            for g in range(pf.num_row_groups):
+                pf.read_row_group(g)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid/ArrowIOError and kin
+        raise UsageError(f"{where} is damaged: it does not read as Parquet ({first_line(e)}). "
+                         "Copy the directory again from where it came from, or prepare it again "
+                         "(etl/prepare.py --overwrite)") from None
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
+def is_read_error(e: BaseException) -> bool:
+    """Whether ``e`` (possibly wrapped by Ray or Spark, which keep the cause's text) looks like a
+    failed Parquet/Arrow read: worth checking the data's files for before reporting it."""
+    text = f"{type(e).__name__}: {e}"
+    return any(word in text for word in ("Arrow", "arquet", "thrift", "Thrift", "ZSTD",
+                                         "decompress", "FAILED_READ_FILE"))
+
+
+@contextlib.contextmanager
+def naming_damaged_files(uri: str) -> Iterator[None]:
+    """Around code that reads the prepared directory ``uri`` (Ray Data, Spark): a read failure
+    becomes the one-line UsageError naming the damaged file, if a check of every file finds one
+    (a cost paid only after a failure); any other failure passes through unchanged. Ray Data and
+    Spark raise the failure from inside a task, as a traceback that names no file (pyarrow's
+    errors do not say which file they were reading)."""
+    try:
+        yield
+    except UsageError:
+        raise
+    except Exception as e:
+        if not is_read_error(e):
+            raise
+        try:
+            verify(uri)
+        except UsageError as damaged:
+            raise damaged from e
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m prepared.verify", description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("data", metavar="DIR", help="a prepared directory (the ETL's --output): a local "
+                   "path or a URI pyarrow reads (hdfs://, s3a://)")
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        done = verify(args.data)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{args.data}: intact: {done['files']} files, {done['bytes'] / 2**20:,.1f} MiB; "
+          f"{done['crc32']} checked by CRC-32, {done['decoded']} decoded whole (no checksum in "
+          f"its manifest) in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
