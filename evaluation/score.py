@@ -280,13 +280,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from runtime.logs import setup_logging
+    from prepared.verify import naming_damaged_files
     from runtime.spark import get_spark
 
     args = build_parser().parse_args(argv)
     setup_logging(args.quiet, ("etl", "evaluation"))
     try:
         spark = get_spark("score")
-        m = score(spark, **values(args, ScoreConfig))
+        with naming_damaged_files(args.data):  # a shard that fails to read: named in one line
+            m = score(spark, **values(args, ScoreConfig))
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -38,6 +38,7 @@ from training.config import TrainConfig, check
 from models.registry import MODELS, load_weights_only
 from prepared.protocol import head_items
 from prepared.reader import Prepared, filesystem, join, open_prepared
+from prepared.verify import naming_damaged_files
 
 ROOT = Path(__file__).resolve().parents[1]
 # fields that may change when a run resumes (where and how it runs, not what it trains)
@@ -391,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         check(TrainConfig(**values(args, TrainConfig)))  # flags first: no data read for a typo
         prep = open_prepared(args.data if "://" in args.data else str(Path(args.data).resolve()))
         cfg = config_from_args(args, prep)
-        summary = run(cfg, args.mlflow_uri, args.ray_address, prep)
+        with naming_damaged_files(prep.uri):  # a shard that fails to read: named in one line
+            summary = run(cfg, args.mlflow_uri, args.ray_address, prep)
     except (UsageError, TrainingError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1
