@@ -91,6 +91,7 @@ def local_stack(tmp_path_factory):
         # the session's clients (this driver, ray job submit in tests) use the stack's own token
         os.environ.update(stack.client_env(record))
         ray.init(address=record["ray"].address, log_to_driver=True)
+        stop_stack_on_sigterm(state)  # again: ray.init puts its own fatal-signal handler in place
         yield SimpleNamespace(state=state, mlflow_config=config, services=record)
     finally:
         ray.shutdown()
