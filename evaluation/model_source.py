@@ -21,6 +21,7 @@ from prepared.errors import UsageError
 from models.base import Recommender
 from models.registry import build as build_model
 from models.registry import load_weights_only
+from models import registry as registry_module
 
 MLFLOW_SCHEMES = ("runs:/", "models:/", "mlflow-artifacts:/")
 
@@ -80,36 +81,88 @@ def from_checkpoint(path: str) -> ModelSource:
                        run_id=record.get("mlflow_run_id"), tracking_uri=record.get("mlflow_uri"))
 
 
+ACCEPTED = ("accepted: a model logged by this project's training/train.py (the python_function "
+            "flavour from the code file models/pyfunc.py, a weights-only state_dict and plain JSON "
+            "config)")
+
+
+def _refuse(uri: str, why: str) -> UsageError:
+    return UsageError(f"--model {uri}: refused: {why}; {ACCEPTED}. Nothing of it was run")
+
+
+def read_logged(uri: str, local: Path) -> tuple[str, dict, bytes]:
+    """(model name, model_args, state_dict bytes) of a model downloaded to ``local``, checked
+    against the one layout training logs (``runtime.tracking.pyfunc_spec``) without running any
+    of its code: MLmodel is read as YAML data, the weights weights-only, the code file compared
+    byte for byte with this installation's, and nothing else of it is imported or unpickled."""
+    import hashlib
+
+    import yaml
+
+    try:
+        mlmodel = yaml.safe_load((local / "MLmodel").read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise _refuse(uri, f"its MLmodel file cannot be read as data ({str(e).splitlines()[0]})") from None
+    flavors = (mlmodel or {}).get("flavors") or {}
+    if set(flavors) != {"python_function"}:
+        raise _refuse(uri, f"it has the flavour(s) {', '.join(sorted(flavors)) or 'none'}")
+    conf = flavors["python_function"] or {}
+    if conf.get("loader_module") != "mlflow.pyfunc.loaders.code_model" or "model_code_path" not in conf:
+        held = conf.get("python_model") or conf.get("loader_module")
+        raise _refuse(uri, f"it is a pickled or custom python model ({held}), which would run code "
+                      "when loaded")
+    code = local / Path(str(conf["model_code_path"])).name
+    ours = Path(registry_module.__file__).with_name("pyfunc.py")  # read, never imported here
+    if code.name != ours.name or not code.is_file() or \
+            hashlib.sha256(code.read_bytes()).digest() != hashlib.sha256(ours.read_bytes()).digest():
+        raise _refuse(uri, f"its code file {code.name} differs from this installation's "
+                      "models/pyfunc.py (logged by another version of the project, or altered); "
+                      "retrain it with this version")
+    cfg = conf.get("config") or {}
+    weights = (conf.get("artifacts") or {}).get("weights", {}).get("path")
+    if not isinstance(cfg.get("model"), str) or not isinstance(cfg.get("model_args"), dict) \
+            or not weights:
+        raise _refuse(uri, "its config names no model and arguments, or it has no weights artifact")
+    path = (local / weights).resolve()
+    if local.resolve() not in path.parents or not path.is_file():
+        raise _refuse(uri, f"its weights artifact {weights} is not a file inside the model")
+    state = load_weights_only(path, f"--model {uri} (its weights)")
+    return cfg["model"], cfg, _bytes(state)
+
+
 def from_mlflow(uri: str, tracking_uri: str) -> ModelSource:
-    """A model logged by training (the weights-only pyfunc of ``models/pyfunc.py``)."""
+    """A model logged by training, rebuilt from its weights by this project's classes
+    (``read_logged``): the tracking server is trusted to store bytes, never to run code here."""
+    import tempfile
+
     import mlflow
     from mlflow.exceptions import MlflowException
 
     mlflow.set_tracking_uri(tracking_uri)
+    with tempfile.TemporaryDirectory(prefix="nce-model-") as d:
+        try:
+            info = mlflow.models.get_model_info(uri)
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=d))
+        except (MlflowException, OSError) as e:
+            raise UsageError(f"--model {uri}: cannot load it from the tracking server {tracking_uri} "
+                             f"({str(e).splitlines()[0]}); check the URI in the MLflow UI and pass "
+                             "--mlflow-uri if the run lives elsewhere") from None
+        name, cfg, weights = read_logged(uri, local)
     try:
-        info = mlflow.models.get_model_info(uri)
-        pyfunc = mlflow.pyfunc.load_model(uri)
-    except (MlflowException, OSError) as e:
-        raise UsageError(f"--model {uri}: cannot load it from the tracking server {tracking_uri} "
-                         f"({str(e).splitlines()[0]}); check the URI in the MLflow UI and pass "
-                         "--mlflow-uri if the run lives elsewhere") from None
-    wrapped = pyfunc.unwrap_python_model()
-    if not hasattr(wrapped, "model") or not isinstance(wrapped.model, Recommender):
-        raise UsageError(f"--model {uri}: not a model logged by this version of training/train.py")
-    model: Recommender = wrapped.model
-    cfg = pyfunc.model_config or {}
-    run_name = None
+        check = build(weights, name, cfg["model_args"])  # the weights fit the named model
+    except (RuntimeError, TypeError, ValueError, KeyError) as e:  # wrong shapes, keys or args
+        raise _refuse(uri, f"its weights do not fit a {name} with its arguments "
+                      f"({str(e).splitlines()[0][:200]})") from None
+    run_name, splits = None, None
     if info.run_id:
         try:
             run = mlflow.tracking.MlflowClient(tracking_uri).get_run(info.run_id)
-            run_name = run.info.run_name
-            splits = run.data.tags.get("train_splits")
+            run_name, splits = run.info.run_name, run.data.tags.get("train_splits")
         except MlflowException:
-            splits = None
-    return ModelSource(uri=uri, weights=_bytes(model.state_dict()), model=model.name,
-                       model_args=model.model_args(),
+            pass
+    return ModelSource(uri=uri, weights=weights, model=check.name, model_args=check.model_args(),
                        train_splits=cfg.get("train_splits") or splits or "train",
-                       name=f"{model.name} {run_name or info.run_id or uri}",
+                       name=f"{name} {run_name or info.run_id or uri}",
                        run_id=info.run_id, tracking_uri=tracking_uri)
 
 

@@ -1,45 +1,60 @@
 """A trained model as an MLflow pyfunc ("models from code"): weights only, no pickled code.
 
-    model = mlflow.pyfunc.load_model("models:/m-...")
-    top = model.predict(pd.DataFrame({"train_items": [[3, 17, 42], [5]]}), params={"k": 10})
-    # top["items"][i]: the user's k best item indices (training items excluded), top["scores"][i]
+    model = mlflow.pyfunc.load_model("models:/NAME@champion")
+    top = model.predict(pd.DataFrame({"item_ids": [["50", "172"], ["1"]]}), params={"k": 10})
+    # top["item_ids"][i]: user i's k best items by the dataset's ids (their history left out),
+    # top["item_indices"][i] the same as indices, top["scores"][i], top["unknown_items"][i]
 
-Input rows are users' input item indices (``train_items`` of the prepared ``rows/``), so a batch of
-user rows is scored exactly as training's validation and Spark scoring do, for any model of
-``models.registry``.
+The request is checked by ``models/serving.py`` (what is accepted, and why unknown ids in a history
+are ignored and counted); a bad one raises an ``MlflowException`` with its message, which
+``mlflow models serve`` answers as HTTP 400. This file is what MLflow runs to load the model for a
+service; the project's own loaders never run it (``evaluation/model_source.py``).
 """
 
 from __future__ import annotations
 
 import mlflow.pyfunc
 import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
+from models import serving
 from models.batch import sparse_rows
 from models.registry import build, load_weights_only
-from prepared.protocol import TOP_K
 
 CHUNK = 1024  # users scored at once: bounded memory, CHUNK x n_items scores
 
 
 class Recommender(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
+        import pyarrow.parquet as pq
+
         cfg = context.model_config
         self.model = build(cfg["model"], cfg["model_args"])
-        state = load_weights_only(context.artifacts["weights"], "the model's weights")
+        state = load_weights_only(context.artifacts[serving.WEIGHTS], "the model's weights")
         self.model.load_state_dict(state)
         self.model.eval()
+        path = context.artifacts.get(serving.ITEM_IDS)
+        self.ids = serving.ItemIds(pq.read_table(path).column(0).to_pylist()) if path else None
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
-        params = params or {}
-        k, exclude_seen = int(params.get("k", TOP_K)), bool(params.get("exclude_seen", True))
-        rows = list(model_input["train_items"])
-        items_out, scores_out = [], []
+        try:
+            rows, unknown, k, exclude_seen = serving.parse(model_input, self.model.n_items,
+                                                           self.ids, params)
+        except ValueError as e:
+            raise MlflowException(str(e), error_code=INVALID_PARAMETER_VALUE) from None
+        indices, scores = [], []
         for lo in range(0, len(rows), CHUNK):
             items, offsets = sparse_rows(rows[lo:lo + CHUNK])
-            scores, top = self.model.recommend(items, offsets, k, exclude_seen)
-            items_out += top.tolist()
-            scores_out += scores.tolist()
-        return pd.DataFrame({"items": items_out, "scores": scores_out})
+            values, top = self.model.recommend(items, offsets, k, exclude_seen)
+            for v, t in zip(values, top):
+                keep = v > -float("inf")  # fewer than k unseen items: a shorter list, not padding
+                indices.append(t[keep].tolist())
+                scores.append(v[keep].tolist())
+        out = {"item_indices": indices, "scores": scores, "unknown_items": unknown}
+        if self.ids is not None:
+            out = {"item_ids": [self.ids.ids[row].tolist() for row in indices], **out}
+        return pd.DataFrame(out)
 
 
 mlflow.models.set_model(Recommender())

@@ -74,6 +74,14 @@ class Prepared:
     def negatives(self) -> int:
         return int(self.manifest["parameters"]["negatives"])
 
+    def item_ids(self) -> list[str]:
+        """The dataset's item ids in index order (the id map a logged model carries)."""
+        fs, path = filesystem(self.uri)
+        items = pds.dataset(join(path, self.manifest["layout"]["items"]), filesystem=fs,
+                            format="parquet").to_table(columns=[S.ITEM_INDEX, S.ITEM_ID])
+        order = np.argsort(items.column(S.ITEM_INDEX).to_numpy())
+        return [str(v) for v in np.asarray(items.column(S.ITEM_ID).to_pylist(), object)[order]]
+
 
 def join(base: str, name: str) -> str:
     return base.rstrip("/") + "/" + name

@@ -211,13 +211,40 @@ def learning_curves(history: list[dict], title: str):
     return fig
 
 
-def log_final(uri: str, run_id: str, *, weights: Path, model: str, model_args: dict,
-              model_info: dict, manifest: dict, history: list[dict], summary: dict, title: str) -> str:
-    """Log the returned model (a pyfunc scoring user rows, ``models/pyfunc.py``), manifest, curves;
-    returns its URI. ``model_info`` (training splits) goes into the model's config for scoring."""
+PYFUNC_CODE = ROOT / "models" / "pyfunc.py"  # the one code file a logged model may name
+
+
+def pyfunc_spec(*, weights: Path, item_ids: Path | None, model: str, model_args: dict,
+                model_info: dict) -> dict:
+    """The arguments of ``mlflow.pyfunc.log_model``/``save_model`` for a trained model: the code
+    file ``models/pyfunc.py`` (models from code: nothing pickled), the weights (a ``state_dict``,
+    loaded weights-only), the item id map (a one-column Parquet of ids in index order, so a service
+    takes the dataset's ids), and plain JSON config. ``evaluation/model_source.py`` accepts exactly
+    this layout. ``model_info`` (training splits) goes into the config for scoring."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    artifacts = {"weights": str(weights)}
+    if item_ids is not None:
+        artifacts["item_ids"] = str(item_ids)
+    # params only: the request's columns are checked by models/serving.py, whose messages say
+    # more than MLflow's schema enforcement would (and it takes ids as strings or whole numbers)
+    signature = ModelSignature(
+        outputs=Schema([ColSpec("string", "item_ids"), ColSpec("long", "item_indices"),
+                        ColSpec("double", "scores"), ColSpec("long", "unknown_items")]),
+        params=ParamSchema([ParamSpec("k", "long", TOP_K), ParamSpec("exclude_seen", "boolean", True)]))
+    return dict(python_model=str(PYFUNC_CODE), artifacts=artifacts,
+                model_config={"model": model, "model_args": model_args, **model_info},
+                # the model code and the contract it imports (errors); no pickled objects
+                code_paths=[str(ROOT / "models"), str(ROOT / "prepared")], signature=signature,
+                pip_requirements=["torch", "numpy", "pandas", "scipy", "scikit-learn", "pyarrow"])
+
+
+def log_final(uri: str, run_id: str, *, weights: Path, item_ids: Path | None, model: str,
+              model_args: dict, model_info: dict, manifest: dict, history: list[dict],
+              summary: dict, title: str) -> str:
+    """Log the returned model (``pyfunc_spec``), manifest, curves; returns the model's URI."""
     import mlflow
-    import pandas as pd
-    from mlflow.models import infer_signature
 
     mlflow.set_tracking_uri(uri)
     with mlflow.start_run(run_id=run_id):
@@ -229,15 +256,7 @@ def log_final(uri: str, run_id: str, *, weights: Path, model: str, model_args: d
         mlflow.log_figure(learning_curves(history, title), "learning_curves.png")
         mlflow.log_metrics({k: float(v) for k, v in summary.items()
                             if isinstance(v, int | float)})
-        example = pd.DataFrame({"train_items": [[0, 1, 2]]})
-        signature = infer_signature(example, pd.DataFrame({"items": [[3, 4]], "scores": [[.5, .4]]}),
-                                    params={"k": TOP_K, "exclude_seen": True})
-        info = mlflow.pyfunc.log_model(
-            name="model", python_model=str(ROOT / "models" / "pyfunc.py"),
-            artifacts={"weights": str(weights)},
-            model_config={"model": model, "model_args": model_args, **model_info},
-            # the model code and the contract it imports (errors); no pickled objects
-            code_paths=[str(ROOT / "models"), str(ROOT / "prepared")], signature=signature,
-            input_example=example, pip_requirements=["torch", "numpy", "pandas", "scipy",
-                                                     "scikit-learn", "pyarrow"])
+        info = mlflow.pyfunc.log_model(name="model", **pyfunc_spec(
+            weights=weights, item_ids=item_ids, model=model, model_args=model_args,
+            model_info=model_info))
     return info.model_uri

@@ -140,25 +140,18 @@ class ModelBehaviour:
         recommends what ``recommend`` does, for any model."""
         import mlflow.pyfunc
         import pandas as pd
-        from mlflow.models import infer_signature
 
-        from runtime.tracking import ROOT
+        from runtime.tracking import pyfunc_spec
 
         model, batch, train, *_ = trained
         torch.save(model.state_dict(), tmp_path / "weights.pt")
-        mlflow.pyfunc.save_model(
-            tmp_path / "model", python_model=str(ROOT / "models" / "pyfunc.py"),
-            artifacts={"weights": str(tmp_path / "weights.pt")},
-            model_config={"model": model.name, "model_args": model.model_args()},
-            code_paths=[str(ROOT / "models"), str(ROOT / "prepared")],
-            pip_requirements=["torch"],  # given: inferring them loads the model in a subprocess
-            signature=infer_signature(pd.DataFrame({"train_items": [[0, 1]]}),
-                                      pd.DataFrame({"items": [[3]], "scores": [[.5]]}),
-                                      params={"k": 50, "exclude_seen": True}))
+        spec = pyfunc_spec(weights=tmp_path / "weights.pt", item_ids=None, model=model.name,
+                           model_args=model.model_args(), model_info={})
+        mlflow.pyfunc.save_model(tmp_path / "model", **spec)
         loaded = mlflow.pyfunc.load_model(str(tmp_path / "model"))
-        out = loaded.predict(pd.DataFrame({"train_items": train}), params={"k": 3})
+        out = loaded.predict(pd.DataFrame({"item_indices": train}), params={"k": 3})
         values, top = model.recommend(batch.train_items, batch.train_offsets, k=3)
-        assert [list(r) for r in out["items"]] == top.tolist()
+        assert [list(r) for r in out["item_indices"]] == top.tolist()
         np.testing.assert_allclose(np.array(out["scores"].tolist()), values.numpy(), rtol=1e-6)
 
 

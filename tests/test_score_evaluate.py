@@ -326,7 +326,7 @@ def test_two_models_compared_and_logged_into_their_mlflow_runs(spark, ml100k_pre
     with torch.no_grad():
         model_b.heads["predict"].weight.mul_(3)
     torch.save(model_b.state_dict(), tmp_path / "weights.pt")
-    uri_b = log_final(mlflow_server.url, run_b, weights=tmp_path / "weights.pt",
+    uri_b = log_final(mlflow_server.url, run_b, weights=tmp_path / "weights.pt", item_ids=None,
                       model="nce-autorec", model_args=model_b.model_args(),
                       model_info={"train_splits": "train"},
                       manifest={}, history=[{"epoch": 1, "loss_nce": 1.0}], summary={},

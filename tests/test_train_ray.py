@@ -158,15 +158,15 @@ def test_mlflow_holds_params_epoch_metrics_artifacts_and_a_loadable_model(two_wo
     # the logged model, loaded by URI, scores user rows as the model itself does
     rows = warm_rows(ml100k_prepared).head(20)
     pyfunc = mlflow.pyfunc.load_model(two_workers["model_uri"])
-    got = pyfunc.predict(pd.DataFrame({"train_items": rows["train_items"].map(list)}),
+    got = pyfunc.predict(pd.DataFrame({"item_indices": rows["train_items"].map(list)}),
                          params={"k": 10})
     model = load_model(two_workers["model_path"])
     for i, train in enumerate(rows["train_items"]):
         with torch.no_grad():
             s = model.score(torch.tensor(train, dtype=torch.int64), torch.tensor([0]))[0]
         s[torch.tensor(train, dtype=torch.int64)] = -torch.inf
-        assert got["items"][i] == torch.topk(s, 10).indices.tolist()
-        assert not set(got["items"][i]) & set(train)
+        assert got["item_indices"][i] == torch.topk(s, 10).indices.tolist()
+        assert not set(got["item_indices"][i]) & set(train)
 
 
 def test_a_closed_form_model_trains_logs_and_scores_like_autorec(ml100k_prepared, ray_head,

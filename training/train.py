@@ -374,10 +374,14 @@ def log_results(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, summary
     if added and MODELS[cfg.model].kind == "gradient":  # a closed-form fit logs its one record here
         print(f"MLflow: logged {added} epoch(s) missed while the server was down", flush=True)
     with tempfile.TemporaryDirectory() as d:
-        weights = Path(d) / "weights.pt"
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        weights, item_ids = Path(d) / "weights.pt", Path(d) / "item_ids.parquet"
         torch.save(best, weights)
+        pq.write_table(pa.table({"item_id": pa.array(prep.item_ids(), pa.string())}), item_ids)
         return tracking.log_final(
-            uri, run_id, weights=weights, model=cfg.model, model_args=model_args,
+            uri, run_id, weights=weights, item_ids=item_ids, model=cfg.model, model_args=model_args,
             model_info={"train_splits": cfg.train_splits},
             manifest=prep.manifest, history=history,
             summary={k: v for k, v in summary.items() if k != "phase_epochs" and v is not None},
