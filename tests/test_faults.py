@@ -70,7 +70,7 @@ def test_mlflow_killed_during_training_loses_no_run(ml100k_prepared, ray_head, t
     from infra.services import free_port, start_mlflow, stop
 
     port = free_port()
-    server = start_mlflow(tmp_path / "mlflow", port)
+    server = start_mlflow(tmp_path / "mlflow", port, owner=os.getpid())
     cmd = [sys.executable, *train_cmd(ml100k_prepared, tmp_path / "runs", "mlflow-fault",
                                       server.url, "--num-workers", "1", "--mlflow-wait", "3",
                                       "--ray-address", ray_head.address)[1:]]
@@ -88,7 +88,7 @@ def test_mlflow_killed_during_training_loses_no_run(ml100k_prepared, ray_head, t
         assert (run_dir / "model.pt").exists()
         assert "summary" not in json.loads((run_dir / "run.json").read_text())
 
-        server = start_mlflow(tmp_path / "mlflow", port)  # back, same store
+        server = start_mlflow(tmp_path / "mlflow", port, owner=os.getpid())  # back, same store
         again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
         log = again.stdout + again.stderr
         assert again.returncode == 0, log[-3000:]
@@ -117,7 +117,8 @@ def test_ray_head_killed_then_a_rerun_resumes_from_the_last_checkpoint(ml100k_pr
     # Ray's unix sockets live under its temp dir: keep the path short (107-byte limit)
     short = Path(tempfile.mkdtemp(prefix="nce-rf-"))
     auth = ray_token(short)
-    head = start_ray_head(short / "r1", free_port(), free_port(), num_cpus=3, auth=auth)
+    head = start_ray_head(short / "r1", free_port(), free_port(), num_cpus=3, auth=auth,
+                          owner=os.getpid())
     cmd, env = ray_job_submit(head.url, args, auth)
     job = Streamed(cmd, env)
     try:
@@ -132,7 +133,8 @@ def test_ray_head_killed_then_a_rerun_resumes_from_the_last_checkpoint(ml100k_pr
     record = json.loads((tmp_path / "runs" / "head-fault" / "run.json").read_text())
     assert "summary" not in record  # interrupted, not finished
 
-    head2 = start_ray_head(short / "r2", free_port(), free_port(), num_cpus=3, auth=auth)
+    head2 = start_ray_head(short / "r2", free_port(), free_port(), num_cpus=3, auth=auth,
+                           owner=os.getpid())
     try:
         cmd, env = ray_job_submit(head2.url, args, auth)
         out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -137,7 +137,7 @@ def main() -> int:
         os.environ.update(auth)
         gcs, dash = services.free_port(), services.free_port()
         head = services.start_ray_head(Path(tempfile.gettempdir()) / f"nce-rc-{os.getpid()}", gcs,
-                                       dash, num_cpus=1, auth=auth)
+                                       dash, num_cpus=1, auth=auth, owner=os.getpid())
         groups["ray-head"] = head.proc
         groups["ray-node2"] = spawn(
             [str(BIN / "ray"), "start", "--address", head.address, "--block", "--num-cpus", "2",
