@@ -5,7 +5,11 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-TORCH_SPEC ?= torch==2.13.0
+# torch: TORCH=cpu (the CPU build, ~200 MB of wheels), TORCH=cuda (PyPI's default Linux build with
+# its CUDA libraries, several GB), or auto (the default): cuda where nvidia-smi sees a GPU, else cpu.
+TORCH ?= auto
+TORCH_VERSION ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 VAR ?= var
 PYTEST_ARGS ?=
 
@@ -23,8 +27,17 @@ $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is required (found " + sys.version.split()[0] + "); set PYTHON=python3.11")'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	@# torch first, pinned: an unpinned torch pulls a multi-GB CUDA build on Linux
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	@# torch first, pinned, of the kind this machine can use (an unpinned torch pulls the CUDA build)
+	@kind="$(TORCH)"; if [ "$$kind" = auto ]; then \
+	  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then kind=cuda; else kind=cpu; fi; fi; \
+	case "$$kind" in \
+	  cuda) echo "torch $(TORCH_VERSION): the CUDA build"; \
+	        $(PY) -m pip install -q "torch==$(TORCH_VERSION)" ;; \
+	  cpu)  echo "torch $(TORCH_VERSION): the CPU build (TORCH=cuda for a GPU)"; \
+	        $(PY) -m pip install -q "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
+	        || $(PY) -m pip install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url "$(TORCH_CPU_INDEX)" ;; \
+	  *)    echo "TORCH=$$kind: use TORCH=cpu, TORCH=cuda or TORCH=auto"; exit 2 ;; \
+	esac
 	$(PY) -m pip install -q -e ".[dev]"
 	@touch $@
 
