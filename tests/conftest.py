@@ -14,15 +14,44 @@ ROOT = Path(__file__).resolve().parents[1]
 # ray is first imported (the mode is read into Ray's config at import). The token itself is the
 # session stack's (``local_stack``), never one from the home directory.
 os.environ.setdefault("RAY_AUTH_MODE", "token")
-SHARED = Path(os.environ.get("NCE_SHARED_DATASETS", ROOT.parent / "shared" / "datasets"))
+# Datasets that may not be shipped (ml-100k's terms forbid it) come from NCE_DATASETS=DIR (DIR/NAME/...),
+# else ../shared/datasets beside the clone. Without them their tests are skipped, named in one summary
+# line; CI sets NCE_REQUIRE_DATASETS=1, where a missing dataset fails instead (it must run them all).
+SHARED = Path(os.environ.get("NCE_DATASETS") or os.environ.get("NCE_SHARED_DATASETS")
+              or ROOT.parent / "shared" / "datasets")
+REQUIRE_DATASETS = os.environ.get("NCE_REQUIRE_DATASETS") == "1"
+SKIP_PREFIX = "dataset file "
+
+
+def need_dataset(relative: str) -> Path:
+    """``SHARED/relative``, or skip the test (fail under NCE_REQUIRE_DATASETS=1) saying how to get it."""
+    path = SHARED / relative
+    if not path.exists():
+        how = (f"{SKIP_PREFIX}{path} not found: set NCE_DATASETS to a folder holding "
+               f"{relative} (python -m etl.fetch {relative.split('/')[0]} downloads it), or clone "
+               "the project beside shared/")
+        if REQUIRE_DATASETS:
+            pytest.fail(how + " (NCE_REQUIRE_DATASETS=1: every dataset test must run)")
+        pytest.skip(how)
+    return path
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line naming the datasets whose tests were skipped, and how to run them."""
+    reasons = [str(r.longrepr[2]) for r in terminalreporter.stats.get("skipped", [])
+               if isinstance(r.longrepr, tuple) and SKIP_PREFIX in str(r.longrepr[2])]
+    if reasons:
+        files = sorted({r.split(SKIP_PREFIX, 1)[1].split(" not found")[0] for r in reasons})
+        terminalreporter.write_line(
+            f"datasets: {len(reasons)} test(s) skipped: not found: {', '.join(files)}; set "
+            "NCE_DATASETS=DIR (python -m etl.fetch NAME downloads them) to run them", yellow=True)
 
 
 @pytest.fixture(scope="session")
 def shared_datasets() -> Path:
-    """``../shared/datasets`` (ml-100k may be read from there, never copied into the project)."""
-    if not (SHARED / "ml-100k" / "u.data").exists():
-        pytest.fail(f"shared datasets not found at {SHARED}; clone the project beside shared/ "
-                    f"or set NCE_SHARED_DATASETS")
+    """The folder of datasets that may not be shipped (ml-100k may be read from there, never copied
+    into the project); tests that need it are skipped without it."""
+    need_dataset("ml-100k/u.data")
     return SHARED
 
 

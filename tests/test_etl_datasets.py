@@ -3,6 +3,7 @@
 import pandas as pd
 import pytest
 
+from tests.conftest import ROOT, need_dataset
 from tests.etl_helpers import check_prepared, prepare, reference_positives, reference_time_split
 
 pytestmark = pytest.mark.spark
@@ -27,8 +28,8 @@ def test_ml_100k(spark, shared_datasets, tmp_path):
     assert (merged.timestamp == merged.ts).all()
 
 
-def test_ml_latest_small_half_stars(spark, shared_datasets, tmp_path):
-    path = shared_datasets / "ml-latest-small" / "ratings.csv"
+def test_ml_latest_small_half_stars(spark, tmp_path):
+    path = ROOT / "data" / "ml-latest-small" / "ratings.csv"  # shipped with the project
     raw = pd.read_csv(path, dtype={"userId": str, "movieId": str}).rename(
         columns={"userId": "user", "movieId": "item", "timestamp": "ts"})
     raw["order"] = range(len(raw))
@@ -39,8 +40,8 @@ def test_ml_latest_small_half_stars(spark, shared_datasets, tmp_path):
     assert out.manifest["counts"]["lines"]["header"] == 1
 
 
-def test_citeulike_random_split(spark, shared_datasets, tmp_path):
-    path = shared_datasets / "citeulike-a" / "users.dat"
+def test_citeulike_random_split(spark, tmp_path):
+    path = need_dataset("citeulike-a/users.dat")
     recs = []
     for k, line in enumerate(path.read_text().splitlines()):
         tokens = line.split()
@@ -62,8 +63,8 @@ def test_citeulike_random_split(spark, shared_datasets, tmp_path):
     assert again.rows.neg_items.map(list).tolist() == out.rows.neg_items.map(list).tolist()
 
 
-def test_goodbooks_sample(spark, shared_datasets, tmp_path):
-    path = shared_datasets / "goodbooks-sample" / "ratings.csv"
+def test_goodbooks_sample(spark, tmp_path):
+    path = need_dataset("goodbooks-sample/ratings.csv")
     raw = pd.read_csv(path, dtype={"user_id": str, "book_id": str}).rename(
         columns={"user_id": "user", "book_id": "item"})
     raw["ts"], raw["order"] = float("nan"), range(len(raw))

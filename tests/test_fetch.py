@@ -19,9 +19,9 @@ import pytest
 
 from etl import fetch as F
 from etl.config import DATASETS as ETL_DATASETS, ETLConfig
+from tests.conftest import need_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("NCE_SHARED_DATASETS", ROOT.parent / "shared" / "datasets"))
 U_DATA = b"196\t242\t3\t881250949\n186\t302\t3\t891717742\n22\t377\t1\t878887116\n"
 
 
@@ -107,9 +107,7 @@ def test_bad_md5_is_one_line_and_leaves_nothing(tmp_path):
 
 def test_pinned_git_blob_matches_the_real_citeulike_file(tmp_path):
     """The blob id pinned for citeulike-a is the one of the real users.dat (the shared copy)."""
-    users = SHARED / "citeulike-a" / "users.dat"
-    if not users.exists():
-        pytest.skip(f"{users} not found (set NCE_SHARED_DATASETS)")
+    users = need_dataset("citeulike-a/users.dat")
     mirror = tmp_path / "mirror"
     put(mirror, F.DATASETS["citeulike-a"].files[0].url, users.read_bytes())
     path = F.fetch("citeulike", tmp_path / "cache", mirror=f"file://{mirror}", out=io.StringIO())
