@@ -18,7 +18,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import subprocess
 from dataclasses import MISSING
+from importlib import metadata
+from pathlib import Path
+
+DISTRIBUTION = "nce-autorec"
 
 _TYPES = {"int": int, "float": float, "str": str}
 
@@ -34,8 +39,46 @@ def option(default=MISSING, *, help: str, group: str = "", choices=None, metavar
 
 
 def strict_parser(**kwargs) -> argparse.ArgumentParser:
-    """A parser that never guesses: ``--epoch`` is an error, not ``--epochs``."""
-    return argparse.ArgumentParser(allow_abbrev=False, **kwargs)
+    """A parser that never guesses: ``--epoch`` is an error, not ``--epochs``; it has --version."""
+    parser = argparse.ArgumentParser(allow_abbrev=False, **kwargs)
+    add_version(parser)
+    return parser
+
+
+def version_text() -> str:
+    """``nce-autorec 0.1.0 (git abc1234)``: the installed package's version, plus the commit when
+    this code runs from a git checkout (an installed copy has no .git: the version alone)."""
+    try:
+        text = f"{DISTRIBUTION} {metadata.version(DISTRIBUTION)}"
+    except metadata.PackageNotFoundError:  # run from a checkout that was never pip-installed
+        text = f"{DISTRIBUTION} (not installed)"
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():  # never report the commit of some repository around site-packages
+        return text
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):  # no git on PATH: the version alone, quietly
+        sha = ""
+    return f"{text} (git {sha})" if sha else text
+
+
+class _VersionAction(argparse.Action):
+    """argparse's "version" action, but git runs only when --version is asked for, not on every
+    parser built (the tests build hundreds)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    """--version on ``parser``: what to quote in a bug report."""
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print the package version (and git commit in a checkout) and exit")
 
 
 def _kind(annotation: str) -> tuple[type | None, bool, bool]:

@@ -180,3 +180,35 @@ def test_the_ray_address_a_driver_joins(monkeypatch):
     assert join_address("127.0.0.1:6379") == "127.0.0.1:6379"  # the flag wins
     with pytest.raises(UsageError, match=r"^--ray-address=https://head:8265 is a Ray job server"):
         join_address("https://head:8265")
+
+
+# -- --version, help text and messages (issue 29, CLI polish) -------------------------------------
+
+ENTRY_POINTS = [["etl/prepare.py"], ["training/train.py"], ["training/experiment.py"],
+                ["evaluation/score.py"], ["evaluation/evaluate.py"], ["-m", "etl.fetch"]]
+
+
+def test_every_entry_point_prints_its_version():
+    from importlib.metadata import version
+
+    git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True).stdout.strip()
+    # all at once: train.py alone spends seconds importing torch and Ray
+    procs = [subprocess.Popen([PY, *cmd, "--version"], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for cmd in ENTRY_POINTS]
+    for cmd, p in zip(ENTRY_POINTS, procs):
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, (cmd, err[-2000:])
+        assert out.strip() == f"nce-autorec {version('nce-autorec')} (git {git})", cmd
+
+
+def test_version_without_git_is_the_package_version_alone(monkeypatch):
+    from runtime import cli
+
+    def no_git(*a, **k):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(cli.subprocess, "run", no_git)
+    from importlib.metadata import version
+
+    assert cli.version_text() == f"nce-autorec {version('nce-autorec')}"
