@@ -43,9 +43,10 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
                     raise OSError(f"HTTP {r.status}")
         except (OSError, urllib.error.URLError) as e:
             raise UsageError(
-                f"MLflow tracking server {uri} is not reachable ({e}). Start one (make mlflow, or "
-                "mlflow server --backend-store-uri sqlite:///ABS/mlflow.db --host 127.0.0.1 "
-                "--port 5000) or pass another --mlflow-uri") from None
+                f"MLflow tracking server {uri} is not reachable ({e}). Start one (make stack, "
+                "which starts MLflow on 127.0.0.1:5000 and a Ray head; or mlflow server "
+                "--backend-store-uri sqlite:///ABS/mlflow.db --host 127.0.0.1 --port 5000) or pass "
+                "another --mlflow-uri") from None
     elif uri.startswith("sqlite:///"):
         parent = Path(uri[len("sqlite:///"):]).parent
         if not parent.is_dir():

@@ -252,7 +252,7 @@ def check(cfg: TrainConfig) -> None:
     cls = MODELS[cfg.model]
     for field in cfg.hyperparameters():
         if field not in cls.hyperparameters:
-            takes = ", ".join("--" + k for k in cls.hyperparameters) or "none"
+            takes = ", ".join("--" + k.replace("_", "-") for k in cls.hyperparameters) or "none"
             what = ("has one head, so it has no mode (modes apply to ns-autorec and nce-autorec)"
                     if field == "mode" else "does not take it")
             bad(field.replace("_", "-"), getattr(cfg, field),
