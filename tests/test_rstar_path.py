@@ -181,7 +181,7 @@ def synthetic_u_data(path, users=60, items=40, seed=5) -> pd.DataFrame:
     return raw
 
 
-@pytest.mark.parametrize("beta, rule", [(0.5, "positives"), (1.5, "users")])
+@pytest.mark.parametrize("beta, rule", [(0.5, "positives"), (2.0, "users")])
 def test_etl_stores_rstar_for_beta_and_z(spark, tmp_path, beta, rule):
     raw = synthetic_u_data(tmp_path / "u.data")
     out = prepare(spark, tmp_path / "out", dataset="ml-100k", input=(str(tmp_path / "u.data"),),
@@ -211,7 +211,7 @@ def test_etl_stores_rstar_for_beta_and_z(spark, tmp_path, beta, rule):
         checked += len(items)
         clipped += int((want == 0).sum())
     assert checked == len(ref[ref.split == "train"])
-    if beta > 1:  # the clip at 0 is exercised: Z = warm users < pop^1.5 for the popular items
+    if beta > 1:  # the clip at 0 is exercised: Z = warm users < pop^2 for the popular items
         assert clipped > 0
     else:
         assert clipped == 0 and min(math.log(z) - beta * math.log(p) for p in pop) > 0
