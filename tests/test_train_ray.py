@@ -204,10 +204,10 @@ def test_a_closed_form_model_trains_logs_and_scores_like_autorec(ml100k_prepared
     assert "learning_curves.png" in {a.path for a in client.list_artifacts(r.info.run_id)}
     rows = warm_rows(ml100k_prepared).head(5)
     got = mlflow.pyfunc.load_model(result["model_uri"]).predict(
-        pd.DataFrame({"train_items": rows["train_items"].map(list)}), params={"k": 5})
+        pd.DataFrame({"item_indices": rows["train_items"].map(list)}), params={"k": 5})
     for i, train in enumerate(rows["train_items"]):
         _, top = model.recommend(torch.tensor(train, dtype=torch.int64), torch.tensor([0]), 5)
-        assert got["items"][i] == top[0].tolist()
+        assert got["item_indices"][i] == top[0].tolist()
 
     recs = score(spark, model=result["model_uri"], data=str(ml100k_prepared),
                  output=str(tmp_path / "recs"), users="warm", mlflow_uri=mlflow_server.url)
