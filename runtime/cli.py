@@ -109,14 +109,22 @@ def add_options(parser: argparse.ArgumentParser, cls) -> None:
         default = (f.default_factory() if f.default_factory is not MISSING else f.default)
         required = default is MISSING
         text = meta["help"]
-        if meta["show_default"] and not required and default not in (None, False, ()):
-            shown = ", ".join(map(str, default)) if many else default
+        # None is left to the help, which says what it means; 0, False and () are shown too
+        # (a ``not in (None, False, ())`` test hid 0, which equals False)
+        if meta["show_default"] and not required and default is not None:
+            if element is None:
+                shown = "on" if default else "off"
+            elif many:
+                shown = ", ".join(map(str, default)) or "none"
+            else:
+                shown = default
             text += f" (default: {shown})"
         kwargs: dict = {"help": argparse.SUPPRESS if meta["hidden"] else text, "dest": f.name}
         if element is None:
             kwargs["action"] = "store_true"
         else:
-            kwargs.update(type=element, choices=meta["choices"], metavar=meta["metavar"])
+            kwargs.update(type=element, choices=meta["choices"],
+                          metavar=meta["metavar"] or choices_metavar(meta["choices"]))
             if many:
                 kwargs["nargs"] = "+"
             if required:
@@ -124,6 +132,14 @@ def add_options(parser: argparse.ArgumentParser, cls) -> None:
             else:
                 kwargs["default"] = default
         where.add_argument(*names, **kwargs)
+
+
+def choices_metavar(choices) -> str | None:
+    """``{train|train,valid}`` where a choice holds a comma: argparse's own ``{a,b}`` would read
+    ``{train,train,valid}``, three choices instead of two."""
+    if choices and any("," in str(c) for c in choices):
+        return "{" + "|".join(map(str, choices)) + "}"
+    return None
 
 
 def values(args: argparse.Namespace, cls) -> dict:

@@ -235,3 +235,61 @@ def test_an_unreachable_tracking_server_names_a_real_make_target():
     assert "make stack" in message and "make mlflow" not in message
     targets = set(re.findall(r"^([a-z][a-z-]*):", (ROOT / "Makefile").read_text(), re.M))
     assert set(re.findall(r"make ([a-z][a-z-]*)", message)) <= targets
+
+
+def _actions(parser) -> dict:
+    return {a.dest: a for a in parser._actions}
+
+
+@pytest.mark.parametrize("cli, cls_name, where, required", CLIS)
+def test_help_shows_every_default(cli, cls_name, where, required):
+    """Including 0 and False, which a truthiness test used to hide."""
+    import argparse
+    import dataclasses
+    import importlib
+
+    cls = getattr(importlib.import_module(where), cls_name)
+    actions = _actions(importlib.import_module(cli).build_parser())
+    for f in dataclasses.fields(cls):
+        if "help" not in f.metadata or f.metadata["hidden"] or actions[f.name].required:
+            continue
+        assert actions[f.name].help != argparse.SUPPRESS and "default" in actions[f.name].help, f.name
+
+
+def test_zero_and_off_defaults_read_as_such():
+    from training.train import build_parser
+
+    actions = _actions(build_parser())
+    assert actions["seed"].help.endswith("(default: 0)")
+    assert actions["pretrain_epochs"].help.endswith("(default: 0)")
+    assert actions["use_gpu"].help.endswith("(default: off)")
+
+
+def test_a_choice_holding_a_comma_reads_as_one_choice():
+    from training.train import build_parser
+
+    usage = " ".join(build_parser().format_help().split())
+    assert "--train-splits {train|train,valid}" in usage
+    assert "{train,train,valid}" not in usage
+
+
+@pytest.mark.parametrize("flag, field", [("lam", "lam"), ("width", "width"), ("rank", "rank"),
+                                         ("lr", "learning_rate"), ("patience", "patience")])
+def test_per_model_defaults_in_help_name_each_model(flag, field):
+    """From the models' own classes: the help cannot drift from models/*.py."""
+    from models.registry import MODELS
+    from training.train import build_parser
+
+    text = " ".join(_actions(build_parser())[flag].help.split())
+    listed = text[text.rindex("(") + 1:text.rindex(")")].removeprefix("default: the model's own, ")
+    got = dict(pair.rsplit(" ", 1) for pair in listed.split(", "))
+    want = {}
+    for name, cls in MODELS.items():
+        value = (getattr(cls, field) if field in ("learning_rate", "patience")
+                 else cls.hyperparameters.get(field))
+        if value is not None and (field not in ("learning_rate", "patience") or cls.kind == "gradient"):
+            want[name] = value
+    assert want and {m: float(v) for m, v in got.items()} == {m: float(v) for m, v in want.items()}
+    if flag == "lam":
+        assert "autorec 3, ohns-autorec 2, ns-autorec 10, nce-autorec 10" in text
+        assert "AutoRec family 3" not in text

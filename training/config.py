@@ -33,21 +33,16 @@ DATA, HYPER, TRAINING, CLUSTER = ("data and model", "model hyperparameters (a mo
 
 
 def model_defaults(field: str) -> str:
-    """The models' defaults of one hyperparameter, for --help ("the AutoRec family 200, ...");
-    ``learning_rate``, ``patience``: the gradient models' class attributes."""
-    from models.autorec import AutoRec
-
-    by_value: dict = {}
+    """Each model's default of one hyperparameter, for --help ("autorec 3, ohns-autorec 2, ..."),
+    read from the models' classes (``hyperparameters``; ``learning_rate``, ``patience``: the
+    gradient models' class attributes), so the help cannot drift from the code."""
+    shown = []
     for name, cls in MODELS.items():
         value = (getattr(cls, field) if field in ("learning_rate", "patience")
                  and cls.kind == "gradient" else cls.hyperparameters.get(field))
         if value is not None:
-            who = "the AutoRec family" if issubclass(cls, AutoRec) else name
-            names = by_value.setdefault(value, [])
-            if who not in names:
-                names.append(who)
-    return ", ".join(f"{'/'.join(names)} {value:g}" if isinstance(value, float) else
-                     f"{'/'.join(names)} {value}" for value, names in by_value.items())
+            shown.append(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}")
+    return ", ".join(shown)
 
 
 @dataclass(frozen=True)
@@ -144,9 +139,8 @@ class TrainConfig:
     epochs: int = option(200, group=TRAINING,
                          help="most epochs (of phase 2 for the fine-tune modes); early stopping "
                               "ends sooner")
-    pretrain_epochs: int = option(0, group=TRAINING, show_default=False,
-                                  help="fine-tune phase 1 epochs; 0 = until its loss converges "
-                                       "(default)")
+    pretrain_epochs: int = option(0, group=TRAINING,
+                                  help="fine-tune phase 1 epochs; 0 = until its loss converges")
     patience: int | None = option(None, group=TRAINING,
                                   help="stop after this many epochs without a better validation "
                                        f"NDCG (default: the model's own, "
@@ -163,12 +157,11 @@ class TrainConfig:
                                 "(the users' trained vectors: about 100x cheaper, most of an "
                                 "epoch on sparse catalogues; early stopping then watches the "
                                 "vectors training fits, and scoring still folds in)")
-    seed: int = option(0, group=TRAINING, help="model init, data order, resampling (default 0)",
-                       show_default=False)
+    seed: int = option(0, group=TRAINING, help="model init, data order, resampling")
     num_workers: int = option(2, group=CLUSTER, help="Ray Train workers (DDP ranks)")
-    cpus_per_worker: float = option(0.0, group=CLUSTER, show_default=False,
+    cpus_per_worker: float = option(0.0, group=CLUSTER,
                                     help="CPUs (and torch threads) per worker; 0 = share the "
-                                         "CPUs out (default)")
+                                         "CPUs out")
     use_gpu: bool = option(False, group=CLUSTER, help="one GPU per worker (NCCL)")
     bf16: bool = option(False, group=CLUSTER,
                         help="bf16 autocast on the matrix products (for GPUs; the fast loss's "

@@ -91,11 +91,11 @@ class ExperimentConfig:
                            help="how the per-user models (bpr, cml, cdae) score validation users "
                                 "(training/train.py --valid-by): trained is about 100x cheaper "
                                 "on sparse catalogues; the others ignore it")
-    seed: int = option(0, help="every trial's and the final runs' seed", show_default=False)
+    seed: int = option(0, help="every trial's and the final runs' seed")
     num_workers: int = option(2, help="Ray Train workers per trial (DDP ranks)")
-    cpus_per_worker: float = option(0.0, show_default=False,
+    cpus_per_worker: float = option(0.0,
                                     help="CPUs per worker; 0 = share the cluster's out")
-    concurrency: int = option(0, show_default=False,
+    concurrency: int = option(0,
                               help="trials at once; 0 = as many as the cluster's CPUs fit")
     no_register: bool = option(False, help="do not register the final models (score them from "
                                             "their runs)")
