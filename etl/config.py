@@ -99,7 +99,8 @@ class ETLConfig:
 
     dataset: str = option(help="the dataset's format and protocol defaults (listed below; "
                                "aliases: yahoo, citeulike-a)", group=IO)
-    output: str = option(help="prepared directory to write (local path or URI)", group=IO)
+    output: str = option(help="the prepared directory itself: its files go directly in OUTPUT "
+                              "(local path or URI)", group=IO)
     input: tuple[str, ...] = option((), group=IO, metavar="PATH",
                                     help="raw file(s), a directory holding the dataset's usual "
                                          "file, or a glob")

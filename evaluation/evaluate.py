@@ -384,7 +384,8 @@ class EvaluateConfig:
                                         "Parquet with user_id and item_ids); the first is the "
                                         "reference of the cold-start plot")
     data: str = option(help="the prepared directory the users come from")
-    output: str = option(help="directory to write (local path or URI)")
+    output: str = option(help="the report directory itself: metrics.csv and the rest go directly "
+                              "in OUTPUT (local path or URI)")
     target: str = option("test", choices=["test", "valid"], help="the warm users' truth split")
     labels: tuple[str, ...] | None = option(None, help="names for the files in tables and plots "
                                                        "(default: the scored model's)")

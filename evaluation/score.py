@@ -183,7 +183,8 @@ class ScoreConfig:
     model: str = option(help="MLflow model URI (runs:/RUN_ID/model, models:/m-..., "
                              "models:/NAME@ALIAS) or a training run's model.pt / run directory")
     data: str = option(help="the prepared directory the model was trained on")
-    output: str = option(help="Parquet directory to write (local path or URI)")
+    output: str = option(help="the recommendations' Parquet directory itself: its files go "
+                              "directly in OUTPUT (local path or URI)")
     k: int = option(TOP_K, help="recommendations per user (the protocol's top list)")
     users: str = option("all", help="all, warm, cold, a comma-separated list of raw user ids, or "
                                     "@FILE with one id per line")

@@ -293,3 +293,13 @@ def test_per_model_defaults_in_help_name_each_model(flag, field):
     if flag == "lam":
         assert "autorec 3, ohns-autorec 2, ns-autorec 10, nce-autorec 10" in text
         assert "AutoRec family 3" not in text
+
+
+@pytest.mark.parametrize("cli, says", [
+    ("etl.prepare", "itself"), ("evaluation.score", "itself"), ("evaluation.evaluate", "itself"),
+    ("training.train", "parent folder: the run goes to OUTPUT/RUN_NAME"),
+    ("training.experiment", "parent folder: the experiment goes to OUTPUT/NAME")])
+def test_each_output_help_says_whether_it_is_the_target_or_its_parent(cli, says):
+    import importlib
+
+    assert says in _actions(importlib.import_module(cli).build_parser())["output"].help

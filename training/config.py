@@ -177,7 +177,8 @@ class TrainConfig:
     experiment: str = option("", group=CLUSTER, show_default=False,
                              help="MLflow experiment (default: the dataset)")
     output: str = option("", group=CLUSTER, show_default=False,
-                         help="checkpoint storage, absolute path or URI (default: ./var/runs, "
+                         help="parent folder: the run goes to OUTPUT/RUN_NAME (checkpoints, "
+                              "model.pt); absolute path or URI (default: ./var/runs, made "
                               "absolute)")
     mlflow_wait: float = option(60.0, group=CLUSTER,
                                 help="seconds the end of a run waits for a tracking server that "

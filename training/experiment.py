@@ -80,7 +80,8 @@ class ExperimentConfig:
                        help="the experiment: its folder under --output and its MLflow experiment; "
                             "an existing name resumes it (default: DATASET-GRID)")
     output: str = option("", show_default=False,
-                         help="where experiments live, absolute path (default: ./var/experiments)")
+                         help="parent folder: the experiment goes to OUTPUT/NAME (--name); "
+                              "absolute path (default: ./var/experiments, made absolute)")
     epochs: int = option(200, help="most epochs a trial trains (early stopping ends sooner)")
     patience: int | None = option(None, help="epochs without a better validation NDCG before a "
                                              "trial stops (default: each model's own)")
