@@ -51,6 +51,7 @@ from evaluation.spark_metrics import (METRICS, metric_key, metrics_for, per_user
                                       summarise)
 from prepared.protocol import KS, TOP_K
 from runtime.cli import add_options, option, strict_parser, values
+from runtime.progress import EVERY, info_lines, spark_progress
 
 log = logging.getLogger("evaluation")
 
@@ -395,18 +396,24 @@ class EvaluateConfig:
     overwrite: bool = option(False, help="replace an existing --output")
 
 
-def evaluate(spark, **kwargs) -> dict:
+def evaluate(spark, progress_every: float = EVERY, **kwargs) -> dict:
     """Evaluate with the ``EvaluateConfig`` of ``kwargs`` (the flags' names): the ``recs`` files
     against ``data``'s ``target`` split; publish ``output``; returns the manifest (also
-    ``output/manifest.json``)."""
+    ``output/manifest.json``). Every ``progress_every`` seconds a progress line of the step
+    running (tasks done, rate, time left) on the INFO log: at millions of users it takes minutes."""
     cfg = EvaluateConfig(**{**kwargs, "recs": tuple(kwargs.get("recs", ())),
                             **({"labels": tuple(kwargs["labels"])} if kwargs.get("labels") else {})})
+    with spark_progress(spark, "evaluation", every=progress_every, log=info_lines(log)) as progress:
+        return evaluate_steps(spark, cfg, progress)
+
+
+def evaluate_steps(spark, cfg: EvaluateConfig, progress: spark_progress) -> dict:
+    """``evaluate``'s work; each step with Spark jobs a ``progress`` phase of its own."""
     recs, data, output, target = list(cfg.recs), cfg.data, cfg.output, cfg.target
     labels, overwrite, mlflow_uri = cfg.labels, cfg.overwrite, cfg.mlflow_uri
     from pyspark.sql import functions as F
 
     from runtime.publish import Publisher
-    from runtime.spark import heartbeat
     from prepared.reader import open_prepared
 
     t0 = time.perf_counter()
@@ -425,6 +432,7 @@ def evaluate(spark, **kwargs) -> dict:
     spark.conf.set("spark.sql.debug.maxToStringFields", "500")  # wide metric plans, not a problem
     publisher = Publisher(spark, output)
     publisher.check_target(overwrite)
+    progress.phase("reading the recommendation files")
     files = [read_recs(spark, p, labels[i] if labels else None) for i, p in enumerate(recs)]
     seen: dict[str, int] = {}
     for f in files:  # labels name table rows, plot lines and MLflow runs: keep them distinct
@@ -436,8 +444,10 @@ def evaluate(spark, **kwargs) -> dict:
             raise UsageError(f"--recs {f.path} was scored on dataset {f.manifest['dataset']}, "
                              f"but --data {data} is {prep.dataset}")
         log.info("checking the users and lists of %s (%s)", f.path, f.label)
+        progress.phase(f"checking {f.label}")
         check_recs(spark, prep, f)
 
+    progress.phase("truth sets")
     truth = truth_table(spark, prep, target).cache()
     n_truth = {bool(r[S.COLD]): r["count"] for r in truth.groupBy(S.COLD).count().collect()}
     if not n_truth.get(False):
@@ -449,6 +459,7 @@ def evaluate(spark, **kwargs) -> dict:
              len(files), prep.dataset, f"{n_truth.get(False, 0):,}", target,
              f"{n_truth.get(True, 0):,}")
 
+    progress.phase("users without recommendations")
     per_user_dfs, missing = [], {}
     for f in files:
         joined = f.df.join(truth, "user_id")
@@ -466,17 +477,18 @@ def evaluate(spark, **kwargs) -> dict:
         users_df = users_df.unionByName(df, allowMissingColumns=True)
     users_df = users_df.cache()
 
-    with heartbeat(spark, "per-user metrics", log):
-        rows = [{**r, "target": target if r["group"] == "warm" else "valid+test"}
-                for r in summarise(users_df, ["label", "group"])]
+    progress.phase("per-user metrics")
+    rows = [{**r, "target": target if r["group"] == "warm" else "valid+test"}
+            for r in summarise(users_df, ["label", "group"])]
     order = {f.label: i for i, f in enumerate(files)}
     rows.sort(key=lambda r: (order[r["label"]], r["group"] != "warm", METRICS.index(r["metric"])))
     log.info("metrics of %s user(s) x %d file(s) done (%.0fs so far); popularity of the "
              "recommendations next", f"{sum(n_truth.values()):,}", len(files),
              time.perf_counter() - t0)
 
-    with heartbeat(spark, "paired differences", log):
-        pairs = paired(users_df, [f.label for f in files if f.k >= TOP_K])
+    progress.phase("paired differences")
+    pairs = paired(users_df, [f.label for f in files if f.k >= TOP_K])
+    progress.phase("popularity")
     pop_counts = {f.label: popularity_counts(f, truth, items) for f in files}
     pop = {label: summary_from_counts(c, p) for label, (p, c) in pop_counts.items()}
     title = f"{prep.dataset}, {target} users"
@@ -488,6 +500,7 @@ def evaluate(spark, **kwargs) -> dict:
                      pop_counts, pop, f"Popularity of recommended items ({title})"))}
     # the cold-start plot compares NDCG, which files of lists shorter than TOP_K do not have
     labels_in = [f.label for f in files if f.k >= TOP_K]
+    progress.phase("cold-start plot")
     cold = (users_df.filter(F.col("group") == "cold")
             .filter(F.col("label").isin(labels_in)).select("label", "user_id", "ndcg").toPandas()
             if len(labels_in) > 1 else [])
@@ -499,13 +512,15 @@ def evaluate(spark, **kwargs) -> dict:
 
     log.info("popularity and plots done (%.0fs so far); writing the per-user metrics",
              time.perf_counter() - t0)
-    with publisher.staging() as tmp, heartbeat(spark, "writing the per-user metrics", log):
+    with publisher.staging() as tmp:
+        progress.phase("writing the per-user metrics")
         users_df.write.parquet(f"{tmp}/per_user")
         for name, data_bytes in out_files.items():
             publisher.write_bytes(f"{tmp}/{name}", data_bytes)
         if not cfg.no_mlflow:
             log.info("logging %d run(s) to MLflow (%.0fs so far)", len(files),
                      time.perf_counter() - t0)
+            progress.phase("logging to MLflow")
         runs = log_to_mlflow(files, rows, pop, out_files, target, publisher.target,
                              mlflow_uri, pairs) if not cfg.no_mlflow else {}
         manifest = {"kind": "evaluation", "created": started.isoformat(timespec="seconds"),

@@ -43,6 +43,7 @@ from prepared import schema as S
 from prepared.errors import UsageError
 from prepared.protocol import TOP_K
 from runtime.cli import add_options, option, strict_parser, values
+from runtime.progress import EVERY, info_lines, spark_progress
 
 log = logging.getLogger("evaluation")
 
@@ -196,10 +197,11 @@ class ScoreConfig:
     overwrite: bool = option(False, help="replace an existing --output")
 
 
-def score(spark, **kwargs) -> dict:
+def score(spark, progress_every: float = EVERY, **kwargs) -> dict:
     """Score with the ``ScoreConfig`` of ``kwargs`` (the flags' names): ``users`` of the prepared
     ``data`` with ``model``, publish ``output``; returns the scoring manifest (also written as
-    ``output/_manifest.json``)."""
+    ``output/_manifest.json``). While the users are scored, a progress line every
+    ``progress_every`` seconds (tasks and users done, rate, time left) on the INFO log."""
     cfg = ScoreConfig(**kwargs)
     model, data, output, k, users = cfg.model, cfg.data, cfg.output, cfg.k, cfg.users
     exclude, overwrite, mlflow_uri = cfg.exclude, cfg.overwrite, cfg.mlflow_uri
@@ -250,7 +252,9 @@ def score(spark, **kwargs) -> dict:
     started = dt.datetime.now(dt.timezone.utc)
     try:
         with publisher.staging() as tmp:
-            recs.write.parquet(tmp)
+            with spark_progress(spark, "scoring", every=progress_every, total_users=n_users,
+                                log=info_lines(log)):
+                recs.write.parquet(tmp)
             seconds = time.perf_counter() - t0
             manifest = {
                 "kind": "recommendations", "created": started.isoformat(timespec="seconds"),
