@@ -143,7 +143,7 @@ class ETLConfig:
     time_col: str | None = option("timestamp", group=CSV, help="unix-time column ('' for none)")
     split_col: str | None = option(None, group=CSV,
                                    help="with --split given: the column saying train, valid or "
-                                        "test of each row (else each file is one split)")
+                                        "test of each row (default: none, each file is one split)")
     users: int = option(10_000, group=SYNTHETIC, help="number of users")
     items: int = option(2_000, group=SYNTHETIC, help="number of items")
     positives: int = option(200_000, group=SYNTHETIC,

@@ -281,7 +281,8 @@ def test_per_model_defaults_in_help_name_each_model(flag, field):
     from training.train import build_parser
 
     text = " ".join(_actions(build_parser())[flag].help.split())
-    listed = text[text.rindex("(") + 1:text.rindex(")")].removeprefix("default: the model's own, ")
+    listed = text[text.rindex("(") + 1:text.rindex(")")]
+    listed = listed.removeprefix("default: ").removeprefix("the model's own, ")
     got = dict(pair.rsplit(" ", 1) for pair in listed.split(", "))
     want = {}
     for name, cls in MODELS.items():

@@ -73,13 +73,13 @@ class TrainConfig:
                                           "nce-autorec; default --lam)")
     width: int | None = option(None, group=HYPER,
                                help="latent width d: the code, or the factors of bpr and cml "
-                                    f"({model_defaults('width')})")
+                                    f"(default: {model_defaults('width')})")
     lam: float | None = option(None, group=HYPER,
                                help="regularisation lambda: the AutoRec family on omega * "
                                     "mean(W^2) per matrix (--lam-units), cdae on "
                                     "mean(W^2) per matrix, bpr on each triple's squared norms, "
                                     "vae-cf on squared weights, nce-plrec the ridge, ease the "
-                                    f"diagonal, wrmf Spark's regParam ({model_defaults('lam')})")
+                                    f"diagonal, wrmf Spark's regParam (default: {model_defaults('lam')})")
     lam_units: str | None = option(None, group=HYPER, choices=LAM_UNITS,
                                    help="the AutoRec family's lambda: overlap (default) = "
                                         "times omega, the mean number of training items two "
@@ -87,29 +87,30 @@ class TrainConfig:
                                         "datasets, with every head's loss per (user, item) "
                                         "entry; plain = lambda * mean(W^2) with the NS head's "
                                         "loss per user (runs before 2026-11-25)")
-    rank: int | None = option(None, group=HYPER, help=f"factors kept ({model_defaults('rank')})")
+    rank: int | None = option(None, group=HYPER, help=f"factors kept (default: {model_defaults('rank')})")
     alpha: float | None = option(None, group=HYPER,
-                                 help=f"confidence 1 + alpha of a positive ({model_defaults('alpha')})")
+                                 help="confidence 1 + alpha of a positive "
+                                      f"(default: {model_defaults('alpha')})")
     iterations: int | None = option(None, group=HYPER,
-                                    help=f"ALS sweeps ({model_defaults('iterations')})")
+                                    help=f"ALS sweeps (default: {model_defaults('iterations')})")
     hidden: int | None = option(None, group=HYPER,
-                                help=f"hidden layer width ({model_defaults('hidden')})")
+                                help=f"hidden layer width (default: {model_defaults('hidden')})")
     dropout: float | None = option(None, group=HYPER,
                                    help="input dropout probability, the corruption of a denoising "
-                                        f"model ({model_defaults('dropout')})")
+                                        f"model (default: {model_defaults('dropout')})")
     kl_cap: float | None = option(None, group=HYPER,
-                                  help=f"the KL weight's cap ({model_defaults('kl_cap')})")
+                                  help=f"the KL weight's cap (default: {model_defaults('kl_cap')})")
     anneal_steps: int | None = option(None, group=HYPER,
                                       help="updates over which the KL weight rises from 0 to its "
-                                           f"cap ({model_defaults('anneal_steps')})")
+                                           f"cap (default: {model_defaults('anneal_steps')})")
     margin: float | None = option(None, group=HYPER,
-                                  help=f"hinge margin ({model_defaults('margin')})")
+                                  help=f"hinge margin (default: {model_defaults('margin')})")
     neg_ratio: int | None = option(None, group=HYPER,
                                    help="uniform negatives drawn per training positive; cdae: 0 = "
-                                        f"the whole row ({model_defaults('neg_ratio')})")
+                                        f"the whole row (default: {model_defaults('neg_ratio')})")
     cov_weight: float | None = option(None, group=HYPER,
                                       help="weight of the covariance regulariser, 0 = off "
-                                           f"({model_defaults('cov_weight')})")
+                                           f"(default: {model_defaults('cov_weight')})")
     beta: float | None = option(None, group=TRAINING,
                                 help="NCE popularity exponent; R* is recomputed from the stored "
                                      "popularity when it differs from the ETL's (default: the ETL's)")
