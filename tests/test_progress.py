@@ -102,9 +102,13 @@ def test_rate_and_time_left_follow_the_recent_intervals_and_phases_count_apart()
         spark_progress(spark, "x", every=0)
 
 
-def slow_partition(rows):
-    time.sleep(0.5)
-    return rows
+def slow_partition(seconds: float = 0.5):
+    """A partition function that takes ``seconds``; made in a closure, so cloudpickle ships it by
+    value (Spark's Python workers cannot import this test module by name)."""
+    def slow(rows):
+        time.sleep(seconds)
+        return rows
+    return slow
 
 
 @pytest.mark.spark
@@ -113,7 +117,7 @@ def test_a_slow_spark_job_reports_its_progress_and_the_thread_ends(spark):
     sc.parallelize(range(10), 10).count()  # before the block: not its jobs
     lines: list[str] = []
     with spark_progress(spark, "slow", every=0.2, log=lines.append) as p:
-        sc.parallelize(range(80), 8).mapPartitions(slow_partition).count()
+        sc.parallelize(range(80), 8).mapPartitions(slow_partition()).count()
     assert not p.thread.is_alive() and p.thread not in threading.enumerate()
     counted = [tuple(int(x.replace(",", "")) for x in m.groups())
                for m in map(TASKS.search, lines) if m]
@@ -133,7 +137,7 @@ def test_the_thread_ends_and_the_group_is_restored_when_the_block_raises(spark):
         with pytest.raises(RuntimeError, match="boom"), \
                 spark_progress(spark, "failing", every=0.1, log=lambda _: None) as p:
             assert sc.getLocalProperty("spark.jobGroup.id").startswith("progress-")
-            sc.parallelize(range(4), 2).mapPartitions(slow_partition).count()
+            sc.parallelize(range(4), 2).mapPartitions(slow_partition()).count()
             raise RuntimeError("boom")
         assert not p.thread.is_alive()
         assert not [t for t in threading.enumerate() if t.name.startswith("spark-progress")]
@@ -153,12 +157,13 @@ def test_scoring_and_evaluation_log_progress_lines(spark, ml100k_prepared, tmp_p
 
     save_model(tmp_path / "model", ml100k_prepared)
     with caplog.at_level(logging.INFO, "evaluation"):
-        score(spark, progress_every=0.05, model=str(tmp_path / "model"), data=str(ml100k_prepared),
+        scored = score(spark, progress_every=0.05, model=str(tmp_path / "model"), data=str(ml100k_prepared),
               output=str(tmp_path / "recs"))
         evaluate(spark, progress_every=0.05, recs=[str(tmp_path / "recs")],
                  data=str(ml100k_prepared), output=str(tmp_path / "eval"), no_mlflow=True)
     lines = [r.getMessage() for r in caplog.records]
     scoring = [ln for ln in lines if ln.startswith("scoring: ")]
-    assert any(TASKS.search(ln) and "/943 users" in ln for ln in scoring), lines
+    users = f"/{scored['scored_users']:,} users"
+    assert any(TASKS.search(ln) and users in ln for ln in scoring), lines
     assert any(ln.startswith("evaluation (per-user metrics): ") for ln in lines), lines
     assert not [t for t in threading.enumerate() if t.name.startswith("spark-progress")]
