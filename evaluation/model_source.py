@@ -95,8 +95,6 @@ def read_logged(uri: str, local: Path) -> tuple[str, dict, bytes]:
     against the one layout training logs (``runtime.tracking.pyfunc_spec``) without running any
     of its code: MLmodel is read as YAML data, the weights weights-only, the code file compared
     byte for byte with this installation's, and nothing else of it is imported or unpickled."""
-    import hashlib
-
     import yaml
 
     try:
@@ -113,8 +111,7 @@ def read_logged(uri: str, local: Path) -> tuple[str, dict, bytes]:
                       "when loaded")
     code = local / Path(str(conf["model_code_path"])).name
     ours = Path(registry_module.__file__).with_name("pyfunc.py")  # read, never imported here
-    if code.name != ours.name or not code.is_file() or \
-            hashlib.sha256(code.read_bytes()).digest() != hashlib.sha256(ours.read_bytes()).digest():
+    if code.name != ours.name or not code.is_file() or code.read_bytes() != ours.read_bytes():
         raise _refuse(uri, f"its code file {code.name} differs from this installation's "
                       "models/pyfunc.py (logged by another version of the project, or altered); "
                       "retrain it with this version")
