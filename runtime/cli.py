@@ -12,16 +12,25 @@
 A field without a default is a required flag; ``bool`` fields are switches; ``X | None`` fields
 default to None (the help says what None means); tuples take one or more values. The flag is the
 field name with dashes. ``--help`` shows each default, taken from the dataclass itself.
+
+``add_config_file(parser, ScoreConfig)`` adds ``--config FILE``: a YAML mapping of option names
+(``lam_units`` or ``lam-units``) whose values become the parser's defaults, so that a flag given
+beside it wins. ``config_yaml`` writes such a file from a configuration (a run's, resolved), so
+that every run can be repeated from the file it logged.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import subprocess
+import sys
 from dataclasses import MISSING
 from importlib import metadata
 from pathlib import Path
+
+from prepared.errors import UsageError
 
 DISTRIBUTION = "nce-autorec"
 
@@ -39,8 +48,9 @@ def option(default=MISSING, *, help: str, group: str = "", choices=None, metavar
 
 
 def strict_parser(**kwargs) -> argparse.ArgumentParser:
-    """A parser that never guesses: ``--epoch`` is an error, not ``--epochs``; it has --version."""
-    parser = argparse.ArgumentParser(allow_abbrev=False, **kwargs)
+    """A parser that never guesses: ``--epoch`` is an error, not ``--epochs``; it has --version
+    (and --config FILE once ``add_config_file`` is called)."""
+    parser = _ConfigFileParser(allow_abbrev=False, **kwargs)
     add_version(parser)
     return parser
 
@@ -150,3 +160,199 @@ def values(args: argparse.Namespace, cls) -> dict:
             v = getattr(args, f.name)
             out[f.name] = tuple(v) if isinstance(v, list) else v
     return out
+
+
+# -- --config FILE: a YAML file of options, the flags beside it override it -----------------------
+
+class _ConfigFileParser(argparse.ArgumentParser):
+    """An ArgumentParser that reads ``--config FILE`` first and parses the command line over it.
+
+    The file's values go into the namespace before parsing, where argparse takes them as the
+    defaults: an explicit flag still replaces them (argparse sets a default only where the
+    namespace has no value yet). Every caller of ``parse_args`` gets this, tests included, so no
+    code path can take --config and silently ignore it."""
+
+    config_cls = None  # set by add_config_file
+
+    def parse_known_args(self, args=None, namespace=None):
+        argv = sys.argv[1:] if args is None else list(args)
+        path = _config_path(argv) if self.config_cls is not None else None
+        if path is None or {"-h", "--help"} & set(argv):  # --help never needs the file
+            return super().parse_known_args(argv, namespace)
+        settings = read_config(path, self.config_cls, self)
+        namespace = namespace if namespace is not None else argparse.Namespace()
+        for name, value in settings.items():
+            if not hasattr(namespace, name):
+                setattr(namespace, name, value)
+        # a required flag the file gives is no longer missing; argparse checks only the
+        # command line, so it is made optional for this parse alone
+        relaxed = [a for a in self._actions if a.required and a.dest in settings]
+        for a in relaxed:
+            a.required = False
+        try:
+            return super().parse_known_args(argv, namespace)
+        finally:
+            for a in relaxed:
+                a.required = True
+
+
+def add_config_file(parser: argparse.ArgumentParser, cls) -> None:
+    """--config FILE on a ``strict_parser``: defaults for ``cls``'s options from a YAML file."""
+    if not isinstance(parser, _ConfigFileParser):
+        raise TypeError("add_config_file needs a parser made by strict_parser")
+    parser.config_cls = cls
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="read options from a YAML file (a run's config.yaml, or "
+                             "`epochs: 20` lines); flags beside it win")
+
+
+def _config_path(argv: list[str]) -> str | None:
+    """The last --config's value on the command line (argparse's rule: the last one counts)."""
+    path = None
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg == "--config" and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+    return path
+
+
+_NAMES = {int: "an integer", float: "a number", str: "a string"}
+
+
+def read_config(path: str, cls, parser: argparse.ArgumentParser | None = None) -> dict:
+    """The options of the YAML file ``path``, checked and converted as their flags would be:
+    {field name: value}. Raises UsageError naming the file, the line and the fix."""
+    import yaml
+
+    where = f"--config {path}"
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise UsageError(f"{where}: no such file; check the path") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{where}: cannot be read ({getattr(e, 'strerror', None) or e}); pass "
+                         "a YAML text file") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None and not isinstance(node, yaml.MappingNode):
+            kind = "a list" if isinstance(node, yaml.SequenceNode) else "a single value"
+            raise UsageError(f"{where}: holds {kind}, not a mapping of options; write one "
+                             "`option: value` a line, e.g. `epochs: 20`")
+        pairs = [] if node is None else [
+            (k.start_mark.line + 1, loader.construct_object(k, deep=True),
+             loader.construct_object(v, deep=True)) for k, v in node.value]
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UsageError(f"{where}: not valid YAML{at}: {e.problem or e.context}; fix it there "
+                         "(one `option: value` a line)") from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"{where}: not valid YAML ({str(e).splitlines()[0]}); write one "
+                         "`option: value` a line") from None
+    finally:
+        loader.dispose()
+    fields = {f.name: f for f in dataclasses.fields(cls) if "help" in f.metadata}
+    other_flags = {a.dest for a in parser._actions} - set(fields) if parser else set()
+    out, lines = {}, {}
+    for line, key, value in pairs:
+        at = f"{where}, line {line}"
+        name = key.replace("-", "_") if isinstance(key, str) else key
+        if name in other_flags:
+            raise UsageError(f"{at}: {key} is not part of a configuration file; pass "
+                             f"--{name.replace('_', '-')} on the command line instead")
+        if name not in fields:
+            close = difflib.get_close_matches(str(name), list(fields), n=1)
+            hint = f"did you mean {close[0].replace('_', '-') if '-' in str(key) else close[0]}? " \
+                if close else ""
+            raise UsageError(f"{at}: unknown option {key!r}; {hint}rename or remove it (the "
+                             "options are --help's flags, without the leading dashes)")
+        if name in out:
+            raise UsageError(f"{at}: {key} is given twice (also on line {lines[name]}); keep one")
+        try:
+            out[name] = _convert(value, fields[name])
+        except ValueError as e:
+            raise UsageError(f"{at}: {key}: {e}") from None
+        lines[name] = line
+    return out
+
+
+def _convert(value, f: dataclasses.Field):
+    """``value`` as the flag of field ``f`` would give it (a list for a tuple field); raises
+    ValueError saying what was expected."""
+    element, optional, many = _kind(f.type if isinstance(f.type, str) else f.type.__name__)
+    if value is None:
+        if optional:
+            return None
+        raise ValueError(f"expected {_what(element, many)}, got null; write one (null is "
+                         "only for the options whose default is none)")
+    if element is None:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"expected true or false, got {_shown(value)}; write one of them")
+    if many:
+        items = value if isinstance(value, list) else [value]
+        if not items:
+            raise ValueError(f"expected {_what(element, many)}, got an empty list; give at "
+                             "least one")
+        return [_scalar(v, element, f.metadata["choices"], many) for v in items]
+    return _scalar(value, element, f.metadata["choices"], many)
+
+
+def _shown(value) -> str:
+    """A value as the file wrote it: strings quoted, the rest (a date, a list) plain."""
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _what(element, many: bool) -> str:
+    if element is None:
+        return "true or false"
+    return f"a list of {_NAMES[element].split(' ', 1)[1]}s" if many else _NAMES[element]
+
+
+def _scalar(value, element: type, choices, many: bool):
+    """One value of type ``element``. Numbers may come as strings, as on the command line (YAML
+    1.1, PyYAML's, reads ``1e-3`` without a dot as a string); a string option refuses a number,
+    which YAML may have changed (``1.10`` is 1.1): quoted, it stays as written."""
+    fix = f"quote it: '{value}'" if element is str and not isinstance(value, list | dict) \
+        else f"write {_what(element, False)}"
+    bad = ValueError(f"expected {_what(element, many)}, got {_shown(value)}; {fix}")
+    if isinstance(value, bool | list | dict):
+        raise bad
+    if element is str:
+        if not isinstance(value, str):
+            raise bad
+    elif element is int and isinstance(value, float):
+        raise bad
+    else:
+        try:
+            value = element(value)
+        except (TypeError, ValueError):
+            raise bad from None
+    if choices and value not in choices:
+        raise ValueError(f"{value!r} is not one of {', '.join(map(str, choices))}; write one "
+                         "of them")
+    return value
+
+
+def config_yaml(settings: dict, cls, header: str = "", leave_out=()) -> str:
+    """``settings`` (field name -> value) as a file ``--config`` reads back: every option of
+    ``cls`` but the hidden ones and ``leave_out``, in --help's order and groups, under ``header``
+    as comments."""
+    import yaml
+
+    groups: dict[str, dict] = {}
+    for f in dataclasses.fields(cls):
+        if "help" in f.metadata and not f.metadata["hidden"] and f.name not in leave_out:
+            v = settings[f.name]
+            groups.setdefault(f.metadata["group"], {})[f.name] = list(v) if isinstance(v, tuple) \
+                else v
+    parts = ["".join(f"# {line}\n".replace("# \n", "#\n") for line in header.splitlines())]
+    for group, items in groups.items():
+        parts.append((f"\n# -- {group}\n" if group else "")
+                     + yaml.safe_dump(items, sort_keys=False, default_flow_style=False,
+                                      allow_unicode=True, width=2**16))
+    return "".join(parts)

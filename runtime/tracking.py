@@ -93,6 +93,13 @@ def log_params(uri: str, run_id: str, params: dict) -> None:
         client.log_batch(run_id, params=new[i:i + 100])
 
 
+def log_text(uri: str, run_id: str, text: str, artifact_file: str) -> None:
+    """``text`` as the run's artifact ``artifact_file`` (e.g. its config.yaml)."""
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(uri).log_text(run_id, text, artifact_file)
+
+
 class EpochLogger:
     """Per-epoch metrics into an existing run (used by rank 0 inside the Ray worker).
 

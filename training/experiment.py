@@ -20,6 +20,10 @@ Stages (a rerun with the same --name skips every finished one, trial by trial):
   6. evaluate  the paper's metrics on test with 95% CIs, popularity, cold start
                (evaluation/evaluate.py), and the experiment's table (table.md, table.csv).
 
+``--config FILE`` takes the options from a YAML file (flags beside it win); the experiment
+writes its configuration, resolved, to OUTPUT/NAME/config.yaml and its MLflow run: --config
+reads it back (the same name: it resumes that experiment).
+
 MLflow: one run per experiment (experiment NAME), one child per model, whose children are the
 trials and the final retraining; the table and plots are artifacts of the experiment's run.
 Everything lands under OUTPUT/NAME: trials/, final/, recs/, evaluation/, experiment.json, and
@@ -51,7 +55,7 @@ from models.registry import MODELS
 from prepared.errors import UsageError
 from prepared.protocol import TOP_K
 from prepared.reader import Prepared, open_prepared
-from runtime.cli import add_options, option, strict_parser, values
+from runtime.cli import add_config_file, add_options, config_yaml, option, strict_parser, values
 from runtime.raycluster import check_fits, join_address, local_cpus, worker_cpus
 from training import grids
 from training.config import VALID_BY, TrainConfig, check
@@ -166,9 +170,14 @@ def read_json(path: Path) -> dict | None:
 
 def write_json(path: Path, data: dict) -> None:
     """Through a temporary sibling and a rename: never half-written."""
+    write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
+    """Through a temporary sibling and a rename: never half-written."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.write_text(text)
     tmp.replace(path)
 
 
@@ -205,11 +214,25 @@ def parent_runs(uri: str, cfg: ExperimentConfig, state: dict, models: list[str],
                                         tags={"dataset": dataset, "kind": "experiment",
                                               "grid": cfg.grid})
     tracking.log_params(uri, state["run_id"], {k: v for k, v in dataclasses.asdict(cfg).items()})
+    tracking.log_text(uri, state["run_id"], config_file(cfg, state["run_id"]), "config.yaml")
     for m in models:
         s = state["models"].setdefault(m, {})
         s["run_id"] = tracking.open_run(uri, cfg.name, f"{m} (search)", s.get("run_id"),
                                         tags={PARENT: state["run_id"], "dataset": dataset,
                                               "model": m, "kind": "model"})
+
+
+def config_file(cfg: ExperimentConfig, run_id: str | None = None) -> str:
+    """config.yaml of an experiment: every option, resolved (its name, absolute paths), that
+    ``--config`` takes back. The name stays in: an experiment is meant to be rerun under its name
+    (a rerun skips what finished), and its default name would be the same anyway."""
+    header = (f"training/experiment.py configuration of experiment {cfg.name}"
+              + (f" (MLflow run {run_id})" if run_id else "") + ", resolved.\n"
+              "python training/experiment.py --config THIS_FILE resumes it (finished stages are "
+              "skipped); change name: (or pass --name NEW) for a new experiment.\nFlags given "
+              "beside --config override its values; --mlflow-uri and --ray-address are not part "
+              "of it.")
+    return config_yaml(dataclasses.asdict(cfg), ExperimentConfig, header)
 
 
 # -- 1. search -------------------------------------------------------------------------------------
@@ -589,6 +612,7 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
     state = open_state(cfg, root)
     parent_runs(uri, cfg, state, list(points), prep.dataset)
     write_json(root / "experiment.json", state)
+    write_text(root / "config.yaml", config_file(cfg, state["run_id"]))
 
     for model, pts in points.items():  # 1-3: search, select, retrain
         s = state["models"][model]
@@ -721,13 +745,14 @@ def build_parser() -> argparse.ArgumentParser:
                       formatter_class=argparse.RawDescriptionHelpFormatter,
                       epilog=__doc__.split("\n\n", 1)[1])
     add_options(p, ExperimentConfig)
+    add_config_file(p, ExperimentConfig)
     add_connection_flags(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)  # --config FILE's errors are UsageErrors
         check_job_paths(args)  # under ray job submit, defaults would land in a throw-away copy
         join_address(args.ray_address)  # a job server's http address fails here, not mid-run
         state = run_experiment(ExperimentConfig(**values(args, ExperimentConfig)),

@@ -6,6 +6,10 @@ in a Ray task), tracked in MLflow.
         python training/train.py --data /abs/prepared --model nce-autorec --num-workers 4 --use-gpu \\
         --output /abs/or/s3/runs --mlflow-uri http://mlflow-host:5000
 
+``--config FILE`` takes the options from a YAML file (flags beside it win); every run writes
+its whole configuration, resolved, to OUTPUT/RUN_NAME/config.yaml and MLflow, which --config
+reads back for a new run.
+
 Each epoch prints one line (losses, validation NDCG / Recall@50, users/s, time left) and logs
 them to MLflow. Checkpoints go to OUTPUT/RUN_NAME every epoch; rerunning with the same --run-name
 resumes there. The run returns its best epoch by validation NDCG (the last epoch for the final
@@ -32,7 +36,7 @@ import time
 
 from prepared.errors import UsageError
 from training import feed as F
-from runtime.cli import add_options, strict_parser, values
+from runtime.cli import add_config_file, add_options, config_yaml, strict_parser, values
 from runtime.raycluster import check_fits, join_address, local_cpus, watch_run, worker_cpus
 from training.config import TrainConfig, check
 from models.registry import MODELS, load_weights_only
@@ -60,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                       formatter_class=argparse.RawDescriptionHelpFormatter,
                       epilog=__doc__.split("\n\n", 1)[1])
     add_options(p, TrainConfig)
+    add_config_file(p, TrainConfig)
     add_connection_flags(p)
     return p
 
@@ -130,6 +135,35 @@ def write_file(uri: str, data: bytes) -> None:
     fs.move(tmp, path)
 
 
+def resolved_config(cfg: TrainConfig) -> dict:
+    """``cfg`` with the model's hyperparameters it leaves to their defaults (None) filled in with
+    the values the run uses (``TrainConfig.resolved``): what config.yaml records, so that the
+    file still says what ran after a model's default changes."""
+    names = set(cfg.to_dict())
+    return {**cfg.to_dict(), **{k: v for k, v in cfg.resolved().items() if k in names}}
+
+
+def config_file(cfg: TrainConfig, run_id: str | None = None) -> str:
+    """config.yaml of a run: every option, resolved, that ``--config`` takes back. The run's name
+    is left out: fed back as it is, the file starts a new run instead of resuming this one."""
+    header = (f"training/train.py configuration of run {cfg.run_name}"
+              + (f" (MLflow run {run_id})" if run_id else "") + ", resolved.\n"
+              "python training/train.py --config THIS_FILE trains it again as a new run; add "
+              f"--run-name {cfg.run_name} to resume that run instead.\nFlags given beside "
+              "--config override its values; --mlflow-uri and --ray-address are not part of it.")
+    return config_yaml(resolved_config(cfg), TrainConfig, header, leave_out=("run_name",))
+
+
+def effective(config: dict) -> dict:
+    """A recorded configuration with its hyperparameters resolved as this code resolves them:
+    a run recorded with None (the model's default) and one recorded with that default spelt out
+    (a config.yaml fed back) ran the same thing."""
+    if config.get("model") not in MODELS:
+        return config
+    return {**config, **{k: v for k, v in TrainConfig.from_dict(config).resolved().items()
+                         if k in config}}
+
+
 def check_resume(cfg: TrainConfig, record: dict | None) -> None:
     if record is None:
         return
@@ -142,8 +176,8 @@ def check_resume(cfg: TrainConfig, record: dict | None) -> None:
             "resume it as it was, or another --run-name for a new run")
     if "lam_units" not in old and cfg.lam_units == "plain":
         old = {**old, "lam_units": "plain"}
-    old = {**ADDED_OPTIONS, **old}
-    diff = {k: (old.get(k), v) for k, v in cfg.to_dict().items()
+    old = effective({**ADDED_OPTIONS, **old})
+    diff = {k: (old.get(k), v) for k, v in effective(cfg.to_dict()).items()
             if k not in RESUMABLE_CHANGES and old.get(k) != v}
     if diff:
         raise UsageError(
@@ -251,6 +285,10 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
         run_record["trained"] = record["trained"]
     write_file(join(join(cfg.output, cfg.run_name), "run.json"),
                json.dumps(run_record, indent=2).encode())
+    # the configuration a user can rerun (--config), beside run.json and in MLflow
+    text = config_file(cfg, run_id)
+    write_file(join(join(cfg.output, cfg.run_name), "config.yaml"), text.encode())
+    tracking.log_text(uri, run_id, text, "config.yaml")
     print(f"run {cfg.run_name}: {cfg.model}{' ' + cfg.mode if cfg.mode else ''} on {prep.dataset} "
           f"({prep.manifest['counts']['warm_users']:,} training users, {prep.n_items:,} items), "
           f"{cfg.num_workers} worker(s); checkpoints in {join(cfg.output, cfg.run_name)}; "
@@ -389,8 +427,8 @@ def log_results(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, summary
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)  # --config FILE's errors are UsageErrors
         check_job_paths(args)
         join_address(args.ray_address)  # a job server's http address fails here, not mid-run
         check(TrainConfig(**values(args, TrainConfig)))  # flags first: no data read for a typo
