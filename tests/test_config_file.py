@@ -166,8 +166,10 @@ def test_a_fed_back_file_starts_a_new_run_and_resumes_with_its_name(tmp_path):
     train.check_resume(again, record)  # the same run spelt out: resumes
     changed = train.config_from_args(train.build_parser().parse_args(
         ["--config", path, "--run-name", cfg.run_name, "--lam", "4"]), prep)
-    with pytest.raises(UsageError, match="lam was 10.0, now 4.0"):
+    with pytest.raises(UsageError, match="lam was None, now 4.0"):
         train.check_resume(changed, record)
+    # and the other way round: a run started from the file resumes with the plain flags
+    train.check_resume(cfg, {"config": again.to_dict()})
 
 
 def test_an_experiments_config_yaml_reads_back_to_its_configuration(tmp_path):

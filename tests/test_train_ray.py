@@ -152,7 +152,7 @@ def test_mlflow_holds_params_epoch_metrics_artifacts_and_a_loadable_model(two_wo
     best = max(client.get_metric_history(r.info.run_id, "valid_ndcg"), key=lambda m: m.value)
     assert best.value == pytest.approx(two_workers["best_valid_ndcg"])
     artifacts = {a.path for a in client.list_artifacts(r.info.run_id)}
-    assert {"learning_curves.png", "dataset", "history.json"} <= artifacts
+    assert {"learning_curves.png", "dataset", "history.json", "config.yaml"} <= artifacts
     assert [a.path for a in client.list_artifacts(r.info.run_id, "dataset")] == ["dataset/manifest.json"]
 
     # the logged model, loaded by URI, scores user rows as the model itself does

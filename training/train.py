@@ -176,9 +176,12 @@ def check_resume(cfg: TrainConfig, record: dict | None) -> None:
             "resume it as it was, or another --run-name for a new run")
     if "lam_units" not in old and cfg.lam_units == "plain":
         old = {**old, "lam_units": "plain"}
-    old = effective({**ADDED_OPTIONS, **old})
-    diff = {k: (old.get(k), v) for k, v in effective(cfg.to_dict()).items()
-            if k not in RESUMABLE_CHANGES and old.get(k) != v}
+    old = {**ADDED_OPTIONS, **old}
+    # compared as resolved (None and the default it stands for are the same setting), shown as
+    # recorded and given
+    was, now = effective(old), effective(cfg.to_dict())
+    diff = {k: (old.get(k), v) for k, v in cfg.to_dict().items()
+            if k not in RESUMABLE_CHANGES and was.get(k) != now[k]}
     if diff:
         raise UsageError(
             f"run {cfg.run_name!r} already exists in {cfg.output} with other settings: " +
