@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from runtime.atomic import write_text
+
 
 def stamp(script: str, argv: list[str] | None = None) -> dict:
     """The command (as typed), machine (cores, torch threads) and date of this run."""
@@ -25,9 +27,6 @@ def stamp(script: str, argv: list[str] | None = None) -> dict:
 
 def publish(out: Path, payload: dict, lines: list[str]) -> None:
     """``out``.json (``payload``) and ``out``.md (``lines``), each written whole, then renamed."""
-    out.parent.mkdir(parents=True, exist_ok=True)
     for suffix, text in ((".json", json.dumps(payload, indent=2) + "\n"),
                          (".md", "\n".join(lines) + "\n")):
-        tmp = out.parent / (out.name + suffix + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, out.with_suffix(suffix))
+        write_text(out.with_suffix(suffix), text)

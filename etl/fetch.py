@@ -39,6 +39,7 @@ from urllib.parse import urlparse
 
 from etl.config import DATASETS as ETL_DATASETS
 from prepared.errors import UsageError
+from runtime.atomic import atomic_output, temporary_sibling, write_text
 from runtime.cli import add_version
 
 CHUNK = 1 << 20
@@ -214,9 +215,7 @@ def record_sum(root: Path, rel: str, digest: str) -> None:
     """Add or replace ``rel``'s line in SHA256SUMS (rewritten atomically)."""
     sums = read_sums(root)
     sums[rel] = digest
-    tmp = root / f".{SUMS}.tmp-{os.getpid()}"
-    tmp.write_text("".join(f"{d}  {n}\n" for n, d in sorted(sums.items())))
-    os.replace(tmp, root / SUMS)
+    write_text(root / SUMS, "".join(f"{d}  {n}\n" for n, d in sorted(sums.items())))
 
 
 def check_recorded(root: Path, rel: str) -> bool:
@@ -349,7 +348,7 @@ def ensure_file(root: Path, remote: Remote, mirror: str | None, announce, out: T
         return dest
     announce()
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{remote.name}.part-{os.getpid()}"
+    tmp = Path(temporary_sibling(dest, "part"))  # downloaded, then verified, then renamed
     print(f"fetching {url}", file=out, flush=True)
     _download(url, tmp, dest, out)
     try:
@@ -369,14 +368,8 @@ def ensure_file(root: Path, remote: Remote, mirror: str | None, announce, out: T
 def _write_atomically(root: Path, rel: str, write) -> None:
     """``write(file)`` into a temporary name beside CACHE/NAME/rel, then rename and record it."""
     dest = root / rel
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_output(dest, "part") as f:
+        write(f)
     record_sum(root, rel, file_hashes(dest)["sha256"])
 
 

@@ -55,6 +55,7 @@ from models.registry import MODELS
 from prepared.errors import UsageError
 from prepared.protocol import TOP_K
 from prepared.reader import Prepared, open_prepared
+from runtime.atomic import write_text
 from runtime.cli import add_config_file, add_options, config_yaml, option, strict_parser, values
 from runtime.raycluster import check_fits, join_address, local_cpus, worker_cpus
 from training import grids
@@ -171,14 +172,6 @@ def read_json(path: Path) -> dict | None:
 def write_json(path: Path, data: dict) -> None:
     """Through a temporary sibling and a rename: never half-written."""
     write_text(path, json.dumps(data, indent=2) + "\n")
-
-
-def write_text(path: Path, text: str) -> None:
-    """Through a temporary sibling and a rename: never half-written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def finished(run_dir: Path) -> dict | None:

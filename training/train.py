@@ -36,6 +36,7 @@ import time
 
 from prepared.errors import UsageError
 from training import feed as F
+from runtime.atomic import write_bytes
 from runtime.cli import add_config_file, add_options, config_yaml, strict_parser, values
 from runtime.raycluster import check_fits, join_address, local_cpus, watch_run, worker_cpus
 from training.config import TrainConfig, check
@@ -122,17 +123,6 @@ def read_run_record(cfg: TrainConfig) -> dict | None:
         return None
     with fs.open_input_stream(rec) as f:
         return json.loads(f.read())
-
-
-def write_file(uri: str, data: bytes) -> None:
-    """Write ``data`` to ``uri`` through a temporary sibling and a rename (never half-written)."""
-    fs, path = filesystem(uri)
-    parent = path.rsplit("/", 1)[0]
-    fs.create_dir(parent, recursive=True)
-    tmp = f"{parent}/.{path.rsplit('/', 1)[1]}.tmp-{os.getpid()}"
-    with fs.open_output_stream(tmp) as f:
-        f.write(data)
-    fs.move(tmp, path)
 
 
 def resolved_config(cfg: TrainConfig) -> dict:
@@ -286,11 +276,11 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
     run_record = {"config": cfg.to_dict(), "mlflow_uri": uri, "mlflow_run_id": run_id}
     if record and "trained" in record:
         run_record["trained"] = record["trained"]
-    write_file(join(join(cfg.output, cfg.run_name), "run.json"),
-               json.dumps(run_record, indent=2).encode())
+    write_bytes(join(join(cfg.output, cfg.run_name), "run.json"),
+                json.dumps(run_record, indent=2).encode())
     # the configuration a user can rerun (--config), beside run.json and in MLflow
     text = config_file(cfg, run_id)
-    write_file(join(join(cfg.output, cfg.run_name), "config.yaml"), text.encode())
+    write_bytes(join(join(cfg.output, cfg.run_name), "config.yaml"), text.encode())
     tracking.log_text(uri, run_id, text, "config.yaml")
     print(f"run {cfg.run_name}: {cfg.model}{' ' + cfg.mode if cfg.mode else ''} on {prep.dataset} "
           f"({prep.manifest['counts']['warm_users']:,} training users, {prep.n_items:,} items), "
@@ -310,16 +300,16 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
         # the layout of models.registry.save, plus what the run learnt
         torch.save({"model": cfg.model, "model_args": model_args, "state_dict": best,
                     "config": cfg.to_dict(), "summary": summary, "history": history}, buf)
-        write_file(model_path, buf.getvalue())
+        write_bytes(model_path, buf.getvalue())
         run_record["trained"] = summary  # the model is safe: a rerun only logs, never retrains
-        write_file(join(join(cfg.output, cfg.run_name), "run.json"),
-                   json.dumps(run_record, indent=2).encode())
+        write_bytes(join(join(cfg.output, cfg.run_name), "run.json"),
+                    json.dumps(run_record, indent=2).encode())
     model_uri = log_results(cfg, prep, uri, run_id, summary, history, best, model_args, model_path)
     summary = {**summary, "model_path": model_path, "model_uri": model_uri,
                "mlflow_run_id": run_id, "mlflow_uri": uri, "run_name": cfg.run_name}
     # written last: a run directory with a summary is a finished run
-    write_file(join(join(cfg.output, cfg.run_name), "run.json"),
-               json.dumps({**run_record, "summary": summary}, indent=2).encode())
+    write_bytes(join(join(cfg.output, cfg.run_name), "run.json"),
+                json.dumps({**run_record, "summary": summary}, indent=2).encode())
     return summary
 
 
