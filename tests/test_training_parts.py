@@ -113,6 +113,11 @@ def test_a_validation_sample_is_fixed_nested_spread_and_the_size_asked_for():
     per_quarter = tenth.reshape(4, -1).mean(axis=1)
     assert np.all(np.abs(per_quarter - 0.1) < 0.005), per_quarter
     assert in_valid_sample(users, 1.0).all()
+    # the users it keeps are pinned: prepared.protocol.splitmix64 of the index (a change of hash
+    # would silently change every run's validation sample)
+    assert np.flatnonzero(in_valid_sample(np.arange(40), 0.25)).tolist() == [3, 10, 18, 20, 21, 33]
+    top = protocol.splitmix64(np.arange(40, dtype=np.uint64)) >> np.uint64(11)
+    assert np.array_equal(in_valid_sample(np.arange(40), 0.25), top < np.uint64(1 << 51))
 
 
 def train_valid_rows(rng, b, n_items, most_train, most_valid):

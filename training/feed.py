@@ -114,10 +114,7 @@ def in_valid_sample(users: np.ndarray, fraction: float) -> np.ndarray:
     if fraction >= 1:
         return np.ones(len(users), bool)
     with np.errstate(over="ignore"):  # uint64 arithmetic wraps by design
-        x = users.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
+        x = protocol.splitmix64(users.astype(np.uint64))
     return (x >> np.uint64(11)) < np.uint64(int(fraction * (1 << 53)))
 
 
