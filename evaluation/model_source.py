@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from prepared.errors import UsageError
 from models.base import Recommender
 from models.registry import build as build_model
 from models.registry import load_weights_only
+from runtime.runs import MODEL_FILE, RUN_RECORD
 from models import registry as registry_module
 
 MLFLOW_SCHEMES = ("runs:/", "models:/", "mlflow-artifacts:/")
@@ -63,7 +65,7 @@ def from_checkpoint(path: str) -> ModelSource:
     """A run's ``model.pt`` (or its directory); its ``run.json`` beside it names the MLflow run."""
     p = Path(path)
     if p.is_dir():
-        p = p / "model.pt"
+        p = p / MODEL_FILE
     if not p.exists():
         raise UsageError(f"--model {path}: no such file (a run's model.pt exists once its training "
                          "has finished; or pass an MLflow model URI such as runs:/RUN_ID/model)")
@@ -73,7 +75,7 @@ def from_checkpoint(path: str) -> ModelSource:
     except Exception as e:
         raise UsageError(f"--model {path}: not a model file written by this version of "
                          f"training/train.py (no {e} in it); train it again") from None
-    record_path = p.parent / "run.json"
+    record_path = p.parent / RUN_RECORD
     record = json.loads(record_path.read_text()) if record_path.exists() else {}
     return ModelSource(uri=path, weights=_bytes(saved["state_dict"]), model=name, model_args=args,
                        train_splits=config.get("train_splits", "train"),
@@ -110,8 +112,10 @@ def read_logged(uri: str, local: Path) -> tuple[str, dict, bytes]:
         raise _refuse(uri, f"it is a pickled or custom python model ({held}), which would run code "
                       "when loaded")
     code = local / Path(str(conf["model_code_path"])).name
-    ours = Path(registry_module.__file__).with_name("pyfunc.py")  # read, never imported here
-    if code.name != ours.name or not code.is_file() or code.read_bytes() != ours.read_bytes():
+    # read (never imported) through the package's loader: these modules may be imported from the
+    # zip Spark ships to its workers (addPyFile), where pyfunc.py is no file on disk
+    ours = pkgutil.get_data(registry_module.__package__, "pyfunc.py")
+    if code.name != "pyfunc.py" or not code.is_file() or code.read_bytes() != ours:
         raise _refuse(uri, f"its code file {code.name} differs from this installation's "
                       "models/pyfunc.py (logged by another version of the project, or altered); "
                       "retrain it with this version")

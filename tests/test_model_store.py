@@ -117,6 +117,21 @@ def test_a_logged_model_loads_by_alias_from_its_weights(logged, mlflow_server):
         assert torch.equal(rebuilt.score(items, offsets), logged["model"].score(items, offsets))
 
 
+def test_a_logged_model_loads_when_the_project_is_imported_from_sparks_code_zip(logged,
+                                                                              mlflow_server):
+    """Under Spark the driver may import these modules from the zip ``addPyFile`` ships
+    (runtime.spark), where models/pyfunc.py is no file on disk: the code-file check must still
+    read it (it once failed there with NotADirectoryError, in the experiment's scoring)."""
+    from runtime.spark import _code_zip
+
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "from evaluation import model_source as m; assert '.zip' in m.__file__, m.__file__; "
+            "print(m.load_source('models:/store-good@champion', sys.argv[2]).model)")
+    out = subprocess.run([sys.executable, "-c", code, _code_zip(), mlflow_server.url], cwd="/",
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split()[-1] == "autorec", out.stderr[-2000:]
+
+
 def test_the_pyfunc_takes_the_datasets_ids_and_refuses_nonsense(logged):
     import mlflow.pyfunc
     from mlflow.exceptions import MlflowException
