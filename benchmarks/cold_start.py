@@ -46,6 +46,7 @@ from infra.demo import commit  # noqa: E402
 from models.registry import save  # noqa: E402
 from prepared import schema as S  # noqa: E402
 from prepared.reader import open_prepared  # noqa: E402
+from runtime.runs import MODEL_FILE  # noqa: E402
 from training.closed_form import read_rows  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 
@@ -81,7 +82,7 @@ def train_and_save(prepared: Path, model: str, best: dict, out: Path, cache: dic
     net, seconds, _, _ = fit(prep, cfg, cache["rows"], cache["table"], None)
     out.mkdir(parents=True, exist_ok=True)
     torch.save(save(net, config={"train_splits": "train,valid", "run_name": model}),
-               out / "model.pt")
+               out / MODEL_FILE)
     return seconds
 
 
@@ -114,7 +115,7 @@ def run_dataset(spark, name: str, prepared: Path, models: dict, work: Path, figu
         t0 = time.perf_counter()
         fit_seconds[model] = train_and_save(prepared, model, best, work / "runs" / model, cache)
         out = work / "recs" / model
-        score(spark, model=str(work / "runs" / model / "model.pt"), data=str(prepared),
+        score(spark, model=str(work / "runs" / model / MODEL_FILE), data=str(prepared),
               output=str(out), overwrite=True)
         recs.append(out)
         print(f"{name} {model} {best['hp']}: trained and scored in "

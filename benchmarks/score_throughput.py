@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from infra.submit import spark_submit  # noqa: E402
+from runtime.runs import MODEL_FILE  # noqa: E402
 
 SHAPES = {  # items, positives per user (all splits; the input gets half), real users
     "ml-20m": {"items": 22_884, "per_user": 88.3, "real_users": 138_362},
@@ -64,7 +65,7 @@ def save_model(data: Path, work: Path) -> Path:
     model = build("nce-autorec", {"n_items": open_prepared(str(data)).n_items, "width": WIDTH})
     run = work / f"model-{data.name}"
     run.mkdir(exist_ok=True)
-    torch.save(save(model, config={"model": "nce-autorec"}, summary={}), run / "model.pt")
+    torch.save(save(model, config={"model": "nce-autorec"}, summary={}), run / MODEL_FILE)
     return run
 
 
@@ -77,7 +78,7 @@ def reference_users_per_second(data: Path, run: Path) -> tuple[float, int]:
     from models.batch import row_ids, sparse_rows
     from models.registry import load_model_file
 
-    model = load_model_file(str(run / "model.pt"))
+    model = load_model_file(str(run / MODEL_FILE))
     rows = list(pd.read_parquet(data / "rows", columns=["train_items"])["train_items"])
     per_batch = batch_users(model.n_items)
     batches = [sparse_rows(rows[lo:lo + per_batch]) for lo in range(0, len(rows), per_batch)]

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import report  # noqa: E402
 from infra.submit import spark_submit  # noqa: E402
+from runtime.runs import summary_text  # noqa: E402
 
 YAHOO = {"users": 1_876_280, "items": 44_865, "positives": 48_817_561}
 STAGES = ("etl", "train", "score", "evaluate")
@@ -69,8 +70,8 @@ def run_stage(name: str, cmd: list[str], env: dict | None = None) -> dict:
                             stderr=subprocess.STDOUT, text=True)
     summary = None
     for line in proc.stdout:
-        if line.startswith("SUMMARY "):
-            summary = json.loads(line[len("SUMMARY "):])
+        if summary_text(line) is not None:
+            summary = json.loads(summary_text(line))
         print("   " + line, end="", flush=True)
     rc = proc.wait()
     wall = time.perf_counter() - t0

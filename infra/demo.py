@@ -38,6 +38,8 @@ from pathlib import Path
 from infra import stack
 from infra.submit import ray_job_submit, spark_submit
 from prepared.protocol import TOP_K
+from runtime import runs
+from runtime.runs import RUN_RECORD, summary_line, summary_text
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = ROOT / "data" / "ml-latest-small" / "ratings.csv"
@@ -68,8 +70,8 @@ def run_streaming(cmd: list[str], env: dict, what: str) -> str | None:
                             stderr=subprocess.STDOUT, text=True)
     summary = None
     for line in proc.stdout:
-        if line.startswith("SUMMARY "):
-            summary = line[len("SUMMARY "):]
+        if summary_text(line) is not None:
+            summary = summary_text(line)
         else:
             print(("   " + line) if line.strip() else "", end="" if line.strip() else "\n",
                   flush=True)
@@ -86,7 +88,7 @@ def run_spark(script: str, *args: str) -> None:
 
 def finished_summary(run_dir: Path) -> dict | None:
     try:
-        return json.loads((run_dir / "run.json").read_text()).get("summary")
+        return runs.finished_summary(json.loads((run_dir / RUN_RECORD).read_text()))
     except (OSError, json.JSONDecodeError):
         return None
 
@@ -312,8 +314,8 @@ def run_steps(args, state: Path, lap, timings: dict, t0: float) -> int:
     print(f"results (metrics, popularity, timings, machine, commit): {results}")
     print(f"done in {timings['total']:.0f}s; the stack keeps running for the UI "
           "(stop it with: make stop)")
-    print("SUMMARY " + json.dumps({"runs": dict(zip(summaries, run_ids)), "evaluation": str(evaluation),
-                                   "mlflow": mlflow_url, "results": str(results)}), flush=True)
+    print(summary_line({"runs": dict(zip(summaries, run_ids)), "evaluation": str(evaluation),
+                        "mlflow": mlflow_url, "results": str(results)}), flush=True)
     return 0
 
 

@@ -3,6 +3,7 @@
     MODELS["nce-autorec"]                  the class
     build("puresvd", {"n_items": 9, "rank": 4})   a model from its name and model_args()
     save(model) / read(payload)            the dict written as model.pt: name, arguments, weights
+                                           (``payload``: the layout, also for a run's weights)
 
 A new model is one module in ``models/`` and one entry in ``MODELS`` below.
 """
@@ -51,10 +52,16 @@ def build(name: str, model_args: dict) -> Recommender:
     return cls(**args)
 
 
+def payload(name: str, model_args: dict, state_dict: dict, **extra) -> dict:
+    """What model.pt holds, the one layout (``read`` and evaluation's loaders take it apart):
+    plain data and tensors only, so it loads weights-only; ``extra`` is what a run adds."""
+    return {"model": name, "model_args": model_args, "state_dict": state_dict, **extra}
+
+
 def save(model: Recommender, **extra) -> dict:
-    """What model.pt holds: plain data and tensors only, so it loads weights-only."""
-    return {"model": model.name, "model_args": model.model_args(),
-            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}, **extra}
+    """``payload`` of a model object (its weights on the CPU)."""
+    return payload(model.name, model.model_args(),
+                   {k: v.detach().cpu() for k, v in model.state_dict().items()}, **extra)
 
 
 def read(payload: dict, what: str) -> Recommender:

@@ -56,6 +56,7 @@ from prepared.errors import UsageError
 from prepared.protocol import TOP_K
 from prepared.reader import Prepared, open_prepared
 from runtime.atomic import write_text
+from runtime.runs import RUN_RECORD, finished_summary
 from runtime.cli import add_config_file, add_options, config_yaml, option, strict_parser, values
 from runtime.raycluster import check_fits, join_address, local_cpus, worker_cpus
 from training import grids
@@ -150,7 +151,7 @@ def check_trial_record(cfg: ExperimentConfig, root: str, model: str, point: dict
     from training.train import check_resume
 
     tc = trial_config(cfg, root, model, point)
-    record = read_json(Path(root) / "trials" / tc.run_name / "run.json")
+    record = read_json(Path(root) / "trials" / tc.run_name / RUN_RECORD)
     try:
         check_resume(tc, record)
     except UsageError as e:
@@ -176,7 +177,7 @@ def write_json(path: Path, data: dict) -> None:
 
 def finished(run_dir: Path) -> dict | None:
     """A train.py run's summary if it finished (its run.json has one)."""
-    return (read_json(run_dir / "run.json") or {}).get("summary")
+    return finished_summary(read_json(run_dir / RUN_RECORD))
 
 
 def open_state(cfg: ExperimentConfig, root: Path) -> dict:

@@ -25,11 +25,12 @@ import torch.distributed as dist
 from training.config import TrainConfig
 from training.feed import BatchMaker, valid_batch
 from models.registry import MODELS, load_weights_only
+from runtime.runs import CHECKPOINT_BEST, CHECKPOINT_STATE
 from training.step import make_optimizers, train_batch, unwrap
 from prepared.protocol import TOP_K
 from training.validate import head_mask, head_share_sum, top_metrics
 
-STATE, BEST = "state.pt", "best.pt"
+STATE, BEST = CHECKPOINT_STATE, CHECKPOINT_BEST
 CONVERGED = 1e-3  # fine-tune phase 1 ends when its loss improves by less than this (relative)
 
 

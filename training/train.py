@@ -37,10 +37,12 @@ import time
 from prepared.errors import UsageError
 from training import feed as F
 from runtime.atomic import write_bytes
+from runtime.runs import (CHECKPOINT_BEST, CHECKPOINT_STATE, MODEL_FILE, RUN_RECORD,
+                          finished_record, finished_summary, summary_line)
 from runtime.cli import add_config_file, add_options, config_yaml, strict_parser, values
 from runtime.raycluster import check_fits, join_address, local_cpus, watch_run, worker_cpus
 from training.config import TrainConfig, check
-from models.registry import MODELS, load_weights_only
+from models.registry import MODELS, load_weights_only, payload
 from prepared.protocol import head_items
 from prepared.reader import Prepared, filesystem, join, open_prepared
 from prepared.verify import naming_damaged_files
@@ -118,7 +120,7 @@ def config_from_args(args: argparse.Namespace, prep: Prepared) -> TrainConfig:
 def read_run_record(cfg: TrainConfig) -> dict | None:
     fs, path = filesystem(join(cfg.output, cfg.run_name))
     from pyarrow import fs as pafs
-    rec = join(path, "run.json")
+    rec = join(path, RUN_RECORD)
     if fs.get_file_info(rec).type == pafs.FileType.NotFound:
         return None
     with fs.open_input_stream(rec) as f:
@@ -252,11 +254,12 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
     prep = prep or open_prepared(cfg.data)
     record = read_run_record(cfg)
     check_resume(cfg, record)
-    if record is not None and "summary" in record:
-        print(f"run {cfg.run_name} finished already (best epoch {record['summary']['best_epoch']}); "
-              f"its model is {record['summary']['model_path']}. Pass another --run-name to train "
+    done = finished_summary(record)
+    if done is not None:
+        print(f"run {cfg.run_name} finished already (best epoch {done['best_epoch']}); "
+              f"its model is {done['model_path']}. Pass another --run-name to train "
               "again", flush=True)
-        return record["summary"]
+        return done
     if record is not None:
         check_saved_files(cfg)
     uri = tracking.tracking_uri(mlflow_uri)
@@ -276,7 +279,7 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
     run_record = {"config": cfg.to_dict(), "mlflow_uri": uri, "mlflow_run_id": run_id}
     if record and "trained" in record:
         run_record["trained"] = record["trained"]
-    write_bytes(join(join(cfg.output, cfg.run_name), "run.json"),
+    write_bytes(join(join(cfg.output, cfg.run_name), RUN_RECORD),
                 json.dumps(run_record, indent=2).encode())
     # the configuration a user can rerun (--config), beside run.json and in MLflow
     text = config_file(cfg, run_id)
@@ -287,7 +290,7 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
           f"{cfg.num_workers} worker(s); checkpoints in {join(cfg.output, cfg.run_name)}; "
           f"MLflow {uri} run {run_id}", flush=True)
 
-    model_path = join(join(cfg.output, cfg.run_name), "model.pt")
+    model_path = join(join(cfg.output, cfg.run_name), MODEL_FILE)
     if "trained" in run_record:  # an earlier call trained it; MLflow was down at the end
         print(f"run {cfg.run_name}: training finished already (best epoch "
               f"{run_record['trained']['best_epoch']}); logging its results to MLflow", flush=True)
@@ -298,18 +301,18 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
         summary, history, best, model_args = train_run(cfg, prep, uri, run_id, ray_address)
         buf = io.BytesIO()
         # the layout of models.registry.save, plus what the run learnt
-        torch.save({"model": cfg.model, "model_args": model_args, "state_dict": best,
-                    "config": cfg.to_dict(), "summary": summary, "history": history}, buf)
+        torch.save(payload(cfg.model, model_args, best,
+                           config=cfg.to_dict(), summary=summary, history=history), buf)
         write_bytes(model_path, buf.getvalue())
         run_record["trained"] = summary  # the model is safe: a rerun only logs, never retrains
-        write_bytes(join(join(cfg.output, cfg.run_name), "run.json"),
+        write_bytes(join(join(cfg.output, cfg.run_name), RUN_RECORD),
                     json.dumps(run_record, indent=2).encode())
     model_uri = log_results(cfg, prep, uri, run_id, summary, history, best, model_args, model_path)
     summary = {**summary, "model_path": model_path, "model_uri": model_uri,
                "mlflow_run_id": run_id, "mlflow_uri": uri, "run_name": cfg.run_name}
     # written last: a run directory with a summary is a finished run
-    write_bytes(join(join(cfg.output, cfg.run_name), "run.json"),
-                json.dumps({**run_record, "summary": summary}, indent=2).encode())
+    write_bytes(join(join(cfg.output, cfg.run_name), RUN_RECORD),
+                json.dumps(finished_record(run_record, summary), indent=2).encode())
     return summary
 
 
@@ -362,9 +365,9 @@ def train_run(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, ray_addre
     if result.checkpoint is None:
         raise TrainingError(f"run {cfg.run_name} ended without a checkpoint: {result.error}")
     with result.checkpoint.as_directory() as d:
-        state = load_weights_only(Path(d) / "state.pt", "the last checkpoint")
-        best = load_weights_only(Path(d) / "best.pt", "the last checkpoint") \
-            if (Path(d) / "best.pt").exists() else None
+        state = load_weights_only(Path(d) / CHECKPOINT_STATE, "the last checkpoint")
+        best = load_weights_only(Path(d) / CHECKPOINT_BEST, "the last checkpoint") \
+            if (Path(d) / CHECKPOINT_BEST).exists() else None
     progress, history = state["progress"], state["progress"]["history"]
     if progress["diverged"]:
         tracking.mark_failed(uri, run_id)
@@ -438,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
              if best is not None else " (final retraining: the last epoch)"))
     print(f"model: {summary['model_path']}\nMLflow: {summary['model_uri']} "
           f"(run {summary['mlflow_run_id']} in {summary['mlflow_uri']})")
-    print("SUMMARY " + json.dumps(summary), flush=True)
+    print(summary_line(summary), flush=True)
     return 0
 
 

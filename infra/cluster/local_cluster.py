@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from infra import services  # noqa: E402
 from infra.submit import spark_submit  # noqa: E402
+from runtime.runs import summary_in  # noqa: E402
 
 BIN = Path(sys.executable).parent
 OUT = ROOT / "infra" / "cluster" / "results" / "local_cluster.md"
@@ -176,7 +177,7 @@ def main() -> int:
         for rank, node in placed:
             log(f"  rank {rank} ran on node {node}")
         assert len({n for _, n in placed}) == 2, f"the ranks did not spread over 2 nodes: {placed}"
-        summary = json.loads(text.split("SUMMARY ", 1)[1].splitlines()[0])
+        summary = summary_in(text)
         log(f"  trained: {summary['epochs_run']} epochs, validation NDCG "
             f"{summary['best_valid_ndcg']:.4f}")
 
