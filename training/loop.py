@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from training import hooks
 from training.config import TrainConfig
 from training.feed import BatchMaker, valid_batch
 from models.registry import MODELS, load_weights_only
@@ -201,19 +201,13 @@ def train_loop(config: dict) -> None:
     train_shard = ray.train.get_dataset_shard("train")
     valid_rows = ray.train.get_dataset_shard("valid") if not cfg.final_retraining else None
     times: list[float] = []
+    epoch_hooks = hooks.resolve(config.get("epoch_hooks", []))  # tests' (training.hooks)
 
     while not progress["done"]:
         epoch, phase = progress["epoch"], progress["phase"]
         steps, last_phase = all_phases[phase], phase == len(all_phases) - 1
-        if epoch == cfg.fault_kill_epoch and rank == min(1, world - 1):
-            marker = Path(config["fault_marker"])
-            if not marker.exists():
-                marker.write_text(f"killed rank {rank} at the start of epoch {epoch + 1}\n")
-                # let Ray Train's controller collect the last epoch's reports first (it polls
-                # the workers every 2 s): a worker dying mid-epoch, not mid-report, is the case
-                # to test
-                time.sleep(6)
-                os.kill(os.getpid(), signal.SIGKILL)
+        hooks.call_all(epoch_hooks, {"epoch": epoch, "rank": rank, "world": world,
+                                     "run_dir": config.get("run_dir", "")})
         torch.manual_seed(cfg.seed + 1000003 * (epoch + 1) + rank)
         t0 = time.perf_counter()
         net.train()

@@ -42,6 +42,8 @@ from runtime.runs import (CHECKPOINT_BEST, CHECKPOINT_STATE, MODEL_FILE, RUN_REC
 from runtime.cli import add_config_file, add_options, config_yaml, strict_parser, values
 from runtime.raycluster import check_fits, join_address, local_cpus, watch_run, worker_cpus
 from training.config import TrainConfig, check
+from training.hooks import hook_specs
+from training.hooks import resolve as resolve_hooks
 from models.registry import MODELS, load_weights_only, payload
 from prepared.protocol import head_items
 from prepared.reader import Prepared, filesystem, join, open_prepared
@@ -218,6 +220,8 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
         # scheduling alone, more than an epoch of training on MovieLens-sized data
         datasets = {k: ds.materialize() for k, ds in datasets.items()}
     run_dir = join(cfg.output, cfg.run_name)
+    epoch_hooks = hook_specs(cfg.fault_kill_epoch)
+    resolve_hooks(epoch_hooks)  # a bad NCE_TEST_HOOK is one line here, not a worker's traceback
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"cfg": cfg.to_dict(), "feed": plan, "n_items": prep.n_items,
@@ -227,7 +231,7 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
                            # validation reports the share of recommendations from these items
                            "head_items": head_items(prep.pop_train),
                            "threads": max(1, int(cpw)), "mlflow": mlflow_cfg,
-                           "fault_marker": run_dir + "/fault-injected.txt"},
+                           "run_dir": run_dir, "epoch_hooks": epoch_hooks},
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                                      resources_per_worker={"CPU": cpw},
                                      placement_strategy=cfg.placement),

@@ -1,0 +1,26 @@
+"""Faults a test injects into a running training job through ``training.hooks``
+(``NCE_TEST_HOOK=training.faults:kill_a_rank:2``); nothing in a normal run calls them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+MARKER = "fault-injected.txt"
+
+
+def kill_a_rank(context: dict, epoch: str | None) -> None:
+    """Rank 1 (rank 0 when alone) exits hard (SIGKILL) at the start of 0-based ``epoch``, once
+    per run directory: it leaves RUN_DIR/fault-injected.txt, so the restarted worker runs on."""
+    rank = context["rank"]
+    if context["epoch"] != int(epoch) or rank != min(1, context["world"] - 1):
+        return
+    marker = Path(context["run_dir"] + "/" + MARKER)
+    if not marker.exists():
+        marker.write_text(f"killed rank {rank} at the start of epoch {context['epoch'] + 1}\n")
+        # let Ray Train's controller collect the last epoch's reports first (it polls the
+        # workers every 2 s): a worker dying mid-epoch, not mid-report, is the case to test
+        time.sleep(6)
+        os.kill(os.getpid(), signal.SIGKILL)
