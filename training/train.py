@@ -133,8 +133,7 @@ def resolved_config(cfg: TrainConfig) -> dict:
     """``cfg`` with the model's hyperparameters it leaves to their defaults (None) filled in with
     the values the run uses (``TrainConfig.resolved``): what config.yaml records, so that the
     file still says what ran after a model's default changes."""
-    names = set(cfg.to_dict())
-    return {**cfg.to_dict(), **{k: v for k, v in cfg.resolved().items() if k in names}}
+    return effective(cfg.to_dict())
 
 
 def config_file(cfg: TrainConfig, run_id: str | None = None) -> str:
