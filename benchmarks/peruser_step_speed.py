@@ -46,7 +46,7 @@ def main() -> None:
     rows = []
     for dataset, (n_items, per_user) in SHAPES.items():
         for name in ("bpr", "cml", "cdae"):
-            hp = MODELS[name].hyperparameters
+            hp = MODELS[name].defaults()
             draws, width = hp["neg_ratio"], hp["width"]
             dense = step_seconds(peruser.dense_dots, n_items, per_user, draws, width)
             gathered = step_seconds(peruser.frozen_dots, n_items, per_user, draws, width)

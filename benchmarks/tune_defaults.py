@@ -178,7 +178,7 @@ def run_meta(saved: dict | None) -> dict:
 def defaults(model: str) -> dict:
     """The model's defaults as the trainer resolves them: what a user gets without flags."""
     cfg = TrainConfig(data="", model=model)
-    hp = MODELS[model].hyperparameters
+    hp = MODELS[model].defaults()
     return {"width": hp["width"], "lr": cfg.learning_rate, "lam": hp["lam"],
             "lam_units": hp["lam_units"]}
 

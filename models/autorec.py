@@ -57,10 +57,39 @@ from torch import nn
 
 from models.base import NEGATIVES, RSTAR, Recommender
 from models.batch import Batch
+from models.hparams import (HP, LAM_HELP, PAPER_BETAS, PAPER_LAMBDAS, PAPER_NEGATIVES,
+                            PAPER_WIDTHS, WIDTH_HELP)
 from models.losses import l2_penalty, linear_mse, linear_ns, mse_loss, ns_loss
 
 MODES = ("joint", "alternating", "limited-finetune", "full-finetune")
 LAM_UNITS = ("overlap", "plain")
+
+# The named grids. "small" (the default: 45 trials over every model) searches joint mode only:
+# on ml-100k a joint trial takes about 1.5 minutes on 2 cores, a fine-tune one several times that
+# (phase 1 runs until its loss converges, 135-200 epochs), so the modes are searched by --grid
+# paper or a grid file. lambda (overlap units) a decade around each model's default: best values
+# lay within 1-10 for the one-headed models and 3-30 for the two-headed on four datasets
+# (benchmarks/results/tune_defaults.md). The paper's 1e-7..1e4 was on ||W||_F^2; in overlap
+# units the same numbers mean other things (protocol.md).
+ONE_HEAD_LAMBDAS, TWO_HEAD_LAMBDAS = [1.0, 3.0, 10.0], [3.0, 10.0, 30.0]
+
+WIDTH = HP(200, WIDTH_HELP, lo=1, hi=100_000, why="the paper: 50..500",
+           search={"paper": PAPER_WIDTHS})
+LAM = HP(3.0, LAM_HELP, lo=0, hi=1e6, open_hi=True,
+         search={"paper": PAPER_LAMBDAS, "small": ONE_HEAD_LAMBDAS})
+LAM_UNITS_HP = HP("overlap", "the AutoRec family's lambda: overlap = times omega, the mean number "
+                  "of training items two users share, so that one value transfers across "
+                  "datasets, with every head's loss per (user, item) entry; plain = lambda * "
+                  "mean(W^2) with the NS head's loss per user (runs before 2026-11-25)",
+                  choices=LAM_UNITS)
+TWO_HEADED = {
+    "mode": HP("joint", "how the two heads train", choices=MODES, search={"paper": list(MODES)}),
+    "embed_weight": HP(1.0, "weight of the embedding head's loss (nce or ns) against the MSE "
+                       "head's (1: the paper's sum; matters in joint mode: Adam is blind to a "
+                       "step's overall scale)", lo=0, hi=1e6),
+    "embed_lam": HP(None, "L2 of the embedding head's matrix (default: --lam)", type=float, lo=0,
+                    hi=1e6, open_hi=True),
+}
 
 
 @dataclass(frozen=True)
@@ -82,7 +111,7 @@ class AutoRec(Recommender):
     #: lambda in overlap units (see above): 3 for AutoRec, 2 for OHNS-AutoRec (it collapses from
     #: 10 on), 10 for the two-headed models, whose encoder fits two heads' losses
     #: (benchmarks/results/tune_defaults.md: on four datasets each within 90% of its own tuned NDCG)
-    hyperparameters = {"width": 200, "lam": 3.0, "lam_units": "overlap"}
+    hyperparameters = {"width": WIDTH, "lam": LAM, "lam_units": LAM_UNITS_HP}
     #: train each head through the dense (B, n_items) scores (True) or its exact fast loss
     #: (False); None: whichever is cheaper. For the predict and NCE heads the dense way costs
     #: about 3 B n d (product and two gradients), the fast one about 2 n d^2 (W'W and its
@@ -277,7 +306,8 @@ class OHNSAutoRec(AutoRec):
     embed_head = "ns"
     recommend_head = "ns"
     needs = frozenset({NEGATIVES})
-    hyperparameters = {**AutoRec.hyperparameters, "lam": 2.0}
+    hyperparameters = {**AutoRec.hyperparameters, "lam": LAM.but(default=2.0)}
+    run_axes = {"paper": {"num_negatives": PAPER_NEGATIVES}}
 
 
 class NSAutoRec(AutoRec):
@@ -285,8 +315,10 @@ class NSAutoRec(AutoRec):
     heads_trained = ("ns", "predict")
     embed_head = "ns"
     needs = frozenset({NEGATIVES})
-    hyperparameters = {**AutoRec.hyperparameters, "lam": 10.0, "mode": "joint", "embed_weight": 1.0,
-                       "embed_lam": None}
+    hyperparameters = {**AutoRec.hyperparameters, **TWO_HEADED,
+                       "lam": LAM.but(default=10.0, search={"paper": PAPER_LAMBDAS,
+                                                            "small": TWO_HEAD_LAMBDAS})}
+    run_axes = {"paper": {"num_negatives": PAPER_NEGATIVES}}
 
 
 class NCEAutoRec(AutoRec):
@@ -294,5 +326,7 @@ class NCEAutoRec(AutoRec):
     heads_trained = ("nce", "predict")
     embed_head = "nce"
     needs = frozenset({RSTAR})
-    hyperparameters = {**AutoRec.hyperparameters, "lam": 10.0, "mode": "joint", "embed_weight": 1.0,
-                       "embed_lam": None}
+    hyperparameters = {**AutoRec.hyperparameters, **TWO_HEADED,
+                       "lam": LAM.but(default=10.0, search={"paper": PAPER_LAMBDAS,
+                                                            "small": TWO_HEAD_LAMBDAS})}
+    run_axes = {"paper": {"beta": PAPER_BETAS}, "small": {"beta": [0.8, 1.0]}}

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from models.batch import Batch, row_ids, user_slice
+from models.hparams import HP
 
 RSTAR, NEGATIVES = "rstar", "negatives"  # what a model's batches may need beyond the input rows
 SCORE_BLOCK_FLOATS = 1 << 22  # scores per block of ``recommend`` on a CPU (16 MiB: measured best)
@@ -40,8 +41,11 @@ class Recommender(nn.Module):
     #: where training runs: "ray" (Ray Train, or a Ray task for a closed-form fit) or "spark"
     #: (a closed-form fit on Spark: ``fit`` then takes a DataFrame of (user_index, item_index))
     engine: ClassVar[str] = "ray"
-    #: hyperparameters ``from_config`` reads, with their defaults (the single place a default lives)
-    hyperparameters: ClassVar[dict[str, Any]] = {}
+    #: its hyperparameters (``models.hparams.HP``: default, help, range, searched values), the one
+    #: place each is declared: train.py's flags, their checks and the named grids come from these
+    hyperparameters: ClassVar[dict[str, HP]] = {}
+    #: run-level flags its named grids search beside its hyperparameters: {grid: {flag: values}}
+    run_axes: ClassVar[dict[str, dict[str, list]]] = {}
     #: parts of the prepared rows the batches must carry besides the input items (RSTAR, NEGATIVES)
     needs: ClassVar[frozenset[str]] = frozenset()
     #: whether it has parameters per training user (indexed by ``Batch.users``; its constructor
@@ -71,7 +75,7 @@ class Recommender(nn.Module):
         own, so ``hyperparameters`` is the only copy). ``overlap`` is the training data's
         ``prepared.protocol.user_overlap``, the unit of lambda of a model with ``lam_units``
         (the AutoRec family)."""
-        args = {k: hp.get(k, v) for k, v in cls.hyperparameters.items()}
+        args = {k: hp.get(k, v) for k, v in cls.defaults().items()}
         if "lam_units" in args:
             args["overlap"] = overlap
         if cls.per_user:
@@ -79,6 +83,11 @@ class Recommender(nn.Module):
                 raise ValueError(f"{cls.name} has a vector per user: pass n_users")
             args["n_users"] = n_users
         return cls(n_items=n_items, **args)
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Each hyperparameter's default."""
+        return {name: hp.default for name, hp in cls.hyperparameters.items()}
 
     @classmethod
     def fit_memory(cls, n_items: int) -> int:

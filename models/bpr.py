@@ -26,13 +26,19 @@ from models.base import Recommender
 from models.batch import Batch, row_ids
 from models.peruser import (FOLD_STEPS, fold_in, fold_rows, hashed_negatives, is_positive,
                             pair_dots, uniform_negatives)
+from models.hparams import HP, LAM_HELP, NEG_RATIO_HELP, PAPER_LAMBDAS, PAPER_WIDTHS, WIDTH_HELP
 
 
 class BPR(Recommender):
     name = "bpr"
     per_user = True
     score_in_blocks = False  # a fold-in per call (models/peruser.py), in blocks of its own
-    hyperparameters = {"width": 64, "lam": 1e-4, "neg_ratio": 1}
+    hyperparameters = {
+        "width": HP(64, WIDTH_HELP, lo=1, hi=100_000, search={"paper": PAPER_WIDTHS}),
+        "lam": HP(1e-4, LAM_HELP, lo=0, hi=1e6, open_hi=True,
+                  search={"paper": PAPER_LAMBDAS, "small": [1e-5, 1e-4, 1e-3]}),
+        "neg_ratio": HP(1, NEG_RATIO_HELP, lo=1, hi=10_000, why="0, the whole row, is cdae's"),
+    }
     learning_rate = 1e-2  # probed on ml-100k validation (README, "Models")
 
     def __init__(self, n_items: int, n_users: int, width: int, lam: float, neg_ratio: int):

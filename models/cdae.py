@@ -34,13 +34,23 @@ from models.batch import Batch, row_ids
 from models.losses import densify, l2_penalty
 from models.peruser import (FOLD_STEPS, fold_in, fold_rows, hashed_negatives, is_positive,
                             pair_dots, uniform_negatives)
+from models.hparams import (DROPOUT_HELP, HP, LAM_HELP, NEG_RATIO_HELP, PAPER_CORRUPTION,
+                            PAPER_LAMBDAS, PAPER_WIDTHS, WIDTH_HELP)
 
 
 class CDAE(Recommender):
     name = "cdae"
     per_user = True
     score_in_blocks = False  # a fold-in per call (models/peruser.py), in blocks of its own
-    hyperparameters = {"width": 200, "lam": 1e-2, "dropout": 0.5, "neg_ratio": 5}
+    hyperparameters = {
+        "width": HP(200, WIDTH_HELP, lo=1, hi=100_000, search={"paper": PAPER_WIDTHS}),
+        "lam": HP(1e-2, LAM_HELP, lo=0, hi=1e6, open_hi=True,
+                  search={"paper": PAPER_LAMBDAS, "small": [0.001, 0.01]}),
+        "dropout": HP(0.5, DROPOUT_HELP, lo=0, hi=1, open_hi=True,
+                      search={"paper": PAPER_CORRUPTION, "small": [0.2, 0.5]}),
+        # 0: the whole row (every unobserved item a negative), CDAE's alone
+        "neg_ratio": HP(5, NEG_RATIO_HELP, lo=0, hi=10_000, why="0 = the whole row"),
+    }
     learning_rate = 3e-3  # probed on ml-100k validation (README, "Models")
     # its validation NDCG first climbs to the popularity ranking's (the output biases learn
     # first), dips for several epochs while the user-dependent part starts, then climbs past it:

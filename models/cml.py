@@ -31,6 +31,7 @@ from models.base import Recommender
 from models.batch import Batch, row_ids
 from models.peruser import (FOLD_STEPS, fold_in, fold_rows, hashed_negatives, is_positive,
                             pair_dots, uniform_negatives)
+from models.hparams import HP, NEG_RATIO_HELP, PAPER_WIDTHS, WIDTH_HELP
 
 
 def clip(x: torch.Tensor) -> torch.Tensor:
@@ -42,7 +43,15 @@ class CML(Recommender):
     name = "cml"
     per_user = True
     score_in_blocks = False  # a fold-in per call (models/peruser.py), in blocks of its own
-    hyperparameters = {"width": 64, "margin": 0.5, "neg_ratio": 10, "cov_weight": 0.0}
+    hyperparameters = {
+        "width": HP(64, WIDTH_HELP, lo=1, hi=100_000, search={"paper": PAPER_WIDTHS}),
+        "margin": HP(0.5, "hinge margin", lo=0, open_lo=True, hi=4,
+                     why="squared distances in the unit ball are at most 4",
+                     search={"small": [0.5, 1.0]}),
+        "neg_ratio": HP(10, NEG_RATIO_HELP, lo=1, hi=10_000, why="0, the whole row, is cdae's"),
+        "cov_weight": HP(0.0, "weight of the covariance regulariser, 0 = off", lo=0, hi=1e6,
+                         open_hi=True),
+    }
     learning_rate = 3e-3  # probed on ml-100k validation (README, "Models")
     regularisers = frozenset({"cov"})
 

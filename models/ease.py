@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from models.closed_form import ClosedForm, check_memory, row_sums
+from models.hparams import HP, LAM_HELP, PAPER_LAMBDAS
 
 
 INSTEAD = "use a model with a low-rank state (puresvd, nce-plrec) or a machine with more memory"
@@ -23,7 +24,11 @@ INSTEAD = "use a model with a low-rank state (puresvd, nce-plrec) or a machine w
 
 class EASE(ClosedForm):
     name = "ease"
-    hyperparameters = {"lam": 500.0}
+    hyperparameters = {
+        "lam": HP(500.0, LAM_HELP, lo=0, open_lo=True, hi=1e6, open_hi=True,
+                  why="the diagonal added to the item Gram matrix",
+                  search={"paper": PAPER_LAMBDAS, "small": [100.0, 500.0, 2000.0]}),
+    }
 
     def __init__(self, n_items: int, lam: float):
         super().__init__()

@@ -21,11 +21,18 @@ import torch
 
 from models.base import RSTAR
 from models.closed_form import ClosedForm, randomized_svd, row_sums
+from models.hparams import HP, LAM_HELP, PAPER_BETAS, PAPER_LAMBDAS, PAPER_WIDTHS, RANK_HELP
 
 
 class NCEPLRec(ClosedForm):
     name = "nce-plrec"
-    hyperparameters = {"rank": 200, "lam": 10000.0}  # benchmarks/results/baselines.md
+    hyperparameters = {  # defaults: benchmarks/results/baselines.md
+        "rank": HP(200, RANK_HELP, lo=1, hi=100_000,
+                   search={"paper": PAPER_WIDTHS, "small": [100, 200]}),
+        "lam": HP(10000.0, LAM_HELP, lo=0, hi=1e6, open_hi=True,
+                  search={"paper": PAPER_LAMBDAS, "small": [1000.0, 10000.0]}),
+    }
+    run_axes = {"paper": {"beta": PAPER_BETAS}, "small": {"beta": [0.8, 1.0]}}
     needs = frozenset({RSTAR})
 
     def __init__(self, n_items: int, rank: int, lam: float):

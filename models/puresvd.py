@@ -13,11 +13,15 @@ import numpy as np
 import torch
 
 from models.closed_form import ClosedForm, randomized_svd, row_sums
+from models.hparams import HP, PAPER_WIDTHS, RANK_HELP
 
 
 class PureSVD(ClosedForm):
     name = "puresvd"
-    hyperparameters = {"rank": 20}  # benchmarks/results/baselines.md
+    hyperparameters = {  # the default: benchmarks/results/baselines.md
+        "rank": HP(20, RANK_HELP, lo=1, hi=100_000,
+                   search={"paper": PAPER_WIDTHS, "small": [20, 50, 100]}),
+    }
 
     def __init__(self, n_items: int, rank: int):
         super().__init__()

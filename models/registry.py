@@ -46,7 +46,7 @@ def build(name: str, model_args: dict) -> Recommender:
     """The model ``name`` from its ``model_args()`` (weights still to load); arguments left out
     take the model's defaults (its class's ``hyperparameters``, the one place they live)."""
     cls = model_class(name, "model")
-    args = {**cls.hyperparameters, **model_args}
+    args = {**cls.defaults(), **model_args}
     if "lam_units" in cls.hyperparameters and "lam_units" not in model_args:
         args["lam_units"] = "plain"  # saved before lambda had units (2026-11-25): as it trained
     return cls(**args)

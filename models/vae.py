@@ -35,13 +35,23 @@ from torch import nn
 from models.base import Recommender
 from models.batch import Batch, row_ids
 from models.losses import densify
+from models.hparams import (DROPOUT_HELP, HP, LAM_HELP, PAPER_CORRUPTION, PAPER_LAMBDAS,
+                            PAPER_WIDTHS, WIDTH_HELP)
 
 
 class VAECF(Recommender):
     name = "vae-cf"
     regularisers = frozenset({"kl", "l2"})  # the KL weight rises from 0: its term may too
-    hyperparameters = {"width": 200, "hidden": 600, "dropout": 0.5, "kl_cap": 0.2,
-                       "anneal_steps": 2000, "lam": 0.0}
+    hyperparameters = {
+        "width": HP(200, WIDTH_HELP, lo=1, hi=100_000, search={"paper": PAPER_WIDTHS}),
+        "hidden": HP(600, "hidden layer width", lo=1, hi=100_000, why="the paper: 600"),
+        "dropout": HP(0.5, DROPOUT_HELP, lo=0, hi=1, open_hi=True,
+                      search={"paper": PAPER_CORRUPTION, "small": [0.2, 0.5]}),
+        "kl_cap": HP(0.2, "the KL weight's cap", lo=0, hi=10,
+                     why="the paper: 0.2; 1 is the full ELBO"),
+        "anneal_steps": HP(2000, "updates over which the KL weight rises from 0 to its cap", lo=1),
+        "lam": HP(0.0, LAM_HELP, lo=0, hi=1e6, open_hi=True, search={"paper": PAPER_LAMBDAS}),
+    }
     learning_rate = 1e-3  # the paper's Adam rate; probed on ml-100k validation
 
     def __init__(self, n_items: int, width: int, hidden: int, dropout: float, kl_cap: float,

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from models.closed_form import ClosedForm
+from models.hparams import HP, LAM_HELP, PAPER_LAMBDAS, PAPER_WIDTHS, RANK_HELP
 
 FOLD_IN_USERS = 256  # users solved at once: a (users x longest row x rank) gather stays small
 
@@ -32,7 +33,16 @@ class WRMF(ClosedForm):
     name = "wrmf"
     score_in_blocks = False  # each call builds the (rank, rank) Gram of every item factor first
     engine = "spark"
-    hyperparameters = {"rank": 50, "lam": 0.1, "alpha": 5.0, "iterations": 15}  # baselines.md
+    # defaults: benchmarks/results/baselines.md. The paper's negative alphas would weigh positives
+    # below the unobserved entries (confidence 1 + alpha): only 0..100 are searched
+    hyperparameters = {
+        "rank": HP(50, RANK_HELP, lo=1, hi=100_000, search={"paper": PAPER_WIDTHS, "small": [50]}),
+        "lam": HP(0.1, LAM_HELP, lo=0, hi=1e6, open_hi=True,
+                  search={"paper": PAPER_LAMBDAS, "small": [0.1, 1.0]}),
+        "alpha": HP(5.0, "confidence 1 + alpha of a positive", lo=0, hi=1e6,
+                    search={"paper": [0.0, 0.1, 1.0, 10.0, 100.0], "small": [1.0, 5.0]}),
+        "iterations": HP(15, "ALS sweeps", lo=1, hi=10_000),
+    }
 
     def __init__(self, n_items: int, rank: int, lam: float, alpha: float, iterations: int):
         super().__init__()

@@ -104,8 +104,9 @@ def _kind(annotation: str) -> tuple[type | None, bool, bool]:
 
 
 def add_options(parser: argparse.ArgumentParser, cls) -> None:
-    """One flag per field of ``cls`` that has ``option`` metadata, in field order, grouped."""
-    groups: dict[str, argparse._ArgumentGroup] = {}
+    """One flag per field of ``cls`` that has ``option`` metadata, in field order, grouped (the
+    groups in the order of ``cls.option_groups`` where it has one, else as first met)."""
+    groups = {name: parser.add_argument_group(name) for name in getattr(cls, "option_groups", ())}
     for f in dataclasses.fields(cls):
         meta = f.metadata
         if "help" not in meta:

@@ -153,7 +153,8 @@ def test_a_model_refuses_a_flag_it_does_not_take_in_one_line(tmp_path):
                           "--width", "100"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [
-        "error: --width 100: ease does not take it; its hyperparameters: --lam. Drop the flag"]
+        "error: --width 100: ease does not take it (only autorec, ohns-autorec, ns-autorec, "
+        "nce-autorec, bpr, cml, cdae, vae-cf do); its hyperparameters: --lam. Drop the flag"]
 
 
 @pytest.mark.parametrize("script", ["training/train.py", "training/experiment.py"])
@@ -221,7 +222,8 @@ def test_a_refused_hyperparameter_names_the_flags_as_typed():
 
     with pytest.raises(UsageError) as e:
         check(TrainConfig(data="d", model="autorec", rank=5))
-    assert str(e.value) == ("--rank 5: autorec does not take it; its hyperparameters: --width, --lam, "
+    assert str(e.value) == ("--rank 5: autorec does not take it (only puresvd, nce-plrec, wrmf do); "
+                            "its hyperparameters: --width, --lam, "
                             "--lam-units. Drop the flag")  # not --lam_units, the dest
 
 
@@ -287,7 +289,7 @@ def test_per_model_defaults_in_help_name_each_model(flag, field):
     want = {}
     for name, cls in MODELS.items():
         value = (getattr(cls, field) if field in ("learning_rate", "patience")
-                 else cls.hyperparameters.get(field))
+                 else cls.defaults().get(field))
         if value is not None and (field not in ("learning_rate", "patience") or cls.kind == "gradient"):
             want[name] = value
     assert want and {m: float(v) for m, v in got.items()} == {m: float(v) for m, v in want.items()}

@@ -290,12 +290,13 @@ def test_finetune_phase_one_ends_when_its_loss_converges_or_after_fixed_epochs()
 # -- bad configuration and input ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(model="autorec", mode="joint"), "--mode joint: autorec has one head.*Drop the flag"),
+    (dict(model="autorec", mode="joint"),
+     r"--mode joint: autorec does not take it \(only ns-autorec, nce-autorec do\).*Drop the flag"),
     (dict(model="gru4rec"), "--model gru4rec: no such model; choose one of autorec, .*ease"),
-    (dict(model="puresvd", width=10), "--width 10: puresvd does not take it; its hyperparameters: "
-                                      "--rank. Drop the flag"),
-    (dict(model="autorec", rank=10), "--rank 10: autorec does not take it; its hyperparameters: "
-                                     "--width, --lam"),
+    (dict(model="puresvd", width=10),
+     r"--width 10: puresvd does not take it \(only .*\); its hyperparameters: --rank. Drop the flag"),
+    (dict(model="autorec", rank=10),
+     r"--rank 10: autorec does not take it \(only .*\); its hyperparameters: --width, --lam"),
     (dict(width=0), "--width 0"),
     (dict(lr=0.0), "--lr 0.0"),
     (dict(lam=-1.0), "--lam -1.0"),

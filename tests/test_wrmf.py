@@ -1,5 +1,5 @@
 """WRMF on Spark MLlib's ALS: the fold-in against Spark's own user factors, and the quality against
-the ``implicit`` package's ALS (a test dependency only) on ml-100k validation."""
+the ``implicit`` package's ALS (a test dependency only) on ml-latest-small validation."""
 
 from __future__ import annotations
 
@@ -19,18 +19,18 @@ HP = {"rank": 32, "lam": 0.01, "alpha": 10.0, "iterations": 10}
 
 
 @pytest.fixture(scope="module")
-def warm(ml100k_prepared):
-    rows = pq.read_table(ml100k_prepared / "rows")
+def warm(small_prepared):
+    rows = pq.read_table(small_prepared / "rows")
     return rows.filter(np.logical_not(rows.column("cold").to_numpy()))
 
 
 @pytest.fixture(scope="module")
-def fitted(spark, warm, ml100k_prepared):
+def fitted(spark, warm, small_prepared):
     from pyspark.sql import functions as F
 
-    pairs = (spark.read.parquet(str(ml100k_prepared / "rows")).filter(~F.col("cold"))
+    pairs = (spark.read.parquet(str(small_prepared / "rows")).filter(~F.col("cold"))
              .select("user_index", F.explode("train_items").alias("item_index")))
-    n_items = int(pq.read_table(ml100k_prepared / "items").num_rows)
+    n_items = int(pq.read_table(small_prepared / "items").num_rows)
     model = build("wrmf", {"n_items": n_items, **HP})
     model.fit(pairs, seed=0)
     return model.eval(), pairs
@@ -51,7 +51,7 @@ def test_fold_in_is_the_als_user_step(fitted, warm):
         np.testing.assert_allclose(got[u], want, rtol=1e-4, atol=1e-6)
 
 
-def test_spark_als_matches_the_implicit_package_on_ml100k_validation(fitted, warm):
+def test_spark_als_matches_the_implicit_package_on_ml_latest_small_validation(fitted, warm):
     from implicit.cpu.als import AlternatingLeastSquares
 
     model, _ = fitted
@@ -80,7 +80,7 @@ def test_spark_als_matches_the_implicit_package_on_ml100k_validation(fitted, war
 
 
 @pytest.mark.ray  # the session's stack: its MLflow server
-def test_spark_submit_trains_wrmf_into_mlflow(ml100k_prepared, mlflow_server, tmp_path):
+def test_spark_submit_trains_wrmf_into_mlflow(small_prepared, mlflow_server, tmp_path):
     """The README's command: spark-submit training/train.py --model wrmf; one MLflow run of the
     same layout as every model's, and a model.pt that scores through the interface."""
     import json
@@ -89,7 +89,7 @@ def test_spark_submit_trains_wrmf_into_mlflow(ml100k_prepared, mlflow_server, tm
     from infra.submit import spark_submit
     from models.registry import load_model_file
 
-    cmd, env = spark_submit("training/train.py", "--data", str(ml100k_prepared), "--model", "wrmf",
+    cmd, env = spark_submit("training/train.py", "--data", str(small_prepared), "--model", "wrmf",
                             "--rank", "8", "--iterations", "3", "--run-name", "wrmf-submitted",
                             "--output", str(tmp_path / "runs"), "--mlflow-uri", mlflow_server.url,
                             master="local[2]", driver_memory="1g")
@@ -106,5 +106,5 @@ def test_spark_submit_trains_wrmf_into_mlflow(ml100k_prepared, mlflow_server, tm
     # alpha was not given: the run logs the class's default, the one place defaults live
     from models.wrmf import WRMF
     assert run.info.status == "FINISHED"
-    assert float(run.data.params["alpha"]) == WRMF.hyperparameters["alpha"]
+    assert float(run.data.params["alpha"]) == WRMF.defaults()["alpha"]
     assert run.data.metrics["valid_ndcg"] == pytest.approx(summary["best_valid_ndcg"])

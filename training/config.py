@@ -3,6 +3,10 @@
 The CLI is built from it (``runtime.cli``: one place for every flag's default and help); the
 driver checks it (``check``), logs it to MLflow and ships it to every Ray Train worker; a checkpoint
 stores it so that a resumed run can refuse a changed configuration.
+
+Its run-level fields are written here (``RunConfig``); its model fields are generated from the
+registered models' declarations (``models.hparams``): one optional field per hyperparameter name,
+None meaning the model's own default, checked by the model that takes it.
 """
 
 from __future__ import annotations
@@ -10,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from models.autorec import LAM_UNITS, MODES
 from models.registry import MODELS
 from prepared.errors import UsageError
 from runtime.cli import option
@@ -39,15 +42,16 @@ def model_defaults(field: str) -> str:
     shown = []
     for name, cls in MODELS.items():
         value = (getattr(cls, field) if field in ("learning_rate", "patience")
-                 and cls.kind == "gradient" else cls.hyperparameters.get(field))
+                 and cls.kind == "gradient" else cls.defaults().get(field))
         if value is not None:
             shown.append(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}")
     return ", ".join(shown)
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """Every flag of training/train.py, with its default: the CLI is built from these fields.
+class RunConfig:
+    """The run-level flags of training/train.py, with their defaults; ``TrainConfig`` adds the
+    models' hyperparameters (below). The CLI is built from the fields.
 
     Training defaults: benchmarks/tune_defaults.py on ml-100k, ml-latest-small, citeulike-a and
     a sparse synthetic set (results committed): for the AutoRec family width 200, lr 3e-4 and
@@ -61,56 +65,6 @@ class TrainConfig:
                                help="train: select by validation NDCG with early stopping; "
                                     "train,valid: the protocol's final retraining for exactly "
                                     "--epochs")
-    mode: str | None = option(None, group=HYPER, choices=MODES,
-                              help="how the two heads train (ns-autorec, nce-autorec; default joint)")
-    embed_weight: float | None = option(None, group=HYPER,
-                                        help="weight of the embedding head's loss (nce or ns) "
-                                             "against the MSE head's (ns-autorec, nce-autorec; "
-                                             "default 1, the paper's sum; matters in joint mode: "
-                                             "Adam is blind to a step's overall scale)")
-    embed_lam: float | None = option(None, group=HYPER,
-                                     help="L2 of the embedding head's matrix (ns-autorec, "
-                                          "nce-autorec; default --lam)")
-    width: int | None = option(None, group=HYPER,
-                               help="latent width d: the code, or the factors of bpr and cml "
-                                    f"(default: {model_defaults('width')})")
-    lam: float | None = option(None, group=HYPER,
-                               help="regularisation lambda: the AutoRec family on omega * "
-                                    "mean(W^2) per matrix (--lam-units), cdae on "
-                                    "mean(W^2) per matrix, bpr on each triple's squared norms, "
-                                    "vae-cf on squared weights, nce-plrec the ridge, ease the "
-                                    f"diagonal, wrmf Spark's regParam (default: {model_defaults('lam')})")
-    lam_units: str | None = option(None, group=HYPER, choices=LAM_UNITS,
-                                   help="the AutoRec family's lambda: overlap (default) = "
-                                        "times omega, the mean number of training items two "
-                                        "users share, so that one value transfers across "
-                                        "datasets, with every head's loss per (user, item) "
-                                        "entry; plain = lambda * mean(W^2) with the NS head's "
-                                        "loss per user (runs before 2026-11-25)")
-    rank: int | None = option(None, group=HYPER, help=f"factors kept (default: {model_defaults('rank')})")
-    alpha: float | None = option(None, group=HYPER,
-                                 help="confidence 1 + alpha of a positive "
-                                      f"(default: {model_defaults('alpha')})")
-    iterations: int | None = option(None, group=HYPER,
-                                    help=f"ALS sweeps (default: {model_defaults('iterations')})")
-    hidden: int | None = option(None, group=HYPER,
-                                help=f"hidden layer width (default: {model_defaults('hidden')})")
-    dropout: float | None = option(None, group=HYPER,
-                                   help="input dropout probability, the corruption of a denoising "
-                                        f"model (default: {model_defaults('dropout')})")
-    kl_cap: float | None = option(None, group=HYPER,
-                                  help=f"the KL weight's cap (default: {model_defaults('kl_cap')})")
-    anneal_steps: int | None = option(None, group=HYPER,
-                                      help="updates over which the KL weight rises from 0 to its "
-                                           f"cap (default: {model_defaults('anneal_steps')})")
-    margin: float | None = option(None, group=HYPER,
-                                  help=f"hinge margin (default: {model_defaults('margin')})")
-    neg_ratio: int | None = option(None, group=HYPER,
-                                   help="uniform negatives drawn per training positive; cdae: 0 = "
-                                        f"the whole row (default: {model_defaults('neg_ratio')})")
-    cov_weight: float | None = option(None, group=HYPER,
-                                      help="weight of the covariance regulariser, 0 = off "
-                                           f"(default: {model_defaults('cov_weight')})")
     beta: float | None = option(None, group=TRAINING,
                                 help="NCE popularity exponent; R* is recomputed from the stored "
                                      "popularity when it differs from the ETL's (default: the ETL's)")
@@ -193,11 +147,14 @@ class TrainConfig:
     # NCE_TEST_HOOK=training.faults:kill_a_rank:EPOCH, training/hooks.py)
     fault_kill_epoch: int = option(-1, group=CLUSTER, hidden=True, help="")
 
+    #: the order of the groups in --help
+    option_groups = (DATA, HYPER, TRAINING, CLUSTER)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
+    def from_dict(cls, d: dict) -> RunConfig:
         return cls(**{k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}})
 
     @property
@@ -231,11 +188,40 @@ class TrainConfig:
 
     def resolved(self) -> dict:
         """Every hyperparameter of the model, defaults filled in (what the run logs)."""
-        return {**MODELS[self.model].hyperparameters, **self.hyperparameters(),
+        return {**MODELS[self.model].defaults(), **self.hyperparameters(),
                 **({"lr": self.learning_rate, "patience": self.stop_patience}
                    if MODELS[self.model].kind == "gradient" else {}),
                 **({"finetune_lr": self.phase_lr(1), "finetune_init": self.phase2_start}
                    if self.mode in FINETUNE_MODES else {})}
+
+
+def hyper_fields(models: dict) -> list[tuple[str, str, dataclasses.Field]]:
+    """One optional field per hyperparameter name the models declare (first declared, first),
+    with the help and type the models share, every choice any of them allows, and each model's
+    default in the help. A name declared with two types or two helps is a mistake in models/."""
+    declared: dict[str, list] = {}
+    for cls in models.values():
+        for name, hp in cls.hyperparameters.items():
+            declared.setdefault(name, []).append(hp)
+    out = []
+    for name, hps in declared.items():
+        kinds, helps = {hp.kind for hp in hps}, {hp.help for hp in hps}
+        if len(kinds) > 1 or len(helps) > 1:
+            raise TypeError(f"hyperparameter {name!r} is declared with {len(kinds)} types and "
+                            f"{len(helps)} helps across models; a shared flag needs one of each")
+        choices = list(dict.fromkeys(c for hp in hps for c in hp.choices or ())) or None
+        shown = model_defaults(name)
+        text = hps[0].help + (f" (default: {shown})" if shown else "")
+        out.append((name, f"{hps[0].kind.__name__} | None",
+                    option(None, group=HYPER, choices=choices, help=text)))
+    return out
+
+
+TrainConfig = dataclasses.make_dataclass(
+    "TrainConfig", hyper_fields(MODELS), bases=(RunConfig,), frozen=True,
+    namespace={"__doc__": "Every flag of training/train.py: ``RunConfig``'s and one per model "
+                          "hyperparameter (``hyper_fields``), each None unless given."})
+TrainConfig.__module__ = __name__  # pickles and reprs as training.config.TrainConfig
 
 
 def check(cfg: TrainConfig) -> None:
@@ -246,53 +232,22 @@ def check(cfg: TrainConfig) -> None:
     if cfg.model not in MODELS:
         bad("model", cfg.model, "no such model; choose one of " + ", ".join(MODELS))
     cls = MODELS[cfg.model]
-    for field in cfg.hyperparameters():
-        if field not in cls.hyperparameters:
+    for field, value in cfg.hyperparameters().items():
+        flag, hp = field.replace("_", "-"), cls.hyperparameters.get(field)
+        if hp is None:
             takes = ", ".join("--" + k.replace("_", "-") for k in cls.hyperparameters) or "none"
-            what = ("has one head, so it has no mode (modes apply to ns-autorec and nce-autorec)"
-                    if field == "mode" else "does not take it")
-            bad(field.replace("_", "-"), getattr(cfg, field),
-                f"{cfg.model} {what}; its hyperparameters: {takes}. Drop the flag")
+            others = [m for m, c in MODELS.items() if field in c.hyperparameters]
+            bad(flag, value, f"{cfg.model} does not take it (only {', '.join(others)} do); its "
+                f"hyperparameters: {takes}. Drop the flag")
+        problem = hp.problem(value)
+        if problem:
+            bad(flag, value, problem)
     if cfg.loss_path != "auto" and not hasattr(cls, "dense_loss"):
         bad("loss-path", cfg.loss_path, f"{cfg.model} has one way to compute its loss; only the "
             "AutoRec family has a fast and a dense one. Drop the flag")
     if cfg.valid_by != "fold-in" and not cls.per_user:
         bad("valid-by", cfg.valid_by, f"{cfg.model} has no trained user vectors (only "
             + ", ".join(m for m, c in MODELS.items() if c.per_user) + " have); drop the flag")
-    if cfg.mode is not None and cfg.mode not in MODES:
-        bad("mode", cfg.mode, "choose one of " + ", ".join(MODES))
-    if cfg.width is not None and not 1 <= cfg.width <= 100_000:
-        bad("width", cfg.width, "the latent width must be in 1..100000 (the paper: 50..500)")
-    if cfg.rank is not None and not 1 <= cfg.rank <= 100_000:
-        bad("rank", cfg.rank, "the rank must be in 1..100000")
-    if cfg.alpha is not None and not 0 <= cfg.alpha <= 1e6:
-        bad("alpha", cfg.alpha, "the confidence weight must be in 0..10^6")
-    if cfg.iterations is not None and not 1 <= cfg.iterations <= 10_000:
-        bad("iterations", cfg.iterations, "must be in 1..10000")
-    if cfg.lam is not None and not 0 <= cfg.lam < 1e6:
-        bad("lam", cfg.lam, "lambda must be >= 0 and < 10^6")
-    if cfg.embed_lam is not None and not 0 <= cfg.embed_lam < 1e6:
-        bad("embed-lam", cfg.embed_lam, "lambda must be >= 0 and < 10^6")
-    if cfg.embed_weight is not None and not 0 <= cfg.embed_weight <= 1e6:
-        bad("embed-weight", cfg.embed_weight, "a loss weight must be in 0..10^6")
-    if cfg.hidden is not None and not 1 <= cfg.hidden <= 100_000:
-        bad("hidden", cfg.hidden, "the hidden width must be in 1..100000 (the paper: 600)")
-    if cfg.dropout is not None and not 0 <= cfg.dropout < 1:
-        bad("dropout", cfg.dropout, "a probability in [0, 1)")
-    if cfg.kl_cap is not None and not 0 <= cfg.kl_cap <= 10:
-        bad("kl-cap", cfg.kl_cap, "must be in 0..10 (the paper: 0.2; 1 is the full ELBO)")
-    if cfg.anneal_steps is not None and cfg.anneal_steps < 1:
-        bad("anneal-steps", cfg.anneal_steps, "must be >= 1")
-    if cfg.margin is not None and not 0 < cfg.margin <= 4:
-        bad("margin", cfg.margin, "must be in (0, 4]: squared distances in the unit ball are at "
-            "most 4")
-    if cfg.neg_ratio is not None and not 0 <= cfg.neg_ratio <= 10_000:
-        bad("neg-ratio", cfg.neg_ratio, "must be in 0..10000")
-    if cfg.neg_ratio == 0 and cfg.model != "cdae":
-        bad("neg-ratio", 0, f"{cfg.model} needs at least one negative per positive (0, the "
-            "whole row, is cdae's)")
-    if cfg.cov_weight is not None and not 0 <= cfg.cov_weight < 1e6:
-        bad("cov-weight", cfg.cov_weight, "must be >= 0 and < 10^6")
     if cfg.beta is not None and not 0 <= cfg.beta <= 10:
         bad("beta", cfg.beta, "beta must be in 0..10 (the paper: 0.7..1.3)")
     if cfg.negatives not in NEGATIVES:

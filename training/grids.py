@@ -12,12 +12,11 @@ A key is a ``training/train.py`` flag with underscores (``lam``, ``num_negatives
 a ``TrainConfig`` that ``training.config.check`` accepts, so a flag a model does not take is refused
 before anything runs. A model a named grid does not list is searched over nothing (its defaults).
 
-Where the paper's settings do not map one to one (protocol.md):
-- lambda: the paper's 1e-7..1e4 on ||W||_F^2; the AutoRec family's lambda here is in overlap units
-  (lambda * omega * mean(W^2) per matrix, models/autorec.py), so the same numbers mean other things;
-- rho (corruption) 0.1..1 becomes ``dropout`` 0.1..0.9 (1 drops every input);
-- alpha: the paper's negative values for WRMF would weigh positives below the unobserved
-  entries (confidence 1 + alpha); only 0, 0.1, 1, 10, 100 are kept; NCE-PLRec has no alpha here.
+The grids are not written here: each model declares, beside each hyperparameter, the values a
+named grid searches (``models.hparams.HP.search``), and the run-level flags its grids search
+(``run_axes``); ``NAMED`` collects them. Where the paper's settings do not map one to one
+(protocol.md), the model's module says why (lambda's units in models/autorec.py, rho as dropout,
+WRMF's alpha).
 """
 
 from __future__ import annotations
@@ -26,61 +25,27 @@ import itertools
 import json
 from pathlib import Path
 
-from models.autorec import MODES
+from models.hparams import grid_axes
 from models.registry import MODELS
 from prepared.errors import UsageError
 
-# flags that may be searched: what a model is, never where or how long it runs
-SEARCHABLE = {"width", "lam", "rank", "alpha", "iterations", "hidden", "dropout", "kl_cap",
-              "anneal_steps", "margin", "neg_ratio", "cov_weight", "mode", "beta", "lr",
-              "batch_size", "num_negatives", "negatives", "finetune_lr",
-              "embed_weight", "embed_lam"}
+# run-level flags that may be searched beside every model hyperparameter: what a model is and
+# how it learns, never where or how long it runs
+RUN_SEARCHABLE = {"beta", "lr", "batch_size", "num_negatives", "negatives", "finetune_lr"}
+SEARCHABLE = RUN_SEARCHABLE | {name for cls in MODELS.values() for name in cls.hyperparameters}
 
-_R = [50, 100, 200, 500]
-_LAM = [10.0 ** e for e in range(-7, 5)]
-_BETA = [0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3]
-_N = [5, 50, 500, 5000, 50000, 500000]
-_RHO = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 
-PAPER = {
-    "autorec": {"width": _R, "lam": _LAM},
-    "ohns-autorec": {"width": _R, "lam": _LAM, "num_negatives": _N},
-    "ns-autorec": {"width": _R, "lam": _LAM, "num_negatives": _N, "mode": list(MODES)},
-    "nce-autorec": {"width": _R, "lam": _LAM, "beta": _BETA, "mode": list(MODES)},
-    "puresvd": {"rank": _R},
-    "nce-plrec": {"rank": _R, "lam": _LAM, "beta": _BETA},
-    "ease": {"lam": _LAM},
-    "wrmf": {"rank": _R, "lam": _LAM, "alpha": [0.0, 0.1, 1.0, 10.0, 100.0]},
-    "bpr": {"width": _R, "lam": _LAM},
-    "cml": {"width": _R},
-    "cdae": {"width": _R, "lam": _LAM, "dropout": _RHO},
-    "vae-cf": {"width": _R, "lam": _LAM, "dropout": _RHO},
-    "popularity": {},
-}
+def named_grids() -> dict[str, dict[str, dict[str, list]]]:
+    """{grid name: {model: {flag: values}}} from the models' declarations, every model in each
+    (one a grid does not name is searched over nothing: its defaults)."""
+    names = dict.fromkeys(g for cls in MODELS.values()
+                          for g in [*(g for hp in cls.hyperparameters.values() for g in hp.search),
+                                    *cls.run_axes])
+    return {g: {m: grid_axes(cls, g) for m, cls in MODELS.items()} for g in names}
 
-# 45 trials over every model, joint mode only: on ml-100k a joint trial takes about 1.5 minutes
-# on 2 cores, a fine-tune one several times that (phase 1 runs until its loss converges, 135-200
-# epochs), so the modes are searched by --grid paper or a grid file. lambda (overlap units) a
-# decade around each model's default: best values lay within 1-10 for the one-headed models and
-# 3-30 for the two-headed on four datasets (benchmarks/results/tune_defaults.md)
-_ONE_HEAD_LAM, _TWO_HEAD_LAM = [1.0, 3.0, 10.0], [3.0, 10.0, 30.0]
-SMALL = {
-    "autorec": {"lam": _ONE_HEAD_LAM},
-    "ohns-autorec": {"lam": _ONE_HEAD_LAM},
-    "ns-autorec": {"lam": _TWO_HEAD_LAM},
-    "nce-autorec": {"lam": _TWO_HEAD_LAM, "beta": [0.8, 1.0]},
-    "puresvd": {"rank": [20, 50, 100]},
-    "nce-plrec": {"rank": [100, 200], "lam": [1000.0, 10000.0], "beta": [0.8, 1.0]},
-    "ease": {"lam": [100.0, 500.0, 2000.0]},
-    "wrmf": {"rank": [50], "lam": [0.1, 1.0], "alpha": [1.0, 5.0]},
-    "bpr": {"lam": [1e-5, 1e-4, 1e-3]},
-    "cml": {"margin": [0.5, 1.0]},
-    "cdae": {"lam": [0.001, 0.01], "dropout": [0.2, 0.5]},
-    "vae-cf": {"dropout": [0.2, 0.5]},
-    "popularity": {},
-}
 
-NAMED = {"paper": PAPER, "small": SMALL}
+NAMED = named_grids()
+PAPER, SMALL = NAMED["paper"], NAMED["small"]
 
 
 def read_grid_file(path: str) -> dict:

@@ -1,0 +1,147 @@
+"""A model declares its hyperparameters once (models/hparams.py); train.py's flags, their checks and
+the named grids are generated from the declarations. A toy model with a knob of its own reaches
+--help, a grid file, the experiment's trial configurations and Tune's round trip through its
+registry line alone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from models.hparams import HP
+from models.registry import MODELS
+from prepared.errors import UsageError
+from training import grids
+from training.config import TrainConfig, check, hyper_fields
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("hp, value, said", [
+    (HP(200, "w", lo=1, hi=100_000, why="the paper: 50..500"), 0,
+     "must be in 1..100000 (the paper: 50..500)"),
+    (HP(200, "w", lo=1, hi=100_000), 100_000, None),
+    (HP(0.5, "p", lo=0, hi=1, open_hi=True), 1.0, "must be in [0, 1)"),
+    (HP(0.5, "p", lo=0, hi=1, open_hi=True), 0.0, None),
+    (HP(500.0, "l", lo=0, open_lo=True, hi=1e6, open_hi=True), 0.0, "must be in (0, 1000000)"),
+    (HP(500.0, "l", lo=0, open_lo=True, hi=1e6, open_hi=True), 1e-9, None),
+    (HP(2000, "s", lo=1), 0, "must be >= 1"),
+    (HP("joint", "m", choices=("joint", "alternating")), "both", "choose one of joint, alternating"),
+    (HP(3, "i", lo=1), 2.5, "want an integer"),
+    (HP(3, "i", lo=1), True, "want an integer"),
+    (HP(1.0, "f", lo=0), 2, None),  # an int where a float is wanted is a number
+    (HP(1.0, "f", lo=0), "x", "want a number"),
+    (HP(None, "n", type=float, lo=0), 0.5, None),
+])
+def test_a_declared_range_says_what_is_wrong(hp, value, said):
+    assert hp.problem(value) == said
+
+
+def test_each_model_checks_its_own_range_of_a_shared_flag():
+    ok = lambda **kw: check(TrainConfig(data="d", **kw))
+    ok(model="cdae", neg_ratio=0)  # CDAE's whole row
+    with pytest.raises(UsageError, match=r"^--neg-ratio 0: must be in 1\.\.10000 \(0, the whole row, "
+                                         "is cdae's\\)$"):
+        ok(model="bpr", neg_ratio=0)
+    ok(model="autorec", lam=0.0)
+    with pytest.raises(UsageError, match=r"^--lam 0.0: must be in \(0, 1000000\)"):
+        ok(model="ease", lam=0.0)  # EASE's diagonal must be positive to invert
+    with pytest.raises(UsageError, match=r"^--width 0: must be in 1\.\.100000 \(the paper: 50\.\.500\)$"):
+        ok(model="nce-autorec", width=0)
+
+
+def test_a_shared_flag_is_one_type_and_one_help_across_models():
+    for f in hyper_fields(MODELS):
+        name = f[0]
+        hps = [c.hyperparameters[name] for c in MODELS.values() if name in c.hyperparameters]
+        assert len({hp.kind for hp in hps}) == 1 and len({hp.help for hp in hps}) == 1, name
+    clash = {"a": type("A", (), {"hyperparameters": {"k": HP(1, "one")}}),
+             "b": type("B", (), {"hyperparameters": {"k": HP(1.0, "one")}})}
+    with pytest.raises(TypeError, match="'k' is declared with 2 types"):
+        hyper_fields(clash)
+
+
+def test_the_named_grids_are_the_models_declared_search_values():
+    assert set(grids.NAMED) == {"paper", "small"}
+    assert sum(len(grids.points(a)) for a in grids.SMALL.values()) == 45
+    for name, cls in MODELS.items():
+        for g, axes in grids.NAMED.items():
+            want = {k: list(hp.search[g]) for k, hp in cls.hyperparameters.items() if g in hp.search}
+            assert axes[name] == {**want, **cls.run_axes.get(g, {})}, (g, name)
+    assert set(grids.PAPER["nce-autorec"]) == {"width", "lam", "mode", "beta"}
+    assert grids.PAPER["ohns-autorec"]["num_negatives"][0] == 5
+
+
+TOY = textwrap.dedent('''
+    import json, sys
+    import torch
+    from models import registry
+    from models.base import Recommender
+    from models.hparams import HP
+
+    class Toy(Recommender):
+        """A model with a knob no other model has, added by its module and one registry line."""
+        name = "toy"
+        hyperparameters = {"toy_knob": HP(7, "how toy the toy is", lo=1, hi=10,
+                                          search={"small": [1, 2]})}
+
+        def __init__(self, n_items, toy_knob):
+            super().__init__()
+            self.n_items, self.toy_knob = n_items, toy_knob
+            self.w = torch.nn.Parameter(torch.zeros(n_items))
+
+        def model_args(self):
+            return {"n_items": self.n_items, "toy_knob": self.toy_knob}
+
+    registry.MODELS["toy"] = Toy  # the registry line
+
+    from training import experiment, grids
+    from training.config import TrainConfig, check
+    from training.train import build_parser
+    from prepared.errors import UsageError
+
+    out = {"help": build_parser().format_help()}
+    grid_file = sys.argv[1]
+    axes = grids.grid(grid_file, ["toy"])["toy"]
+    cfg = experiment.ExperimentConfig(data="/abs/d", models="toy", grid=grid_file)
+    configs = [experiment.trial_config(cfg, "/abs/root", "toy", p) for p in grids.points(axes)]
+    for c in configs:
+        check(c)
+    # what Tune ships to a trial (param_space) and the trial rebuilds
+    shipped = [TrainConfig.from_dict(json.loads(json.dumps(c.to_dict()))) for c in configs]
+    out["knobs"] = [c.toy_knob for c in shipped]
+    out["resolved"] = TrainConfig(data="d", model="toy").resolved()
+    out["small"] = grids.grid("small", ["toy"])["toy"]
+    out["built"] = Toy.from_config(5, shipped[0].hyperparameters()).model_args()
+    try:
+        check(TrainConfig(data="d", model="toy", toy_knob=11))
+    except UsageError as e:
+        out["refused"] = str(e)
+    try:
+        check(TrainConfig(data="d", model="autorec", toy_knob=2))
+    except UsageError as e:
+        out["elsewhere"] = str(e)
+    print(json.dumps(out))
+''')
+
+
+def test_a_toy_model_with_a_new_hyperparameter_needs_only_its_module_and_registry_line(tmp_path):
+    (tmp_path / "grid.yaml").write_text("toy:\n  toy_knob: [3, 4]\n")
+    p = subprocess.run([sys.executable, "-c", TOY, str(tmp_path / "grid.yaml")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    help_text = " ".join(out["help"].split())
+    assert "--toy-knob TOY_KNOB how toy the toy is (default: toy 7)" in help_text
+    assert "toy" in help_text.split("--model MODEL", 1)[1].split("(default", 1)[0]
+    assert out["knobs"] == [3, 4]
+    assert out["resolved"]["toy_knob"] == 7
+    assert out["small"] == [{"toy_knob": [1, 2]}]
+    assert out["built"] == {"n_items": 5, "toy_knob": 3}
+    assert out["refused"] == "--toy-knob 11: must be in 1..10"
+    assert out["elsewhere"].startswith("--toy-knob 2: autorec does not take it (only toy do)")
