@@ -1,7 +1,7 @@
 """The experiment runner end to end on the real stack: Ray Tune trials that are Ray Train runs, a
 real MLflow server, retraining on train+valid, registry aliases, Spark scoring and evaluation.
 
-One tiny experiment (two models, two points each, on ml-100k) is started as the README's command
+One tiny experiment (two models, two points each, on ml-latest-small) is started as the README's command
 would, killed once its first trial has finished, and resumed: the tests read what it left."""
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ GRID = {"autorec": {"lam": [10.0, 30.0], "width": [32], "lr": [0.003]},
 
 
 @pytest.fixture(scope="module")
-def killed_and_resumed(ml100k_prepared, ray_head, mlflow_server, spark, tmp_path_factory):
+def killed_and_resumed(small_prepared, ray_head, mlflow_server, spark, tmp_path_factory):
     from training.experiment import ExperimentConfig, run_experiment
 
     base = tmp_path_factory.mktemp("experiments")
     grid = base / "grid.json"
     grid.write_text(json.dumps(GRID))
-    flags = {"data": str(ml100k_prepared), "models": "autorec,puresvd", "grid": str(grid),
+    flags = {"data": str(small_prepared), "models": "autorec,puresvd", "grid": str(grid),
              "name": "tiny", "output": str(base), "epochs": 3, "batch_size": 256}
     cmd = [sys.executable, "training/experiment.py", "--mlflow-uri", mlflow_server.url,
            "--ray-address", ray_head.address]
@@ -98,10 +98,10 @@ def test_the_experiment_selects_retrains_registers_scores_and_tables(killed_and_
             assert int(final.data.params["epochs"]) == s["chosen"]["best_epoch"]
             assert s["final"]["epochs_run"] == s["chosen"]["best_epoch"]
         # the registry's champion is the final run's model, and it is what was scored
-        version = client.get_model_version_by_alias(f"ml-100k-{model}", "champion")
+        version = client.get_model_version_by_alias(f"ml-latest-small-{model}", "champion")
         assert version.run_id == s["final"]["mlflow_run_id"]
         recs = json.loads((root / "recs" / model / "_manifest.json").read_text())
-        assert recs["model"] == f"models:/ml-100k-{model}@champion"
+        assert recs["model"] == f"models:/ml-latest-small-{model}@champion"
     table = (root / "table.md").read_text()
     rows = [ln for ln in table.splitlines() if ln.startswith("| autorec") or
             ln.startswith("| puresvd")]

@@ -25,7 +25,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.spark, pytest.mark.ray]
-# long enough that the fault lands mid-training: an ml-100k epoch of this model takes about 2 s
+# long enough that the fault lands mid-training: an ml-latest-small epoch of this model takes about 1 s
 # (validation and checkpoint included) and the faults land after epoch 2 or 3 (plus up to ~5 s of
 # log latency and a checkpoint's grace), so 12 epochs leave the run at least ~8 epochs to go
 EPOCHS = 12
@@ -65,14 +65,14 @@ def train_cmd(data: Path, out: Path, name: str, mlflow_uri: str, *extra: str) ->
             "--run-name", name, "--mlflow-uri", mlflow_uri, *extra]
 
 
-def test_mlflow_killed_during_training_loses_no_run(ml100k_prepared, ray_head, tmp_path):
+def test_mlflow_killed_during_training_loses_no_run(small_prepared, ray_head, tmp_path):
     from mlflow.tracking import MlflowClient
 
     from infra.services import free_port, start_mlflow, stop
 
     port = free_port()
     server = start_mlflow(tmp_path / "mlflow", port, owner=os.getpid())
-    cmd = [sys.executable, *train_cmd(ml100k_prepared, tmp_path / "runs", "mlflow-fault",
+    cmd = [sys.executable, *train_cmd(small_prepared, tmp_path / "runs", "mlflow-fault",
                                       server.url, "--num-workers", "1", "--mlflow-wait", "3",
                                       "--ray-address", ray_head.address)[1:]]
     try:
@@ -107,14 +107,14 @@ def test_mlflow_killed_during_training_loses_no_run(ml100k_prepared, ray_head, t
         stop(server.proc)
 
 
-def test_ray_head_killed_then_a_rerun_resumes_from_the_last_checkpoint(ml100k_prepared,
+def test_ray_head_killed_then_a_rerun_resumes_from_the_last_checkpoint(small_prepared,
                                                                        mlflow_server, tmp_path):
     from mlflow.tracking import MlflowClient
 
     from infra.services import free_port, group_alive, ray_token, start_ray_head, stop
     from infra.submit import ray_job_submit
 
-    args = train_cmd(ml100k_prepared, tmp_path / "runs", "head-fault", mlflow_server.url)
+    args = train_cmd(small_prepared, tmp_path / "runs", "head-fault", mlflow_server.url)
     # Ray's unix sockets live under its temp dir: keep the path short (107-byte limit)
     short = Path(tempfile.mkdtemp(prefix="nce-rf-"))
     auth = ray_token(short)

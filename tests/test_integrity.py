@@ -1,7 +1,7 @@
 """Damaged data and a diverging run end in one line that says what is wrong: the manifest's CRC-32
 of each file names a shard damaged in place (its size unchanged), on open, under
 ``python -m prepared.verify`` and when a Ray Data or Spark read of it fails; a loss that becomes NaN
-stops training with its message. Every test damages a copy of the session's prepared ml-100k,
+stops training with its message. Every test damages a copy of the session's prepared ml-latest-small,
 never the shared fixture."""
 
 from __future__ import annotations
@@ -62,21 +62,21 @@ def crc(path: Path) -> str:
 
 
 @pytest.mark.spark
-def test_the_manifest_records_the_crc32_of_every_data_file(ml100k_prepared):
-    m = manifest_of(ml100k_prepared)
+def test_the_manifest_records_the_crc32_of_every_data_file(small_prepared):
+    m = manifest_of(small_prepared)
     data = sorted(f for f in m["files"] if is_data_file(f))
     assert sorted(m[CHECKSUMS]) == data
     assert {f.split("/")[0] for f in data} == {S.ROWS_DIR, S.ITEMS_DIR, S.USERS_DIR, S.SPLIT_DIR}
     # the shards' from their writers (a CRC of the bytes as written), the rest read back: both
     # must be the plain zlib CRC-32 of the file as it lies on disk
-    assert {f: crc(ml100k_prepared / f) for f in data} == m[CHECKSUMS]
+    assert {f: crc(small_prepared / f) for f in data} == m[CHECKSUMS]
     assert {f"{S.ROWS_DIR}/{s['shard']}": s["crc32"] for s in m["layout"]["row_shards"]} == {
         f: v for f, v in m[CHECKSUMS].items() if f.startswith(S.ROWS_DIR + "/")}
 
 
 @pytest.mark.spark
-def test_a_shard_damaged_in_place_is_named_in_one_line(ml100k_prepared, tmp_path, monkeypatch):
-    copy = copy_of(ml100k_prepared, tmp_path)
+def test_a_shard_damaged_in_place_is_named_in_one_line(small_prepared, tmp_path, monkeypatch):
+    copy = copy_of(small_prepared, tmp_path)
     shard = a_shard(copy)
     listed = manifest_of(copy)[CHECKSUMS][shard]
     flip(copy / shard, (copy / shard).stat().st_size // 2)
@@ -98,18 +98,18 @@ def test_a_shard_damaged_in_place_is_named_in_one_line(ml100k_prepared, tmp_path
     assert cli.returncode == 2 and cli.stdout == ""
     assert cli.stderr.count("\n") == 1 and cli.stderr.startswith(f"error: --data {copy}: {shard} "
                                                                  "is corrupt: its CRC-32 is ")
-    whole = subprocess.run([sys.executable, "-m", "prepared.verify", str(ml100k_prepared)],
+    whole = subprocess.run([sys.executable, "-m", "prepared.verify", str(small_prepared)],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
-    n = len(manifest_of(ml100k_prepared)[CHECKSUMS])
+    n = len(manifest_of(small_prepared)[CHECKSUMS])
     assert whole.returncode == 0, whole.stderr
-    assert f"intact: {len(manifest_of(ml100k_prepared)['files'])} files" in whole.stdout
+    assert f"intact: {len(manifest_of(small_prepared)['files'])} files" in whole.stdout
     assert f"{n} checked by CRC-32, 0 decoded whole" in whole.stdout
 
 
 @pytest.mark.spark
 def test_a_manifest_without_checksums_stays_readable_and_verify_decodes_its_files(
-        ml100k_prepared, tmp_path):
-    copy = copy_of(ml100k_prepared, tmp_path)
+        small_prepared, tmp_path):
+    copy = copy_of(small_prepared, tmp_path)
     m = manifest_of(copy)
     del m[CHECKSUMS]  # as written before checksums
     (copy / S.MANIFEST).write_text(json.dumps(m))
@@ -126,9 +126,9 @@ def test_a_manifest_without_checksums_stays_readable_and_verify_decodes_its_file
 
 
 @pytest.mark.spark
-def test_a_spark_read_of_a_damaged_shard_fails_in_one_line_naming_it(spark, ml100k_prepared,
+def test_a_spark_read_of_a_damaged_shard_fails_in_one_line_naming_it(spark, small_prepared,
                                                                      tmp_path):
-    copy = copy_of(ml100k_prepared, tmp_path)
+    copy = copy_of(small_prepared, tmp_path)
     shard = a_shard(copy)
     break_footer(copy / shard)
     with pytest.raises(UsageError, match=rf"^--data {copy}: {shard} is corrupt") as e:
@@ -143,10 +143,10 @@ def test_a_spark_read_of_a_damaged_shard_fails_in_one_line_naming_it(spark, ml10
 @pytest.mark.spark
 @pytest.mark.ray
 def test_a_ray_data_read_of_a_damaged_shard_fails_in_one_line_naming_it(ray_head,
-                                                                        ml100k_prepared, tmp_path):
+                                                                        small_prepared, tmp_path):
     from training import feed as F
 
-    copy = copy_of(ml100k_prepared, tmp_path)
+    copy = copy_of(small_prepared, tmp_path)
     shard = a_shard(copy)
     break_footer(copy / shard)
     with pytest.raises(UsageError, match=rf"^--data {copy}: {shard} is corrupt") as e:
@@ -157,14 +157,14 @@ def test_a_ray_data_read_of_a_damaged_shard_fails_in_one_line_naming_it(ray_head
 
 @pytest.mark.spark
 @pytest.mark.ray
-def test_a_nan_loss_stops_the_run_with_its_message(ml100k_prepared, ray_head, mlflow_server,
+def test_a_nan_loss_stops_the_run_with_its_message(small_prepared, ray_head, mlflow_server,
                                                    tmp_path):
     """One shard's stored R* made NaN (the targets of NCE-AutoRec's loss): the first epoch's
     loss is NaN, and the run stops there with the message that says what to change."""
     from training.config import TrainConfig
     from training.train import TrainingError, run
 
-    copy = copy_of(ml100k_prepared, tmp_path)
+    copy = copy_of(small_prepared, tmp_path)
     shard = a_shard(copy)
     rows = pq.read_table(copy / shard)
     rstar = rows.column(S.TRAIN_RSTAR).combine_chunks()

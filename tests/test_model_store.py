@@ -67,8 +67,8 @@ def test_a_malformed_request_gets_one_clear_error(frame, params, said):
 # ---- logged to a real tracking server ------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def logged(ml100k_prepared, mlflow_server, tmp_path_factory):
-    """A small AutoRec on ml-100k logged as training logs it (``log_final``) and registered as
+def logged(small_prepared, mlflow_server, tmp_path_factory):
+    """A small AutoRec on ml-latest-small logged as training logs it (``log_final``) and registered as
     ``store-good@champion``."""
     import mlflow
     import pyarrow as pa
@@ -79,7 +79,7 @@ def logged(ml100k_prepared, mlflow_server, tmp_path_factory):
     from runtime.tracking import log_final
 
     d = tmp_path_factory.mktemp("logged")
-    prep = open_prepared(str(ml100k_prepared))
+    prep = open_prepared(str(small_prepared))
     torch.manual_seed(0)
     model = build("autorec", {"n_items": prep.n_items, "width": 8}).eval()
     torch.save(model.state_dict(), d / "weights.pt")
@@ -171,14 +171,14 @@ def one_line_refusal(err: str, uri: str, what: str) -> None:
     assert what in lines[0] and "Nothing of it was run" in lines[0], err
 
 
-def score_main(uri, ml100k_prepared, mlflow_server, tmp_path):
+def score_main(uri, small_prepared, mlflow_server, tmp_path):
     from evaluation import score
 
-    return score.main(["--model", uri, "--data", str(ml100k_prepared), "--mlflow-uri",
+    return score.main(["--model", uri, "--data", str(small_prepared), "--mlflow-uri",
                        mlflow_server.url, "--output", str(tmp_path / "recs"), "-q"])
 
 
-def test_a_cloudpickled_pyfunc_is_refused_and_never_runs(logged, ml100k_prepared, mlflow_server,
+def test_a_cloudpickled_pyfunc_is_refused_and_never_runs(logged, small_prepared, mlflow_server,
                                                          spark, tmp_path, capsys):
     import mlflow
     import mlflow.pyfunc
@@ -201,7 +201,7 @@ def test_a_cloudpickled_pyfunc_is_refused_and_never_runs(logged, ml100k_prepared
     assert not marker.exists()
     capsys.readouterr()
     alias = "models:/store-evil@champion"
-    assert score_main(alias, ml100k_prepared, mlflow_server, tmp_path) == 2
+    assert score_main(alias, small_prepared, mlflow_server, tmp_path) == 2
     assert not marker.exists() and not (tmp_path / "recs").exists()
     one_line_refusal(capsys.readouterr().err, alias, "pickled or custom python model")
     with pytest.raises(AttributeError):  # MLflow's own loader runs it (then fails on os.system's 0)
@@ -209,7 +209,7 @@ def test_a_cloudpickled_pyfunc_is_refused_and_never_runs(logged, ml100k_prepared
     assert marker.exists()  # so the model really is malicious
 
 
-def test_a_tampered_code_file_is_refused_and_never_runs(logged, ml100k_prepared, mlflow_server,
+def test_a_tampered_code_file_is_refused_and_never_runs(logged, small_prepared, mlflow_server,
                                                         spark, tmp_path, capsys):
     import mlflow
     import mlflow.pyfunc
@@ -230,7 +230,7 @@ def test_a_tampered_code_file_is_refused_and_never_runs(logged, ml100k_prepared,
     marker.unlink(missing_ok=True)  # whatever MLflow did while logging it
     capsys.readouterr()
     alias = "models:/store-tampered@champion"
-    assert score_main(alias, ml100k_prepared, mlflow_server, tmp_path) == 2
+    assert score_main(alias, small_prepared, mlflow_server, tmp_path) == 2
     assert not marker.exists() and not (tmp_path / "recs").exists()
     one_line_refusal(capsys.readouterr().err, alias, "differs from this installation's models/pyfunc.py")
     mlflow.pyfunc.load_model(alias)

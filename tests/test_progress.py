@@ -147,20 +147,20 @@ def test_the_thread_ends_and_the_group_is_restored_when_the_block_raises(spark):
 
 
 @pytest.mark.spark
-def test_scoring_and_evaluation_log_progress_lines(spark, ml100k_prepared, tmp_path, caplog):
-    """The CLIs' work reports through the helper (a tiny interval: ml-100k takes seconds)."""
+def test_scoring_and_evaluation_log_progress_lines(spark, small_prepared, tmp_path, caplog):
+    """The CLIs' work reports through the helper (a tiny interval: ml-latest-small takes seconds)."""
     import logging
 
     from evaluation.evaluate import evaluate
     from evaluation.score import score
     from tests.test_score_evaluate import save_model
 
-    save_model(tmp_path / "model", ml100k_prepared)
+    save_model(tmp_path / "model", small_prepared)
     with caplog.at_level(logging.INFO, "evaluation"):
-        scored = score(spark, progress_every=0.05, model=str(tmp_path / "model"), data=str(ml100k_prepared),
+        scored = score(spark, progress_every=0.05, model=str(tmp_path / "model"), data=str(small_prepared),
               output=str(tmp_path / "recs"))
         evaluate(spark, progress_every=0.05, recs=[str(tmp_path / "recs")],
-                 data=str(ml100k_prepared), output=str(tmp_path / "eval"), no_mlflow=True)
+                 data=str(small_prepared), output=str(tmp_path / "eval"), no_mlflow=True)
     lines = [r.getMessage() for r in caplog.records]
     scoring = [ln for ln in lines if ln.startswith("scoring: ")]
     users = f"/{scored['scored_users']:,} users"

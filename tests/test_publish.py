@@ -43,10 +43,10 @@ def test_check_files_names_what_is_wrong():
 
 @pytest.mark.spark
 @pytest.mark.parametrize("damage", ["missing", "truncated", "extra"])
-def test_readers_refuse_a_prepared_directory_that_differs_from_its_manifest(ml100k_prepared,
+def test_readers_refuse_a_prepared_directory_that_differs_from_its_manifest(small_prepared,
                                                                            tmp_path, damage):
     copy = tmp_path / "p"
-    shutil.copytree(ml100k_prepared, copy)
+    shutil.copytree(small_prepared, copy)
     manifest = json.loads((copy / S.MANIFEST).read_text())
     shard = next(f for f in manifest["files"] if f.startswith(S.ROWS_DIR + "/"))
     open_prepared(str(copy))  # whole: opens

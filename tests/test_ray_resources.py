@@ -66,11 +66,11 @@ def test_a_run_without_progress_says_what_it_waits_for_until_it_progresses():
 
 
 @pytest.mark.ray
-def test_train_refuses_an_impossible_request_in_one_line(ml100k_prepared, ray_head, mlflow_server,
+def test_train_refuses_an_impossible_request_in_one_line(small_prepared, ray_head, mlflow_server,
                                                          tmp_path, capsys):
     from training.train import main
 
-    code = main(["--data", str(ml100k_prepared), "--model", "autorec", "--num-workers", "4",
+    code = main(["--data", str(small_prepared), "--model", "autorec", "--num-workers", "4",
                  "--cpus-per-worker", "2", "--output", str(tmp_path), "--run-name", "too-big",
                  "--mlflow-uri", mlflow_server.url, "--epochs", "1"])
     err = capsys.readouterr().err

@@ -11,7 +11,7 @@ import torch
 
 from training import train
 
-pytestmark = pytest.mark.spark  # the prepared ml-100k comes from the session's Spark
+pytestmark = pytest.mark.spark  # the prepared ml-latest-small comes from the session's Spark
 
 
 class RunsCode:
@@ -36,25 +36,25 @@ def one_line_refusal(err: str, what: str) -> None:
     assert "refused" in lines[0] and "could run code" in lines[0], err
 
 
-def test_score_refuses_a_model_file_that_would_run_code(spark, ml100k_prepared, tmp_path, capsys):
+def test_score_refuses_a_model_file_that_would_run_code(spark, small_prepared, tmp_path, capsys):
     from evaluation import score
 
     model, marker = tmp_path / "run" / "model.pt", tmp_path / "ran"
     tampered(model, marker)
-    rc = score.main(["--model", str(model), "--data", str(ml100k_prepared),
+    rc = score.main(["--model", str(model), "--data", str(small_prepared),
                      "--output", str(tmp_path / "recs"), "-q"])
     assert rc == 2 and not marker.exists() and not (tmp_path / "recs").exists()
     one_line_refusal(capsys.readouterr().err, str(model))
 
 
 @pytest.mark.parametrize("trained", [False, True], ids=["checkpoint", "model"])
-def test_a_resume_refuses_a_tampered_file(ml100k_prepared, tmp_path, capsys, trained):
+def test_a_resume_refuses_a_tampered_file(small_prepared, tmp_path, capsys, trained):
     """An interrupted run (a checkpoint) and a trained one whose logging is pending (model.pt):
     both are refused before Ray or MLflow start."""
-    argv = ["--data", str(ml100k_prepared), "--model", "autorec", "--output", str(tmp_path / "runs"),
+    argv = ["--data", str(small_prepared), "--model", "autorec", "--output", str(tmp_path / "runs"),
             "--run-name", "r", "--mlflow-uri", "http://127.0.0.1:9"]
     cfg = train.config_from_args(train.build_parser().parse_args(argv),
-                                 train.open_prepared(str(ml100k_prepared)))
+                                 train.open_prepared(str(small_prepared)))
     run_dir, marker = tmp_path / "runs" / "r", tmp_path / "ran"
     bad = run_dir / ("model.pt" if trained else "checkpoint_2026-01-01_00-00-00.000000/state.pt")
     tampered(bad, marker)

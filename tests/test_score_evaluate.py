@@ -1,4 +1,4 @@
-"""Batch scoring and evaluation on real Spark (the session's local[2]) over ml-100k prepared by the
+"""Batch scoring and evaluation on real Spark (the session's local[2]) over ml-latest-small prepared by the
 real ETL: Spark's top-K equals the model's own, metrics equal the numpy reference user by user,
 bad input is refused with a clear message, and results land in a real MLflow server."""
 
@@ -65,22 +65,22 @@ def direct_top(model: AutoRec, rows: pd.DataFrame, k: int, extra_exclude: tuple[
 
 
 @pytest.fixture(scope="module")
-def scored(spark, ml100k_prepared, tmp_path_factory):
+def scored(spark, small_prepared, tmp_path_factory):
     base = tmp_path_factory.mktemp("scoring")
-    model = save_model(base / "run-a", ml100k_prepared)
-    m = score(spark, model=str(base / "run-a"), data=str(ml100k_prepared), output=str(base / "recs"),
+    model = save_model(base / "run-a", small_prepared)
+    m = score(spark, model=str(base / "run-a"), data=str(small_prepared), output=str(base / "recs"),
               k=50)
     return model, base, m
 
 
-def test_spark_scores_equal_the_models_own_top_k(scored, ml100k_prepared):
+def test_spark_scores_equal_the_models_own_top_k(scored, small_prepared):
     model, base, manifest = scored
-    rows = rows_of(ml100k_prepared)
+    rows = rows_of(small_prepared)
     recs = pd.read_parquet(base / "recs").set_index("user_id").loc[rows[S.USER_ID]]
     assert manifest["scored_users"] == len(rows) == len(recs)
     assert manifest["input_splits"] == ["train"] and manifest["exclude"] == ["train"]
     vals, idx = direct_top(model, rows, 50)
-    ids = item_ids(ml100k_prepared)
+    ids = item_ids(small_prepared)
     assert all(list(got) == list(ids[want]) for got, want in zip(recs["item_ids"], idx))
     np.testing.assert_allclose(np.stack(recs["scores"].to_numpy()), vals, rtol=1e-5, atol=1e-5)
     # the lists never hold a training item, and the scores are sorted best first
@@ -90,59 +90,59 @@ def test_spark_scores_equal_the_models_own_top_k(scored, ml100k_prepared):
     assert json.loads((base / "recs" / "_manifest.json").read_text())["k"] == 50
 
 
-def test_exclude_train_valid_removes_valid_items_and_keeps_the_input(spark, scored, ml100k_prepared):
+def test_exclude_train_valid_removes_valid_items_and_keeps_the_input(spark, scored, small_prepared):
     model, base, _ = scored
     out = base / "recs-tv"
-    m = score(spark, model=str(base / "run-a"), data=str(ml100k_prepared), output=str(out), k=10,
+    m = score(spark, model=str(base / "run-a"), data=str(small_prepared), output=str(out), k=10,
               users="warm", exclude="train,valid")
-    rows = rows_of(ml100k_prepared)
+    rows = rows_of(small_prepared)
     rows = rows[~rows[S.COLD]]
     recs = pd.read_parquet(out).set_index("user_id").loc[rows[S.USER_ID]]
     assert m["exclude"] == ["train", "valid"] and m["scored_users"] == len(rows)
     _, idx = direct_top(model, rows, 10, extra_exclude=(S.VALID_ITEMS,))
-    ids = item_ids(ml100k_prepared)
+    ids = item_ids(small_prepared)
     assert all(list(got) == list(ids[want]) for got, want in zip(recs["item_ids"], idx))
     for row, got in zip(rows.itertuples(), recs["item_ids"]):
         assert not set(got) & set(ids[list(row.train_items) + list(row.valid_items)])
 
 
-def test_cold_users_and_user_lists(spark, scored, ml100k_prepared):
+def test_cold_users_and_user_lists(spark, scored, small_prepared):
     _, base, _ = scored
-    rows = rows_of(ml100k_prepared)
-    m = score(spark, model=str(base / "run-a"), data=str(ml100k_prepared), output=str(base / "cold"),
+    rows = rows_of(small_prepared)
+    m = score(spark, model=str(base / "run-a"), data=str(small_prepared), output=str(base / "cold"),
               k=5, users="cold")
     got = set(pd.read_parquet(base / "cold")["user_id"])
     assert got == set(rows.loc[rows[S.COLD], S.USER_ID]) and m["scored_users"] == len(got) > 0
     pick = list(rows[S.USER_ID][:3])
-    score(spark, model=str(base / "run-a"), data=str(ml100k_prepared), output=str(base / "three"),
+    score(spark, model=str(base / "run-a"), data=str(small_prepared), output=str(base / "three"),
           k=5, users=",".join(pick))
     assert sorted(pd.read_parquet(base / "three")["user_id"]) == sorted(pick)
     with pytest.raises(UsageError, match=r"1 of 2 user ids are not in .*nobody"):
-        score(spark, model=str(base / "run-a"), data=str(ml100k_prepared),
+        score(spark, model=str(base / "run-a"), data=str(small_prepared),
               output=str(base / "bad"), users=f"{pick[0]},nobody")
     assert not (base / "bad").exists()
 
 
-def test_scoring_refuses_bad_input_and_leaves_nothing_half_written(spark, scored, ml100k_prepared,
+def test_scoring_refuses_bad_input_and_leaves_nothing_half_written(spark, scored, small_prepared,
                                                                    tmp_path):
     _, base, _ = scored
-    n = len(item_ids(ml100k_prepared))
-    save_model(tmp_path / "wide", ml100k_prepared, n_items=n + 1)
+    n = len(item_ids(small_prepared))
+    save_model(tmp_path / "wide", small_prepared, n_items=n + 1)
     with pytest.raises(UsageError, match=rf"scores {n + 1:,} items but --data .* has {n:,}"):
-        score(spark, model=str(tmp_path / "wide"), data=str(ml100k_prepared),
+        score(spark, model=str(tmp_path / "wide"), data=str(small_prepared),
               output=str(tmp_path / "x"))
     with pytest.raises(UsageError, match="already exists; pass --overwrite"):
-        score(spark, model=str(base / "run-a"), data=str(ml100k_prepared), output=str(base / "recs"))
+        score(spark, model=str(base / "run-a"), data=str(small_prepared), output=str(base / "recs"))
     with pytest.raises(UsageError, match="no such file"):
-        score(spark, model=str(tmp_path / "missing"), data=str(ml100k_prepared),
+        score(spark, model=str(tmp_path / "missing"), data=str(small_prepared),
               output=str(tmp_path / "x"))
     # a job that fails on the executors (the weights do not fit the model's arguments)
-    save_model(tmp_path / "broken", ml100k_prepared)
+    save_model(tmp_path / "broken", small_prepared)
     saved = torch.load(tmp_path / "broken" / "model.pt", weights_only=True)
     torch.save({**saved, "model_args": {**saved["model_args"], "width": 17}},
                tmp_path / "broken" / "model.pt")
     with pytest.raises(Exception, match="size mismatch"):
-        score(spark, model=str(tmp_path / "broken"), data=str(ml100k_prepared),
+        score(spark, model=str(tmp_path / "broken"), data=str(small_prepared),
               output=str(tmp_path / "out"))
     # neither the output nor its hidden staging directory is left behind
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "wide"]
@@ -174,16 +174,16 @@ def numpy_reference(recs: pd.DataFrame, prepared: Path, target: str = "test") ->
 
 
 @pytest.fixture(scope="module")
-def evaluated(spark, scored, ml100k_prepared):
+def evaluated(spark, scored, small_prepared):
     _, base, _ = scored
-    m = evaluate(spark, recs=[str(base / "recs")], data=str(ml100k_prepared),
+    m = evaluate(spark, recs=[str(base / "recs")], data=str(small_prepared),
                  output=str(base / "eval"), no_mlflow=True)
     return base, m
 
 
-def test_spark_metrics_equal_the_numpy_reference_user_by_user(evaluated, ml100k_prepared):
+def test_spark_metrics_equal_the_numpy_reference_user_by_user(evaluated, small_prepared):
     base, manifest = evaluated
-    ref = numpy_reference(pd.read_parquet(base / "recs"), ml100k_prepared).set_index("user_id")
+    ref = numpy_reference(pd.read_parquet(base / "recs"), small_prepared).set_index("user_id")
     got = pd.read_parquet(base / "eval" / "per_user").set_index("user_id").loc[ref.index]
     assert (got["group"] == ref["group"]).all()
     assert {"warm", "cold"} <= set(ref["group"])
@@ -217,7 +217,7 @@ def test_evaluation_files(evaluated):
     assert json.loads((out / "manifest.json").read_text())["target"] == "test"
 
 
-def test_short_lists_count_missing_positions_as_misses(spark, scored, ml100k_prepared):
+def test_short_lists_count_missing_positions_as_misses(spark, scored, small_prepared):
     """Some lists shorter than the file's k (here 5 < 50, as for users with few candidates): Spark
     pads them as the reference does."""
     _, base, _ = scored
@@ -225,22 +225,22 @@ def test_short_lists_count_missing_positions_as_misses(spark, scored, ml100k_pre
     recs["item_ids"] = [list(x[:5]) if i % 2 else list(x) for i, x in enumerate(recs["item_ids"])]
     (base / "short").mkdir()
     recs[["user_id", "item_ids"]].to_parquet(base / "short" / "part-0.parquet")
-    evaluate(spark, recs=[str(base / "short")], data=str(ml100k_prepared),
+    evaluate(spark, recs=[str(base / "short")], data=str(small_prepared),
              output=str(base / "eval-short"), no_mlflow=True)
-    ref = numpy_reference(recs, ml100k_prepared).set_index("user_id")
+    ref = numpy_reference(recs, small_prepared).set_index("user_id")
     got = pd.read_parquet(base / "eval-short" / "per_user").set_index("user_id").loc[ref.index]
     for m in ("MAP@50", "Recall@50", "Precision@20", "R-Precision", "NDCG@50 (truncated)"):
         np.testing.assert_allclose(got[metric_key(m)], ref[metric_key(m)], atol=1e-12, err_msg=m)
 
 
-def test_the_files_k_bounds_the_metrics(spark, scored, evaluated, ml100k_prepared, tmp_path):
+def test_the_files_k_bounds_the_metrics(spark, scored, evaluated, small_prepared, tmp_path):
     """Top-10 lists: metrics at cut-offs up to 10 only (NDCG and R-Precision need the top 50);
     lists longer than 50 are evaluated on their top 50, as the protocol defines the metrics."""
     _, base, _ = scored
     recs = pd.read_parquet(base / "recs")
     short = recs.assign(item_ids=[list(x[:10]) for x in recs["item_ids"]])[["user_id", "item_ids"]]
     short.to_parquet(tmp_path / "top10.parquet")
-    m = evaluate(spark, recs=[str(tmp_path / "top10.parquet")], data=str(ml100k_prepared),
+    m = evaluate(spark, recs=[str(tmp_path / "top10.parquet")], data=str(small_prepared),
                  output=str(tmp_path / "e10"), no_mlflow=True)
     got = {r["metric"] for r in m["rows"] if r["group"] == "warm"}
     assert got == {f"{x}@{k}" for x in ("Precision", "Recall", "MAP", "F1") for k in (5, 10)} | \
@@ -249,39 +249,39 @@ def test_the_files_k_bounds_the_metrics(spark, scored, evaluated, ml100k_prepare
     for r in m["rows"]:  # what it does report equals the top-50 file's value at that cut-off
         assert r["mean"] == pytest.approx(full[r["metric"], r["group"]], abs=1e-12), r["metric"]
 
-    rest = [i for i in item_ids(ml100k_prepared)]
+    rest = [i for i in item_ids(small_prepared)]
     longer = recs.assign(item_ids=[list(x) + [i for i in rest if i not in set(x)][:20]
                                    for x in recs["item_ids"]])[["user_id", "item_ids"]]
     longer.to_parquet(tmp_path / "top70.parquet")
-    m = evaluate(spark, recs=[str(tmp_path / "top70.parquet")], data=str(ml100k_prepared),
+    m = evaluate(spark, recs=[str(tmp_path / "top70.parquet")], data=str(small_prepared),
                  output=str(tmp_path / "e70"), no_mlflow=True)
     assert {(r["metric"], r["group"]): r["mean"] for r in m["rows"]} == pytest.approx(full)
 
     recs.assign(item_ids=[list(x[:3]) for x in recs["item_ids"]])[["user_id", "item_ids"]] \
         .to_parquet(tmp_path / "top3.parquet")
     with pytest.raises(UsageError, match="lists hold 3 item.*smallest cut-off .* is 5.*--k 50"):
-        evaluate(spark, recs=[str(tmp_path / "top3.parquet")], data=str(ml100k_prepared),
+        evaluate(spark, recs=[str(tmp_path / "top3.parquet")], data=str(small_prepared),
                  output=str(tmp_path / "e3"), no_mlflow=True)
 
 
-def test_evaluation_refuses_bad_input(spark, scored, evaluated, ml100k_prepared, tmp_path):
+def test_evaluation_refuses_bad_input(spark, scored, evaluated, small_prepared, tmp_path):
     _, base, _ = scored
     pd.DataFrame({"user_id": ["1"], "items": [["2"]]}).to_parquet(tmp_path / "nocol.parquet")
     with pytest.raises(UsageError, match=r"nocol.parquet: missing column\(s\) item_ids"):
-        evaluate(spark, recs=[str(tmp_path / "nocol.parquet")], data=str(ml100k_prepared),
+        evaluate(spark, recs=[str(tmp_path / "nocol.parquet")], data=str(small_prepared),
                  output=str(tmp_path / "o"), no_mlflow=True)
     pd.DataFrame({"user_id": ["nobody", "1"], "item_ids": [["2", "3", "4", "5", "6"]] * 2}).to_parquet(
         tmp_path / "unknown.parquet")
     with pytest.raises(UsageError, match=r"1 user\(s\) are not users of .* e.g. nobody"):
-        evaluate(spark, recs=[str(tmp_path / "unknown.parquet")], data=str(ml100k_prepared),
+        evaluate(spark, recs=[str(tmp_path / "unknown.parquet")], data=str(small_prepared),
                  output=str(tmp_path / "o"), no_mlflow=True)
     with pytest.raises(UsageError, match="already exists; pass --overwrite"):
-        evaluate(spark, recs=[str(base / "recs")], data=str(ml100k_prepared),
+        evaluate(spark, recs=[str(base / "recs")], data=str(small_prepared),
                  output=str(base / "eval"), no_mlflow=True)
     # a prepared directory whose split has no test positives
     import shutil
     empty = tmp_path / "no-test"
-    shutil.copytree(ml100k_prepared, empty)
+    shutil.copytree(small_prepared, empty)
     split = pd.read_parquet(empty / S.SPLIT_DIR)
     shutil.rmtree(empty / S.SPLIT_DIR)
     (empty / S.SPLIT_DIR).mkdir()
@@ -294,7 +294,7 @@ def test_evaluation_refuses_bad_input(spark, scored, evaluated, ml100k_prepared,
 
 
 def test_evaluation_refuses_recommendations_that_differ_from_their_manifest(spark, scored,
-                                                                         ml100k_prepared, tmp_path):
+                                                                         small_prepared, tmp_path):
     import shutil
     _, base, _ = scored
     copy = tmp_path / "recs"
@@ -304,12 +304,12 @@ def test_evaluation_refuses_recommendations_that_differ_from_their_manifest(spar
     (copy / part).unlink()  # e.g. caught while an S3A rename copies the files
     with pytest.raises(UsageError, match=rf"--recs {copy} is incomplete: 1 file\(s\) its manifest "
                                          rf"lists are missing \(e.g. {part}\)"):
-        evaluate(spark, recs=[str(copy)], data=str(ml100k_prepared), output=str(tmp_path / "o"),
+        evaluate(spark, recs=[str(copy)], data=str(small_prepared), output=str(tmp_path / "o"),
                  no_mlflow=True)
     assert not (tmp_path / "o").exists()
 
 
-def test_two_models_compared_and_logged_into_their_mlflow_runs(spark, ml100k_prepared, mlflow_server,
+def test_two_models_compared_and_logged_into_their_mlflow_runs(spark, small_prepared, mlflow_server,
                                                                tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -318,11 +318,11 @@ def test_two_models_compared_and_logged_into_their_mlflow_runs(spark, ml100k_pre
     client = MlflowClient(mlflow_server.url)
     exp = client.create_experiment("scoring-test")
     run_a = client.create_run(exp, run_name="a").info.run_id
-    save_model(tmp_path / "a", ml100k_prepared,
+    save_model(tmp_path / "a", small_prepared,
                run={"mlflow_run_id": run_a, "mlflow_uri": mlflow_server.url})
     # the second model comes from MLflow, as logged by training
     run_b = client.create_run(exp, run_name="b").info.run_id
-    model_b = save_model(tmp_path / "b", ml100k_prepared)
+    model_b = save_model(tmp_path / "b", small_prepared)
     with torch.no_grad():
         model_b.heads["predict"].weight.mul_(3)
     torch.save(model_b.state_dict(), tmp_path / "weights.pt")
@@ -331,18 +331,18 @@ def test_two_models_compared_and_logged_into_their_mlflow_runs(spark, ml100k_pre
                       model_info={"train_splits": "train"},
                       manifest={}, history=[{"epoch": 1, "loss_nce": 1.0}], summary={},
                       title="b")
-    score(spark, model=str(tmp_path / "a"), data=str(ml100k_prepared), output=str(tmp_path / "ra"))
-    mb = score(spark, model=uri_b, data=str(ml100k_prepared), output=str(tmp_path / "rb"),
+    score(spark, model=str(tmp_path / "a"), data=str(small_prepared), output=str(tmp_path / "ra"))
+    mb = score(spark, model=uri_b, data=str(small_prepared), output=str(tmp_path / "rb"),
                mlflow_uri=mlflow_server.url)
     assert mb["mlflow_run_id"] == run_b and mb["model_args"]["width"] == 16
     # each job scores with its own model (Spark reuses Python workers across jobs)
-    rows = rows_of(ml100k_prepared)
+    rows = rows_of(small_prepared)
     for out, model in (("ra", None), ("rb", model_b)):
-        model = model or save_model(tmp_path / "a-again", ml100k_prepared)
+        model = model or save_model(tmp_path / "a-again", small_prepared)
         vals, _ = direct_top(model, rows[:50], 50)
         got = pd.read_parquet(tmp_path / out).set_index("user_id").loc[rows[S.USER_ID][:50]]
         np.testing.assert_allclose(np.stack(got["scores"].to_numpy()), vals, rtol=1e-5, atol=1e-5)
-    m = evaluate(spark, recs=[str(tmp_path / "ra"), str(tmp_path / "rb")], data=str(ml100k_prepared),
+    m = evaluate(spark, recs=[str(tmp_path / "ra"), str(tmp_path / "rb")], data=str(small_prepared),
                  output=str(tmp_path / "eval"), labels=["A", "B"])
     assert m["mlflow_runs"] == {"A": run_a, "B": run_b}
     assert (tmp_path / "eval" / "cold_start.png").read_bytes()[:4] == b"\x89PNG"
@@ -379,24 +379,24 @@ def test_two_models_compared_and_logged_into_their_mlflow_runs(spark, ml100k_pre
     assert "test_paired_ndcg_minus_a" not in client.get_run(run_b).data.metrics
 
 
-def test_a_model_with_per_user_vectors_folds_cold_users_in_on_spark(spark, ml100k_prepared,
+def test_a_model_with_per_user_vectors_folds_cold_users_in_on_spark(spark, small_prepared,
                                                                     tmp_path):
     """BPR's users are folded in from their rows (models/peruser.py): Spark's executors, scoring
     the cold users in their own batches, give each the list the model gives it alone."""
-    rows = rows_of(ml100k_prepared)
+    rows = rows_of(small_prepared)
     cold = rows[rows[S.COLD]].reset_index(drop=True)
     torch.manual_seed(0)
-    model = build("bpr", {"n_items": len(item_ids(ml100k_prepared)), "n_users": len(rows),
+    model = build("bpr", {"n_items": len(item_ids(small_prepared)), "n_users": len(rows),
                           "width": 8}).eval()
     (tmp_path / "bpr").mkdir()
     torch.save(save(model, config={"model": "bpr", "run_name": "bpr", "train_splits": "train"},
                     summary={}), tmp_path / "bpr" / "model.pt")
-    m = score(spark, model=str(tmp_path / "bpr"), data=str(ml100k_prepared),
+    m = score(spark, model=str(tmp_path / "bpr"), data=str(small_prepared),
               output=str(tmp_path / "recs"), k=10, users="cold")
     assert m["scored_users"] == len(cold) > 0
     recs = pd.read_parquet(tmp_path / "recs").set_index("user_id").loc[cold[S.USER_ID]]
     vals, idx = direct_top(model, cold, 10)
     np.testing.assert_allclose(np.stack(recs["scores"].to_numpy()), vals, rtol=1e-4, atol=1e-4)
-    ids = item_ids(ml100k_prepared)
+    ids = item_ids(small_prepared)
     same = [len(set(got) & set(ids[want])) / 10 for got, want in zip(recs["item_ids"], idx)]
     assert np.mean(same) > 0.95  # equal lists but for near-ties that float rounding may swap

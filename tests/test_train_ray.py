@@ -1,6 +1,7 @@
 """Training on the real stack: Ray Train's TorchTrainer on a Ray head started for the session,
-ml-100k prepared by the real ETL, a real MLflow tracking server. One Ray session for the module;
-each ``run`` starts a worker group (~30 s on 2 cores), so the runs are shared through fixtures."""
+the shipped ml-latest-small prepared by the real ETL, a real MLflow tracking server. One Ray
+session for the module; each ``run`` starts a worker group (~30 s on 2 cores), so the runs are
+shared through fixtures."""
 
 from __future__ import annotations
 
@@ -39,13 +40,13 @@ def runs_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def one_worker(ml100k_prepared, ray_head, mlflow_server, runs_dir) -> dict:
-    return run(config(ml100k_prepared, runs_dir, num_workers=1, run_name="one"), mlflow_server.url)
+def one_worker(small_prepared, ray_head, mlflow_server, runs_dir) -> dict:
+    return run(config(small_prepared, runs_dir, num_workers=1, run_name="one"), mlflow_server.url)
 
 
 @pytest.fixture(scope="module")
-def two_workers(ml100k_prepared, ray_head, mlflow_server, runs_dir) -> dict:
-    return run(config(ml100k_prepared, runs_dir, run_name="two"), mlflow_server.url)
+def two_workers(small_prepared, ray_head, mlflow_server, runs_dir) -> dict:
+    return run(config(small_prepared, runs_dir, run_name="two"), mlflow_server.url)
 
 
 def load_model(path: str) -> AutoRec:
@@ -75,22 +76,22 @@ def reference_validation(model: AutoRec, rows: pd.DataFrame, with_recs: bool = F
 
 
 def test_two_workers_learn_as_one_does_and_report_exact_validation(one_worker, two_workers,
-                                                                   ml100k_prepared):
+                                                                   small_prepared):
     for result in (one_worker, two_workers):
         assert result["epochs_run"] == EPOCHS and 1 <= result["best_epoch"] <= EPOCHS
-    # random ranking gives NDCG ~0.02 on ml-100k; a few epochs of NCE-AutoRec give ~0.1
+    # random ranking gives NDCG ~0.02 here; a few epochs of NCE-AutoRec give ~0.1
     assert two_workers["best_valid_ndcg"] > 0.06
     assert abs(one_worker["best_valid_ndcg"] - two_workers["best_valid_ndcg"]) < 0.02
     # the NDCG the workers computed together (each a share of users, sums all-reduced) equals a
     # one-process recomputation from the returned model
     ndcg, recall = reference_validation(load_model(two_workers["model_path"]),
-                                        warm_rows(ml100k_prepared))
+                                        warm_rows(small_prepared))
     assert two_workers["best_valid_ndcg"] == pytest.approx(ndcg, abs=1e-5)
     assert two_workers["best_valid_recall_at_50"] == pytest.approx(recall, abs=1e-5)
 
 
 def test_validation_reports_the_popular_share_and_the_codes_effective_rank(
-        two_workers, mlflow_server, ml100k_prepared):
+        two_workers, mlflow_server, small_prepared):
     """Beside NDCG, each epoch logs the share of the top-50 lists from the 10% most popular
     items (as evaluation's popularity analysis counts it) and the effective rank of the codes."""
     from mlflow.tracking import MlflowClient
@@ -104,15 +105,15 @@ def test_validation_reports_the_popular_share_and_the_codes_effective_rank(
     assert len(share) == len(erank) == EPOCHS
     assert all(1.0 <= v <= 64 for v in erank.values())  # width 64
     *_, recs = reference_validation(load_model(two_workers["model_path"]),
-                                    warm_rows(ml100k_prepared), with_recs=True)
-    pop = pq.read_table(ml100k_prepared / "items").column("pop_train").to_numpy()
+                                    warm_rows(small_prepared), with_recs=True)
+    pop = pq.read_table(small_prepared / "items").column("pop_train").to_numpy()
     head = np.zeros(len(pop), bool)
     head[head_items(pop)] = True
     assert share[two_workers["best_epoch"]] == pytest.approx(head[recs].mean(), abs=1e-6)
 
 
 def test_validation_is_shared_out_evenly_between_the_ranks(two_workers, mlflow_server):
-    """Each rank scores about half the validation users (ml-100k's rows are one Parquet file,
+    """Each rank scores about half the validation users (the session's rows are one Parquet file,
     which an unequal split of Ray Data's blocks handed entirely to one rank)."""
     from mlflow.tracking import MlflowClient
 
@@ -121,25 +122,25 @@ def test_validation_is_shared_out_evenly_between_the_ranks(two_workers, mlflow_s
     assert len(shares) == EPOCHS and all(0.5 <= s <= 0.6 for s in shares), shares
 
 
-def test_a_validation_sample_reads_only_its_users(ml100k_prepared, ray_head):
+def test_a_validation_sample_reads_only_its_users(small_prepared, ray_head):
     from training.feed import in_valid_sample, valid_dataset
 
-    rows = warm_rows(ml100k_prepared)
-    got = sorted(r["user_index"] for r in valid_dataset(str(ml100k_prepared / "rows"), 0.3)
+    rows = warm_rows(small_prepared)
+    got = sorted(r["user_index"] for r in valid_dataset(str(small_prepared / "rows"), 0.3)
                  .select_columns(["user_index"]).take_all())
     want = rows["user_index"][in_valid_sample(rows["user_index"].to_numpy(), 0.3)].tolist()
     assert got == sorted(want) and 0.2 * len(rows) < len(got) < 0.4 * len(rows)
 
 
 def test_mlflow_holds_params_epoch_metrics_artifacts_and_a_loadable_model(two_workers, mlflow_server,
-                                                                          ml100k_prepared):
+                                                                          small_prepared):
     import mlflow.pyfunc
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(mlflow_server.url)
     r = client.get_run(two_workers["mlflow_run_id"])
     assert r.info.status == "FINISHED"
-    assert r.data.tags["dataset"] == "ml-100k" and r.data.tags["model"] == "nce-autorec"
+    assert r.data.tags["dataset"] == "ml-latest-small" and r.data.tags["model"] == "nce-autorec"
     assert r.data.tags["mode"] == "joint"
     assert r.data.params["lr"] == "0.002" and r.data.params["num_workers"] == "2"
     for key in ("loss_nce", "loss_predict", "valid_ndcg", "valid_recall_at_50", "epoch_seconds",
@@ -153,7 +154,7 @@ def test_mlflow_holds_params_epoch_metrics_artifacts_and_a_loadable_model(two_wo
     assert [a.path for a in client.list_artifacts(r.info.run_id, "dataset")] == ["dataset/manifest.json"]
 
     # the logged model, loaded by URI, scores user rows as the model itself does
-    rows = warm_rows(ml100k_prepared).head(20)
+    rows = warm_rows(small_prepared).head(20)
     pyfunc = mlflow.pyfunc.load_model(two_workers["model_uri"])
     got = pyfunc.predict(pd.DataFrame({"item_indices": rows["train_items"].map(list)}),
                          params={"k": 10})
@@ -166,7 +167,7 @@ def test_mlflow_holds_params_epoch_metrics_artifacts_and_a_loadable_model(two_wo
         assert not set(got["item_indices"][i]) & set(train)
 
 
-def test_a_closed_form_model_trains_logs_and_scores_like_autorec(ml100k_prepared, ray_head,
+def test_a_closed_form_model_trains_logs_and_scores_like_autorec(small_prepared, ray_head,
                                                                 mlflow_server, runs_dir, spark,
                                                                 tmp_path):
     """PureSVD through the same entry point: fitted in a Ray task, its validation NDCG equal to a
@@ -176,11 +177,11 @@ def test_a_closed_form_model_trains_logs_and_scores_like_autorec(ml100k_prepared
 
     from evaluation.score import score
 
-    cfg = config(ml100k_prepared, runs_dir, run_name="svd", model="puresvd", width=None, rank=32)
+    cfg = config(small_prepared, runs_dir, run_name="svd", model="puresvd", width=None, rank=32)
     result = run(cfg, mlflow_server.url)
     model = load_model(result["model_path"])
     assert model.name == "puresvd" and model.model_args() == {"n_items": model.n_items, "rank": 32}
-    ndcg, recall, recs = reference_validation(model, warm_rows(ml100k_prepared), with_recs=True)
+    ndcg, recall, recs = reference_validation(model, warm_rows(small_prepared), with_recs=True)
     assert result["best_valid_ndcg"] == pytest.approx(ndcg, abs=1e-9) and ndcg > 0.15
     assert result["best_valid_recall_at_50"] == pytest.approx(recall, abs=1e-9)
 
@@ -195,30 +196,30 @@ def test_a_closed_form_model_trains_logs_and_scores_like_autorec(ml100k_prepared
     from prepared.protocol import head_items
     from prepared.reader import open_prepared
 
-    head = np.isin(recs, head_items(open_prepared(str(ml100k_prepared)).pop_train)).mean(1).mean()
+    head = np.isin(recs, head_items(open_prepared(str(small_prepared)).pop_train)).mean(1).mean()
     assert [m.value for m in client.get_metric_history(r.info.run_id, "valid_head_share")] == \
         [pytest.approx(head, abs=1e-4)]
     assert "learning_curves.png" in {a.path for a in client.list_artifacts(r.info.run_id)}
-    rows = warm_rows(ml100k_prepared).head(5)
+    rows = warm_rows(small_prepared).head(5)
     got = mlflow.pyfunc.load_model(result["model_uri"]).predict(
         pd.DataFrame({"item_indices": rows["train_items"].map(list)}), params={"k": 5})
     for i, train in enumerate(rows["train_items"]):
         _, top = model.recommend(torch.tensor(train, dtype=torch.int64), torch.tensor([0]), 5)
         assert got["item_indices"][i] == top[0].tolist()
 
-    recs = score(spark, model=result["model_uri"], data=str(ml100k_prepared),
+    recs = score(spark, model=result["model_uri"], data=str(small_prepared),
                  output=str(tmp_path / "recs"), users="warm", mlflow_uri=mlflow_server.url)
-    assert recs["model_kind"] == "puresvd" and recs["scored_users"] == len(warm_rows(ml100k_prepared))
+    assert recs["model_kind"] == "puresvd" and recs["scored_users"] == len(warm_rows(small_prepared))
 
     with pytest.raises(UsageError, match="model was 'puresvd', now 'ease'"):
         run(replace(cfg, model="ease", rank=None), mlflow_server.url)
 
 
-def test_a_killed_worker_costs_one_epoch_and_the_run_finishes(ml100k_prepared, ray_head,
+def test_a_killed_worker_costs_one_epoch_and_the_run_finishes(small_prepared, ray_head,
                                                              mlflow_server, runs_dir, two_workers):
     from mlflow.tracking import MlflowClient
 
-    cfg = config(ml100k_prepared, runs_dir, run_name="fault", fault_kill_epoch=2, max_failures=2)
+    cfg = config(small_prepared, runs_dir, run_name="fault", fault_kill_epoch=2, max_failures=2)
     result = run(cfg, mlflow_server.url)
     marker = runs_dir / "fault" / "fault-injected.txt"
     assert marker.exists() and "killed rank 1 at the start of epoch 3" in marker.read_text()
@@ -229,11 +230,11 @@ def test_a_killed_worker_costs_one_epoch_and_the_run_finishes(ml100k_prepared, r
     assert abs(result["best_valid_ndcg"] - two_workers["best_valid_ndcg"]) < 0.02
 
 
-def test_a_failed_run_resumes_when_rerun_with_its_name(ml100k_prepared, ray_head, mlflow_server,
+def test_a_failed_run_resumes_when_rerun_with_its_name(small_prepared, ray_head, mlflow_server,
                                                       runs_dir):
     from mlflow.tracking import MlflowClient
 
-    cfg = config(ml100k_prepared, runs_dir, run_name="resume", model="autorec", epochs=3,
+    cfg = config(small_prepared, runs_dir, run_name="resume", model="autorec", epochs=3,
                  fault_kill_epoch=1, max_failures=0)
     with pytest.raises(TrainingError, match="Rerun the same command .*--run-name resume"):
         run(cfg, mlflow_server.url)
@@ -258,17 +259,17 @@ BASELINES = {"bpr": {"lr": 1e-2}, "cml": {"lr": 3e-3}, "cdae": {"lr": 3e-3},
 
 @pytest.mark.parametrize("model", sorted(BASELINES))
 def test_the_gradient_baselines_train_distributed_and_report_exact_validation(
-        model, ml100k_prepared, ray_head, mlflow_server, runs_dir):
+        model, small_prepared, ray_head, mlflow_server, runs_dir):
     """Each gradient baseline under the same DDP loop, two workers (per-user vectors included):
     it learns (validation NDCG well above random's 0.02), and the validation NDCG the workers
     computed together is what one process computes from the saved model (fold-in is a function
     of the row, so it is exact across ranks too)."""
-    cfg = config(ml100k_prepared, runs_dir, run_name=f"{model}-two", model=model, width=None,
+    cfg = config(small_prepared, runs_dir, run_name=f"{model}-two", model=model, width=None,
                  epochs=3, **BASELINES[model])
     result = run(cfg, mlflow_server.url)
     assert result["epochs_run"] == 3
     assert result["best_valid_ndcg"] > 0.06  # random ranking: about 0.02
-    ndcg, _ = reference_validation(load_model(result["model_path"]), warm_rows(ml100k_prepared))
+    ndcg, _ = reference_validation(load_model(result["model_path"]), warm_rows(small_prepared))
     # Fold-in is a function of the row, but its dot products run in user blocks of another size
     # here, so float32 sums differ in the last bits and, after 60 Adam steps, can swap two nearly
     # tied items for a user: one such swap moves the mean by about 3e-5 (seen with CML). A lost
@@ -279,16 +280,16 @@ def test_the_gradient_baselines_train_distributed_and_report_exact_validation(
         assert abs(one["best_valid_ndcg"] - result["best_valid_ndcg"]) < 0.02
 
 
-def test_validation_by_trained_vectors_is_exact_across_ranks(ml100k_prepared, ray_head,
+def test_validation_by_trained_vectors_is_exact_across_ranks(small_prepared, ray_head,
                                                             mlflow_server, runs_dir):
     """``--valid-by trained`` under two workers: each rank scores its users from the user vectors
     DDP keeps equal on every rank, so the NDCG they report together is what one process computes
     from the saved model's trained vectors, and it is not the fold-in's."""
-    cfg = config(ml100k_prepared, runs_dir, run_name="bpr-trained", model="bpr", width=None,
+    cfg = config(small_prepared, runs_dir, run_name="bpr-trained", model="bpr", width=None,
                  epochs=2, valid_by="trained", **BASELINES["bpr"])
     result = run(cfg, mlflow_server.url)
     model = load_model(result["model_path"])
-    rows = warm_rows(ml100k_prepared)
+    rows = warm_rows(small_prepared)
     rows = rows[rows["valid_items"].map(len) > 0]
     users = torch.from_numpy(rows["user_index"].to_numpy().astype(np.int64))
     with torch.no_grad():
@@ -305,22 +306,22 @@ def test_validation_by_trained_vectors_is_exact_across_ranks(ml100k_prepared, ra
 
 
 def test_limited_finetune_phase_two_reaches_the_exact_head_on_its_frozen_encoder(
-        ml100k_prepared, ray_head, mlflow_server, runs_dir):
+        small_prepared, ray_head, mlflow_server, runs_dir):
     """Phase 2 starts from the exact minimiser of its loss (--finetune-init ridge, summed over
     both ranks) and trains with its own early stopping: its validation NDCG is at least 98% of
     the ridge head's on the same frozen encoder (computed here in one process, in float64)."""
     from training.closed_form import ridge_head
 
-    cfg = config(ml100k_prepared, runs_dir, run_name="nce-limited", model="nce-autorec",
+    cfg = config(small_prepared, runs_dir, run_name="nce-limited", model="nce-autorec",
                  mode="limited-finetune", lam=30.0, pretrain_epochs=8, epochs=30, patience=3)
     result = run(cfg, mlflow_server.url)
     assert result["phase_epochs"][0] == 8 and result["phase_epochs"][1] < 30  # stopped early
     assert result["epochs_run"] == sum(result["phase_epochs"])  # both phases ran, under DDP
     model = load_model(result["model_path"])
-    rows = warm_rows(ml100k_prepared)
+    rows = warm_rows(small_prepared)
     trained = reference_validation(model, rows)[0]
     assert trained == pytest.approx(result["best_valid_ndcg"], abs=1e-4)
-    table = pq.read_table(ml100k_prepared / "rows")
+    table = pq.read_table(small_prepared / "rows")
     table = table.filter(pc.invert(table.column("cold")))
     ridge = load_model(result["model_path"])
     weight, bias = ridge_head(ridge, table, ridge.n_items, ridge.lam * ridge.lam_scale)
@@ -330,7 +331,7 @@ def test_limited_finetune_phase_two_reaches_the_exact_head_on_its_frozen_encoder
     assert trained >= 0.98 * exact, (trained, exact)
 
 
-def test_more_workers_than_the_cluster_has_fails_at_start(ml100k_prepared, ray_head, mlflow_server,
+def test_more_workers_than_the_cluster_has_fails_at_start(small_prepared, ray_head, mlflow_server,
                                                           runs_dir):
     with pytest.raises(UsageError, match="--num-workers 5 .* the cluster has 3"):
-        run(config(ml100k_prepared, runs_dir, run_name="big", num_workers=5), mlflow_server.url)
+        run(config(small_prepared, runs_dir, run_name="big", num_workers=5), mlflow_server.url)
