@@ -439,7 +439,7 @@ def test_the_experiment_under_ray_job_submit_needs_absolute_paths_and_a_tracking
                                                                                        capsys):
     """Its default MLflow store and output would live in the job's throw-away working-dir copy
     (seen: a run's trials logged to a SQLite file deleted with the job)."""
-    from training.experiment import main
+    from experiment.run import main
 
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
