@@ -1,4 +1,4 @@
-"""Which package may import which (the picture in the README, "Architecture"), checked on every
+"""Which package may import which (the picture in docs/architecture.md), checked on every
 import statement of the project's code, including those inside functions."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def test_no_package_imports_what_the_architecture_forbids():
                     bad.append(f"{path.relative_to(ROOT)} imports {module} (the orchestrator)")
                 elif not allowed(module, rules):
                     bad.append(f"{path.relative_to(ROOT)} imports {module}")
-    assert not bad, "forbidden imports (see the README's Architecture):\n" + "\n".join(bad)
+    assert not bad, "forbidden imports (see docs/architecture.md):\n" + "\n".join(bad)
 
 
 def test_the_checker_sees_a_forbidden_import(tmp_path):
