@@ -58,7 +58,7 @@ demo: venv java-check
 	$(PY) -m infra.demo --var $(VAR)
 
 test: venv java-check
-	$(PY) -m ruff check prepared runtime models etl training evaluation infra tests benchmarks
+	$(PY) -m ruff check prepared runtime models etl training evaluation experiment infra tests benchmarks
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 stack: venv

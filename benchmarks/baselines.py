@@ -16,7 +16,7 @@ NCE-AutoRec train in this process with the trainer's own steps and early stoppin
 through the same code as ``training/train.py``'s closed-form path (``training.closed_form``: the
 training matrices, the model's ``fit``, the validation NDCG), in this process, without Ray, so the
 grid costs seconds per point. Test: the refitted model scores the warm users with a test item from
-their train+valid rows, train+valid items excluded, top 50, NDCG by ``evaluation.metrics`` (the
+their train+valid rows, train+valid items excluded, top 50, NDCG by ``prepared.metrics`` (the
 code evaluate.py's test checks against). The experiment runner of a later issue replaces this
 grid with the full protocol for every model.
 
@@ -44,7 +44,7 @@ import torch  # noqa: E402
 
 from benchmarks import report  # noqa: E402
 from prepared import schema as S  # noqa: E402
-from evaluation.metrics import hit_matrix, per_user  # noqa: E402
+from prepared.metrics import hit_matrix, per_user  # noqa: E402
 from infra.submit import spark_submit  # noqa: E402
 from models.batch import flat, sparse_rows  # noqa: E402
 from models.registry import MODELS  # noqa: E402

@@ -1,6 +1,6 @@
 """Issue 15's question across experiments: does NCE-AutoRec beat AutoRec and the best baseline,
 with less popular recommendations? One row per experiment, from its committed results folder
-(``training/experiment.py``'s ``table.csv`` and ``paired.csv``), nothing re-run:
+(``experiment/run.py``'s ``table.csv`` and ``paired.csv``), nothing re-run:
 
     python benchmarks/nce_report.py benchmarks/results/experiment-ml-100k \\
         benchmarks/results/experiment-ml-latest-small --out benchmarks/results/nce_report
@@ -32,7 +32,7 @@ FLOOR = "popularity"  # a reference, not a baseline anyone would ship
 
 def read_csv(path: Path) -> list[dict]:
     if not path.is_file():
-        raise SystemExit(f"{path}: missing; pass a folder written by training/experiment.py "
+        raise SystemExit(f"{path}: missing; pass a folder written by experiment/run.py "
                          "(with table.csv and paired.csv)")
     with path.open() as f:
         return list(csv.DictReader(f))
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     lines = ["# NCE-AutoRec against AutoRec and the best baseline, per experiment", "",
              f"Command: `{run['command']}`  ", f"Date: {run['date']}.  ",
              "Test NDCG with 95% CIs; differences are paired per user (NCE-AutoRec minus the "
-             "other, 95% CI); every model chosen on validation (`training/experiment.py`). "
+             "other, 95% CI); every model chosen on validation (`experiment/run.py`). "
              "The goal's reading is in `benchmarks/nce_report.py`.", ""] + render(rows)
     publish(args.out, {"run": run, "experiments": rows}, lines)
     print("\n".join(render(rows)))

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from evaluation.metrics import hit_matrix, per_user  # noqa: E402
+from prepared.metrics import hit_matrix, per_user  # noqa: E402
 from evaluation.popularity import popularity_summary  # noqa: E402
 from infra.submit import spark_submit  # noqa: E402
 from training.config import TrainConfig  # noqa: E402

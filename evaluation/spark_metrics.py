@@ -1,9 +1,9 @@
-"""The paper's metrics (``evaluation/metrics.py`` states the definitions) as Spark SQL expressions.
+"""The paper's metrics (``prepared/metrics.py`` states the definitions) as Spark SQL expressions.
 
 Per-user values are computed by Spark's higher-order array functions on the executors (no Python
 UDF, so no serialisation of the lists), averaged by Spark, and only the summary reaches the driver.
-This is a second implementation of the same definitions: ``tests/test_evaluate_spark.py`` checks it
-against the numpy reference user by user.
+This is a second implementation of the same definitions: ``tests/test_score_evaluate.py`` checks it
+against the numpy reference (``prepared.metrics.per_user``) user by user.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """The prepared-data contract every stage shares: the directory layout and columns
 (``schema``), the protocol's arithmetic (split sizes, R* and its Z rule, seeded negative draws, the
-top-K cut-offs: ``protocol``), what makes a directory complete (``files``), the reader
-(``reader``) and the errors users act on (``errors``). It imports nothing else of the project."""
+top-K cut-offs: ``protocol``), the ranking metrics' definitions (``metrics``), what makes a
+directory complete (``files``), the reader (``reader``) and the errors users act on (``errors``).
+It imports nothing else of the project."""

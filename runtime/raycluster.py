@@ -1,4 +1,4 @@
-"""Which Ray cluster a driver (training/train.py, training/experiment.py) joins, how many logical
+"""Which Ray cluster a driver (training/train.py, experiment/run.py) joins, how many logical
 CPUs a local Ray gets, and whether a run's workers fit the cluster: an impossible request is
 refused at once, and a run that waits for resources says which, instead of waiting in silence."""
 

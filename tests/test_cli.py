@@ -112,7 +112,7 @@ CLIS = [("etl.prepare", "ETLConfig", "etl.config", ["--dataset", "ml-100k", "--o
                                                                  "--output", "o"]),
         ("evaluation.evaluate", "EvaluateConfig", "evaluation.evaluate",
          ["--recs", "r", "--data", "d", "--output", "o"]),
-        ("training.experiment", "ExperimentConfig", "training.experiment", ["--data", "d"])]
+        ("experiment.run", "ExperimentConfig", "experiment.run", ["--data", "d"])]
 
 
 @pytest.mark.parametrize("cli, cls_name, where, required", CLIS)
@@ -157,7 +157,7 @@ def test_a_model_refuses_a_flag_it_does_not_take_in_one_line(tmp_path):
         "nce-autorec, bpr, cml, cdae, vae-cf do); its hyperparameters: --lam. Drop the flag"]
 
 
-@pytest.mark.parametrize("script", ["training/train.py", "training/experiment.py"])
+@pytest.mark.parametrize("script", ["training/train.py", "experiment/run.py"])
 def test_a_job_server_address_is_refused_before_anything_runs(script, tmp_path):
     """The stack's exports set RAY_ADDRESS to the job server (http://...) for `ray job submit`;
     a driver run directly in that shell is told which address it needs, not given Ray's traceback
@@ -186,7 +186,7 @@ def test_the_ray_address_a_driver_joins(monkeypatch):
 
 # -- --version, help text and messages (issue 29, CLI polish) -------------------------------------
 
-ENTRY_POINTS = [["etl/prepare.py"], ["training/train.py"], ["training/experiment.py"],
+ENTRY_POINTS = [["etl/prepare.py"], ["training/train.py"], ["experiment/run.py"],
                 ["evaluation/score.py"], ["evaluation/evaluate.py"], ["-m", "etl.fetch"]]
 
 
@@ -301,7 +301,7 @@ def test_per_model_defaults_in_help_name_each_model(flag, field):
 @pytest.mark.parametrize("cli, says", [
     ("etl.prepare", "itself"), ("evaluation.score", "itself"), ("evaluation.evaluate", "itself"),
     ("training.train", "parent folder: the run goes to OUTPUT/RUN_NAME"),
-    ("training.experiment", "parent folder: the experiment goes to OUTPUT/NAME")])
+    ("experiment.run", "parent folder: the experiment goes to OUTPUT/NAME")])
 def test_each_output_help_says_whether_it_is_the_target_or_its_parent(cli, says):
     import importlib
 

@@ -14,9 +14,10 @@ import yaml
 from models.registry import MODELS
 from prepared.errors import UsageError
 from runtime.cli import add_config_file, add_options, option, strict_parser, values
-from training import experiment, train
+import experiment.run
+from training import train
 from training.config import TrainConfig, check
-from training.experiment import ExperimentConfig
+from experiment.run import ExperimentConfig
 
 
 def write(tmp_path: Path, text: str, name: str = "run.yaml") -> str:
@@ -89,7 +90,7 @@ def test_a_missing_file_is_named(tmp_path):
         parsed(["--config", str(tmp_path / "absent.yaml")])
 
 
-@pytest.mark.parametrize("main", [train.main, experiment.main])
+@pytest.mark.parametrize("main", [train.main, experiment.run.main])
 def test_the_clis_print_a_bad_file_as_one_error_line(main, tmp_path, capsys):
     path = write(tmp_path, "data: d\nepochz: 3\n")
     assert main(["--config", path]) == 2
@@ -99,7 +100,7 @@ def test_the_clis_print_a_bad_file_as_one_error_line(main, tmp_path, capsys):
         "remove it (the options are --help's flags, without the leading dashes)"]
 
 
-@pytest.mark.parametrize("build", [train.build_parser, experiment.build_parser])
+@pytest.mark.parametrize("build", [train.build_parser, experiment.run.build_parser])
 def test_help_lists_config_file(build, tmp_path, capsys):
     assert "--config FILE" in " ".join(build().format_help().split())
     with pytest.raises(SystemExit) as e:  # --help needs no file, even a broken one
@@ -176,9 +177,9 @@ def test_an_experiments_config_yaml_reads_back_to_its_configuration(tmp_path):
     cfg = ExperimentConfig(data="/abs/ml-100k", models="autorec,ease", grid="paper", name="mine",
                            output="/abs/experiments", patience=3, valid_by="trained",
                            no_register=True)
-    text = experiment.config_file(cfg, "r1")
+    text = experiment.run.config_file(cfg, "r1")
     path = write(tmp_path, text)
-    got = ExperimentConfig(**values(experiment.build_parser().parse_args(["--config", path]),
+    got = ExperimentConfig(**values(experiment.run.build_parser().parse_args(["--config", path]),
                                     ExperimentConfig))
     assert got == cfg
     assert "configuration of experiment mine (MLflow run r1)" in text.splitlines()[0]
@@ -194,10 +195,10 @@ def test_the_experiments_run_logs_its_config_yaml(tmp_path):
     cfg = ExperimentConfig(data="/abs/ml-100k", models="autorec", name="logged",
                            output=str(tmp_path / "experiments"))
     state = {"models": {}}
-    experiment.parent_runs(uri, cfg, state, ["autorec"], "ml-100k")
+    experiment.run.parent_runs(uri, cfg, state, ["autorec"], "ml-100k")
     client = MlflowClient(uri)
     assert "config.yaml" in {a.path for a in client.list_artifacts(state["run_id"])}
     local = client.download_artifacts(state["run_id"], "config.yaml", str(tmp_path))
-    got = ExperimentConfig(**values(experiment.build_parser().parse_args(["--config", local]),
+    got = ExperimentConfig(**values(experiment.run.build_parser().parse_args(["--config", local]),
                                     ExperimentConfig))
     assert got == cfg

@@ -24,14 +24,14 @@ GRID = {"autorec": {"lam": [10.0, 30.0], "width": [32], "lr": [0.003]},
 
 @pytest.fixture(scope="module")
 def killed_and_resumed(small_prepared, ray_head, mlflow_server, spark, tmp_path_factory):
-    from training.experiment import ExperimentConfig, run_experiment
+    from experiment.run import ExperimentConfig, run_experiment
 
     base = tmp_path_factory.mktemp("experiments")
     grid = base / "grid.json"
     grid.write_text(json.dumps(GRID))
     flags = {"data": str(small_prepared), "models": "autorec,puresvd", "grid": str(grid),
              "name": "tiny", "output": str(base), "epochs": 3, "batch_size": 256}
-    cmd = [sys.executable, "training/experiment.py", "--mlflow-uri", mlflow_server.url,
+    cmd = [sys.executable, "experiment/run.py", "--mlflow-uri", mlflow_server.url,
            "--ray-address", ray_head.address]
     for k, v in flags.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]

@@ -1,5 +1,5 @@
 """The experiment runner's parts without a cluster: grids, the plan's checks, selection, the final
-run's epochs, the table (training/grids.py, training/experiment.py)."""
+run's epochs, the table (experiment/grids.py, experiment/run.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from prepared.errors import UsageError
-from training import grids
+from experiment import grids
 from training.config import check
-from training.experiment import (ExperimentConfig, Progress, final_config, open_state, plan,
+from experiment.run import (ExperimentConfig, Progress, final_config, open_state, plan,
                                  retire_stale_final, select, table_csv, table_md, table_rows,
                                  trial_config)
 
@@ -232,7 +232,7 @@ def test_the_table_holds_every_model_with_cis_and_the_choice():
 def test_the_figures_are_drawn_for_the_settings_the_grid_varied(tmp_path):
     import torch
 
-    from training.experiment import best_by, figures, trial_results
+    from experiment.run import best_by, figures, trial_results
 
     pts = grids.points({"mode": ["joint", "limited-finetune"], "beta": [0.8, 1.0]})
     ndcg = {("joint", 0.8): 0.20, ("joint", 1.0): 0.22, ("limited-finetune", 0.8): 0.25,
@@ -258,7 +258,7 @@ def test_the_figures_are_drawn_for_the_settings_the_grid_varied(tmp_path):
 def test_concurrency_leaves_a_cpu_for_the_data(tmp_path, monkeypatch):
     import ray
 
-    from training.experiment import concurrency
+    from experiment.run import concurrency
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 3.0})
     assert concurrency(exp(tmp_path, num_workers=2)) == 1           # 2 x 1 CPU + 1 for data
@@ -274,7 +274,7 @@ def test_concurrency_leaves_a_cpu_for_the_data(tmp_path, monkeypatch):
 def test_trials_with_a_large_fit_run_no_more_at_once_than_memory_holds(monkeypatch, capsys):
     from models import closed_form
     from models.ease import fit_bytes
-    from training.experiment import memory_bound
+    from experiment.run import memory_bound
 
     need = fit_bytes(16_980)                                  # citeulike-a: 7.5 GiB a fit
     assert need == 16_980 ** 2 * 28

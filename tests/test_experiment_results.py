@@ -9,7 +9,7 @@ import json
 import pytest
 
 from prepared.errors import UsageError
-from training import experiment as E
+from experiment import run as E
 
 
 def files(tag: str, figures: tuple[str, ...], paired: bool = True) -> dict[str, bytes]:

@@ -16,7 +16,7 @@ import pytest
 from models.hparams import HP
 from models.registry import MODELS
 from prepared.errors import UsageError
-from training import grids
+from experiment import grids
 from training.config import TrainConfig, check, hyper_fields
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +100,8 @@ TOY = textwrap.dedent('''
 
     registry.MODELS["toy"] = Toy  # the registry line
 
-    from training import experiment, grids
+    import experiment.run
+    from experiment import grids
     from training.config import TrainConfig, check
     from training.train import build_parser
     from prepared.errors import UsageError
@@ -108,8 +109,8 @@ TOY = textwrap.dedent('''
     out = {"help": build_parser().format_help()}
     grid_file = sys.argv[1]
     axes = grids.grid(grid_file, ["toy"])["toy"]
-    cfg = experiment.ExperimentConfig(data="/abs/d", models="toy", grid=grid_file)
-    configs = [experiment.trial_config(cfg, "/abs/root", "toy", p) for p in grids.points(axes)]
+    cfg = experiment.run.ExperimentConfig(data="/abs/d", models="toy", grid=grid_file)
+    configs = [experiment.run.trial_config(cfg, "/abs/root", "toy", p) for p in grids.points(axes)]
     for c in configs:
         check(c)
     # what Tune ships to a trial (param_space) and the trial rebuilds

@@ -4,8 +4,10 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
-from evaluation.metrics import hit_matrix, per_user, summarise
+from prepared.metrics import hit_matrix, ndcg_recall, per_user, summarise
+from prepared.protocol import TOP_K
 
 D = lambda r: 1 / math.log2(r + 1)  # discount of rank r
 
@@ -59,3 +61,25 @@ def test_every_metric_is_in_unit_interval_and_ci_by_hand():
     s = summarise({"x": np.array([0.0, 1.0, 1.0, 0.0])})["x"]
     assert s["mean"] == 0.5 and s["users"] == 4
     assert s["ci95"] == pytest.approx(1.96 * 0.5 / 2)   # std (ddof 0) = 0.5
+
+
+@pytest.mark.parametrize("k", [50, 10])
+def test_the_torch_face_equals_the_numpy_face(k):
+    """Validation's NDCG and Recall@k (torch) are evaluation's (numpy) on random lists: ranked
+    from tied scores, some shorter than k, truth sets from 1 to 3x the list length."""
+    rng = np.random.default_rng(k)
+    n_users, n_items = 300, 400
+    scores = torch.from_numpy(rng.integers(0, 4, size=(n_users, n_items)).astype(np.float64))
+    recs = torch.topk(scores, k, dim=1).indices.numpy()  # ties broken however topk breaks them
+    short = rng.random(n_users) < 0.3
+    for u in np.flatnonzero(short):
+        recs[u, rng.integers(0, k):] = -1  # a shorter list: the positions after it are misses
+    truth = [rng.choice(n_items, rng.integers(1, 3 * TOP_K), replace=False) for _ in range(n_users)]
+    n_truth = np.array([len(t) for t in truth])
+    hits = hit_matrix(recs, truth)
+    want = per_user(hits, n_truth, ks=(k,))
+    ndcg, recall = ndcg_recall(torch.from_numpy(hits.astype(np.float64)),
+                               torch.from_numpy(n_truth.astype(np.float64)))
+    assert (n_truth > k).any() and short.any() and recall.sum() > 0
+    np.testing.assert_allclose(ndcg.numpy(), want["NDCG"], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(recall.numpy(), want[f"Recall@{k}"], rtol=0, atol=1e-12)

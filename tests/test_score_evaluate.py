@@ -14,7 +14,7 @@ import torch
 
 from prepared import schema as S
 from prepared.errors import UsageError
-from evaluation import metrics as M
+from prepared import metrics as M
 from evaluation.evaluate import evaluate
 from evaluation.score import score
 from evaluation.spark_metrics import METRICS, metric_key
@@ -151,7 +151,7 @@ def test_scoring_refuses_bad_input_and_leaves_nothing_half_written(spark, scored
 # ---- evaluation --------------------------------------------------------------------------------
 
 def numpy_reference(recs: pd.DataFrame, prepared: Path, target: str = "test") -> pd.DataFrame:
-    """Per-user metrics by evaluation.metrics (numpy), truth from the split table."""
+    """Per-user metrics by prepared.metrics (numpy), truth from the split table."""
     split = pd.read_parquet(prepared / S.SPLIT_DIR)
     users = pd.read_parquet(prepared / S.USERS_DIR).set_index(S.USER_ID)[S.COLD]
     split["cold"] = split[S.USER_ID].map(users)
@@ -191,7 +191,7 @@ def test_spark_metrics_equal_the_numpy_reference_user_by_user(evaluated, small_p
         np.testing.assert_allclose(got[metric_key(m)], ref[metric_key(m)], rtol=0, atol=1e-12,
                                    err_msg=m)
     assert ref["ndcg"].mean() > 0.05  # the lists hit: the comparison is not between zeros
-    # the summary: mean and CI per group equal evaluation.metrics.summarise of the reference
+    # the summary: mean and CI per group equal prepared.metrics.summarise of the reference
     rows = {(r["group"], r["metric"]): r for r in manifest["rows"]}
     for group in ("warm", "cold"):
         part = ref[ref["group"] == group]

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from prepared.errors import UsageError
-from evaluation.metrics import hit_matrix, per_user
+from prepared.metrics import hit_matrix, per_user
 from training.config import TrainConfig
 from models.autorec import AutoRec
 from models.registry import load_model_file
@@ -59,7 +59,7 @@ def warm_rows(prepared: Path) -> pd.DataFrame:
 
 
 def reference_validation(model: AutoRec, rows: pd.DataFrame, with_recs: bool = False) -> tuple:
-    """Validation NDCG and Recall@50 computed slowly, in one process, with evaluation.metrics
+    """Validation NDCG and Recall@50 computed slowly, in one process, with prepared.metrics
     (and the top-50 lists)."""
     rows = rows[rows["valid_items"].map(len) > 0]
     with torch.no_grad():

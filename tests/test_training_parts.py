@@ -11,7 +11,7 @@ import torch
 from prepared import protocol
 from prepared import schema as S
 from prepared.errors import UsageError
-from evaluation.metrics import hit_matrix, per_user
+from prepared.metrics import hit_matrix, per_user
 from training.config import TrainConfig, check
 from training.feed import (BatchMaker, FeedPlan, epoch_seed, in_valid_sample, union_sorted,
                            valid_batch)
@@ -130,7 +130,7 @@ def train_valid_rows(rng, b, n_items, most_train, most_valid):
     return train, valid
 
 
-def test_batch_metrics_match_the_evaluation_module():
+def test_batch_metrics_match_the_numpy_reference():
     rng = np.random.default_rng(0)
     n_items, b = 120, 40
     train, valid = train_valid_rows(rng, b, n_items, 30, 70)
@@ -439,7 +439,7 @@ def test_the_experiment_under_ray_job_submit_needs_absolute_paths_and_a_tracking
                                                                                        capsys):
     """Its default MLflow store and output would live in the job's throw-away working-dir copy
     (seen: a run's trials logged to a SQLite file deleted with the job)."""
-    from training.experiment import main
+    from experiment.run import main
 
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

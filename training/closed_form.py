@@ -145,7 +145,7 @@ def fit(cfg: TrainConfig, prep, cpus: float) -> tuple[dict, list[dict], dict, di
 
     t0 = time.perf_counter()
     # "DEFAULT": scheduled on the cluster, not inside the placement group of a caller that has
-    # one (a Ray Tune trial's, which holds no CPU: training/experiment.py)
+    # one (a Ray Tune trial's, which holds no CPU: experiment/run.py)
     task = ray.remote(fit_task).options(num_cpus=cpus, max_retries=0,
                                         scheduling_strategy="DEFAULT")
     return summarise(ray.get(task.remote(cfg.to_dict(), prep, int(cpus))), t0)

@@ -1,5 +1,6 @@
-"""Validation NDCG and Recall@50 on the device, one batch at a time (protocol.md's definitions,
-the same as ``evaluation.metrics``; a test checks the two agree).
+"""Validation NDCG and Recall@50 on the device, one batch at a time: the top-k lists and their
+hits here, the metrics' definitions in ``prepared.metrics`` (``ndcg_recall``, the protocol's
+formulas shared with evaluation).
 
 Training items are removed from the ranking; NDCG's ideal DCG runs over all |T| validation items
 (not truncated at 50); Recall@50 = hits@50 / |T|.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from models.batch import row_ids
+from prepared.metrics import ndcg_recall
 from prepared.protocol import TOP_K
 from training.feed import ValidBatch
 
@@ -51,12 +53,7 @@ def top_metrics(top: torch.Tensor, batch: ValidBatch) -> tuple[torch.Tensor, tor
         b, k, dtype=torch.float64, device=device)
     # a top-k slot holding a training item (users with < k unseen items) is never a hit: the
     # training and validation sets are disjoint
-    discount = 1.0 / torch.log2(torch.arange(2, k + 2, device=device, dtype=torch.float64))
-    ideal_all = torch.cumsum(1.0 / torch.log2(torch.arange(
-        2, int(n_truth.max()) + 2, device=device, dtype=torch.float64)), 0)
-    ndcg = (hits * discount).sum(dim=1) / ideal_all[n_truth.long() - 1]
-    recall = hits.sum(dim=1) / n_truth
-    return ndcg, recall
+    return ndcg_recall(hits, n_truth)
 
 
 def head_mask(n_items: int, head, device: torch.device | str = "cpu") -> torch.Tensor:

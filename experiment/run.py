@@ -1,13 +1,13 @@
 """The paper's experiment on one prepared dataset, from one command: every model searched on
 validation with Ray Tune, retrained on train+valid, scored and evaluated on test, tabled.
 
-    python training/experiment.py --data var/data/ml-100k --models nce-autorec,autorec,puresvd
+    python experiment/run.py --data var/data/ml-100k --models nce-autorec,autorec,puresvd
     ray job submit --address http://127.0.0.1:8265 --working-dir . -- \\
-        python training/experiment.py --data /abs/var/data/ml-100k --models nce-autorec,autorec \\
+        python experiment/run.py --data /abs/var/data/ml-100k --models nce-autorec,autorec \\
         --grid paper --output /abs/var/experiments --mlflow-uri http://127.0.0.1:5000
 
 Stages (a rerun with the same --name skips every finished one, trial by trial):
-  1. search    per model, a Ray Tune grid search (``--grid small|paper|FILE``, training/grids.py)
+  1. search    per model, a Ray Tune grid search (``--grid small|paper|FILE``, experiment/grids.py)
                whose trials are training/train.py runs: train split, early stopping on validation
                NDCG, DDP inside a trial (--num-workers), as many trials at once as the cluster
                fits. An interrupted trial resumes from its last checkpoint.
@@ -36,7 +36,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script (python training/experiment.py)
+if __package__ in (None, ""):  # run as a script (python experiment/run.py)
     _root = str(Path(__file__).resolve().parents[1])
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
     sys.path.insert(0, _root)
@@ -59,7 +59,7 @@ from runtime.atomic import write_text
 from runtime.runs import RUN_RECORD, finished_summary
 from runtime.cli import add_config_file, add_options, config_yaml, option, strict_parser, values
 from runtime.raycluster import check_fits, join_address, local_cpus, worker_cpus
-from training import grids
+from experiment import grids
 from training.config import VALID_BY, TrainConfig, check
 from training.train import ADDED_OPTIONS, add_connection_flags, check_job_paths
 
@@ -73,7 +73,7 @@ FIXED = ("data", "grid", "epochs", "patience", "seed", "valid_sample", "valid_by
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    """Every flag of training/experiment.py (``runtime.cli`` builds the parser from the fields)."""
+    """Every flag of experiment/run.py (``runtime.cli`` builds the parser from the fields)."""
 
     data: str = option(help="a prepared directory (etl/prepare.py --output) with a validation "
                             "split")
@@ -81,7 +81,7 @@ class ExperimentConfig:
                          help="comma-separated models to search, in the table's order")
     grid: str = option("small", help="small (45 trials over every model, joint mode), paper "
                                      "(the paper's settings), or a YAML/JSON file {model: "
-                                     "{flag: [values]}} or a list of those (training/grids.py)")
+                                     "{flag: [values]}} or a list of those (experiment/grids.py)")
     name: str = option("", show_default=False,
                        help="the experiment: its folder under --output and its MLflow experiment; "
                             "an existing name resumes it (default: DATASET-GRID)")
@@ -220,9 +220,9 @@ def config_file(cfg: ExperimentConfig, run_id: str | None = None) -> str:
     """config.yaml of an experiment: every option, resolved (its name, absolute paths), that
     ``--config`` takes back. The name stays in: an experiment is meant to be rerun under its name
     (a rerun skips what finished), and its default name would be the same anyway."""
-    header = (f"training/experiment.py configuration of experiment {cfg.name}"
+    header = (f"experiment/run.py configuration of experiment {cfg.name}"
               + (f" (MLflow run {run_id})" if run_id else "") + ", resolved.\n"
-              "python training/experiment.py --config THIS_FILE resumes it (finished stages are "
+              "python experiment/run.py --config THIS_FILE resumes it (finished stages are "
               "skipped); change name: (or pass --name NEW) for a new experiment.\nFlags given "
               "beside --config override its values; --mlflow-uri and --ray-address are not part "
               "of it.")
@@ -735,7 +735,7 @@ def log_report(uri: str, run_id: str, root: Path, rows: list[dict]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = strict_parser(prog="training/experiment.py", description=__doc__.split("\n\n")[0],
+    p = strict_parser(prog="experiment/run.py", description=__doc__.split("\n\n")[0],
                       formatter_class=argparse.RawDescriptionHelpFormatter,
                       epilog=__doc__.split("\n\n", 1)[1])
     add_options(p, ExperimentConfig)

@@ -1,4 +1,4 @@
-"""Search grids of ``training/experiment.py``: per model, each searched flag and its values.
+"""Search grids of ``experiment/run.py``: per model, each searched flag and its values.
 
     grid("small", ["nce-autorec", "puresvd"])   the default: 45 trials over every model
     grid("paper", ["nce-autorec"])              the paper's settings (its section 4.2)

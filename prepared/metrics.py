@@ -1,4 +1,5 @@
-"""The paper's ranking metrics (the authors' metric code; definitions in protocol.md), vectorised.
+"""The paper's ranking metrics, defined once (the authors' metric code; definitions in
+protocol.md), in the two array libraries the stages compute them with.
 
 For a user with truth set T (users with empty T are skipped) and a ranked list (best first, training
 items already removed, at most ``L`` = 50 long):
@@ -12,15 +13,33 @@ items already removed, at most ``L`` = 50 long):
     95% CI      = 1.96 * std(per-user values, ddof=0) / sqrt(number of evaluated users)
 
 NDCG@K (truncated list and ideal DCG, the common variant) is reported as an extra, clearly named.
+
+- numpy, every metric (``hit_matrix``, ``per_user``, ``summarise``): the reference the tests and
+  benchmarks measure against.
+- torch, NDCG and Recall@K only (``ndcg_recall``): validation on the device every epoch
+  (training/validate.py finds the hits; this turns them into the two numbers);
+  ``tests/test_metrics.py`` checks it equals ``per_user`` within 1e-12.
+
+Spark's per-user metrics (evaluation/spark_metrics.py, SQL expressions on the executors) are a
+third implementation of the same definitions; ``tests/test_score_evaluate.py`` checks them equal
+to ``per_user`` user by user, and their summary equal to ``summarise``.
+
+Here, in prepared/, because training and evaluation may not import each other and both must use
+these definitions. torch is imported inside ``ndcg_recall`` only: every stage and Spark's
+executors import prepared/, and the numpy face needs no torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from prepared.protocol import KS
+
+if TYPE_CHECKING:
+    import torch
 
 
 def hit_matrix(recs: np.ndarray, truth: Sequence[np.ndarray]) -> np.ndarray:
@@ -75,3 +94,23 @@ def summarise(values: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
                      "ci95": float(1.96 * v.std() / np.sqrt(n)) if n else float("nan"),
                      "users": n}
     return out
+
+
+def ndcg_recall(hits: torch.Tensor, n_truth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-user (NDCG, Recall@k), each (B,) float64, on ``hits``' device: ``per_user``'s "NDCG"
+    and "Recall@k" of lists k long.
+
+    ``hits`` (B, k) float64, 1 where the item at that rank is in the user's truth set (a list
+    shorter than k: zeros after its end); ``n_truth`` (B,) float64 sizes of the truth sets, >= 1.
+    """
+    import torch
+
+    k = hits.shape[1]
+    device = hits.device
+    discount = 1.0 / torch.log2(torch.arange(2, k + 2, device=device, dtype=torch.float64))
+    # the ideal DCG over all |T| truth items, not truncated at k
+    ideal_all = torch.cumsum(1.0 / torch.log2(torch.arange(
+        2, int(n_truth.max()) + 2, device=device, dtype=torch.float64)), 0)
+    ndcg = (hits * discount).sum(dim=1) / ideal_all[n_truth.long() - 1]
+    recall = hits.sum(dim=1) / n_truth
+    return ndcg, recall

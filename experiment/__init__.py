@@ -1,0 +1,1 @@
+"""experiment (see the README): the protocol's orchestrator and its search grids."""
