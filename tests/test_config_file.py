@@ -133,8 +133,7 @@ def test_tuple_options_take_a_yaml_list_or_one_value(tmp_path):
 def a_run(**kw) -> TrainConfig:
     """A configuration as train.py resolves it (config_from_args), some options set."""
     return TrainConfig(**{"data": "/abs/ml-100k", "run_name": "nce-autorec-ml-100k-20260101",
-                          "output": "/abs/runs", "experiment": "ml-100k", "fault_kill_epoch": 3,
-                          **kw})
+                          "output": "/abs/runs", "experiment": "ml-100k", **kw})
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
@@ -143,12 +142,12 @@ def test_a_runs_config_yaml_reads_back_to_the_configuration_it_ran(model, tmp_pa
     text = train.config_file(cfg, "0123abcd")
     got = parsed(["--config", write(tmp_path, text)])
     # every option back, hyperparameters spelt out as resolved; not the run's name (a fed-back
-    # file must start a new run) nor the test-only fault injection
-    assert got == replace(TrainConfig(**train.resolved_config(cfg)), run_name="", fault_kill_epoch=-1)
+    # file must start a new run)
+    assert got == replace(TrainConfig(**train.resolved_config(cfg)), run_name="")
     assert got.resolved() == cfg.resolved()
     check(got)  # a resolved hyperparameter is one the model takes
     data = yaml.safe_load(text)
-    assert "run_name" not in data and "fault_kill_epoch" not in data and "mlflow_uri" not in data
+    assert "run_name" not in data and "mlflow_uri" not in data
     for name, value in cfg.resolved().items():
         assert data[name] == value, name  # the value the run used, not None
     assert f"run {cfg.run_name} (MLflow run 0123abcd)" in text.splitlines()[0]

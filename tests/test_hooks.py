@@ -18,10 +18,9 @@ def test_the_training_loop_knows_no_fault_by_name():
     assert "fault" not in source and "SIGKILL" not in source
 
 
-def test_hooks_come_from_the_environment_and_the_old_flag(monkeypatch):
+def test_hooks_come_from_the_environment(monkeypatch):
     monkeypatch.delenv(hooks.ENV, raising=False)
     assert hooks.hook_specs() == []
-    assert hooks.hook_specs(2) == ["training.faults:kill_a_rank:2"]
     monkeypatch.setenv(hooks.ENV, "training.faults:kill_a_rank:1, os:getpid")
     assert hooks.hook_specs() == ["training.faults:kill_a_rank:1", "os:getpid"]
     assert hooks.resolve(hooks.hook_specs()) == [(faults.kill_a_rank, "1"), (__import__("os").getpid, None)]

@@ -216,10 +216,12 @@ def test_a_closed_form_model_trains_logs_and_scores_like_autorec(small_prepared,
 
 
 def test_a_killed_worker_costs_one_epoch_and_the_run_finishes(small_prepared, ray_head,
-                                                             mlflow_server, runs_dir, two_workers):
+                                                             mlflow_server, runs_dir, two_workers,
+                                                             monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    cfg = config(small_prepared, runs_dir, run_name="fault", fault_kill_epoch=2, max_failures=2)
+    monkeypatch.setenv("NCE_TEST_HOOK", "training.faults:kill_a_rank:2")  # rank 1, once
+    cfg = config(small_prepared, runs_dir, run_name="fault", max_failures=2)
     result = run(cfg, mlflow_server.url)
     marker = runs_dir / "fault" / "fault-injected.txt"
     assert marker.exists() and "killed rank 1 at the start of epoch 3" in marker.read_text()
@@ -231,11 +233,12 @@ def test_a_killed_worker_costs_one_epoch_and_the_run_finishes(small_prepared, ra
 
 
 def test_a_failed_run_resumes_when_rerun_with_its_name(small_prepared, ray_head, mlflow_server,
-                                                      runs_dir):
+                                                      runs_dir, monkeypatch):
     from mlflow.tracking import MlflowClient
 
+    monkeypatch.setenv("NCE_TEST_HOOK", "training.faults:kill_a_rank:1")  # rank 1, once
     cfg = config(small_prepared, runs_dir, run_name="resume", model="autorec", epochs=3,
-                 fault_kill_epoch=1, max_failures=0)
+                 max_failures=0)
     with pytest.raises(TrainingError, match="Rerun the same command .*--run-name resume"):
         run(cfg, mlflow_server.url)
     failed = json.loads((runs_dir / "resume" / "run.json").read_text())

@@ -143,9 +143,6 @@ class RunConfig:
                              help="memory: read the user rows once into Ray's object store; "
                                   "stream: re-read them every epoch; auto: memory when they fit "
                                   "in a quarter of the object store")
-    # test only: rank 1 exits hard once at the start of this epoch (the older spelling of
-    # NCE_TEST_HOOK=training.faults:kill_a_rank:EPOCH, training/hooks.py)
-    fault_kill_epoch: int = option(-1, group=CLUSTER, hidden=True, help="")
 
     #: the order of the groups in --help
     option_groups = (DATA, HYPER, TRAINING, CLUSTER)

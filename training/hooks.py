@@ -20,13 +20,9 @@ ENV = "NCE_TEST_HOOK"
 Hook = Callable[[dict, "str | None"], None]
 
 
-def hook_specs(fault_kill_epoch: int = -1) -> list[str]:
-    """The hooks this run's workers call: ``$NCE_TEST_HOOK``'s, plus the kill of
-    ``--fault-kill-epoch`` (the older spelling of ``training.faults:kill_a_rank:EPOCH``)."""
-    specs = [s.strip() for s in os.environ.get(ENV, "").split(",") if s.strip()]
-    if fault_kill_epoch >= 0:
-        specs.append(f"training.faults:kill_a_rank:{fault_kill_epoch}")
-    return specs
+def hook_specs() -> list[str]:
+    """The hooks this run's workers call: ``$NCE_TEST_HOOK``'s."""
+    return [s.strip() for s in os.environ.get(ENV, "").split(",") if s.strip()]
 
 
 def resolve(specs: list[str]) -> list[tuple[Hook, str | None]]:

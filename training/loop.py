@@ -16,14 +16,17 @@ import math
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 import torch
 import torch.distributed as dist
 
 from training import hooks
 from training.config import TrainConfig
-from training.feed import BatchMaker, valid_batch
+from training.feed import BatchMaker, FeedPlan, valid_batch
 from models.registry import MODELS, load_weights_only
 from runtime.runs import CHECKPOINT_BEST, CHECKPOINT_STATE
 from training.step import make_optimizers, train_batch, unwrap
@@ -149,19 +152,36 @@ def build_model(cfg: TrainConfig, n_items: int, n_users: int | None,
     return model
 
 
+@dataclass(frozen=True)
+class WorkerPlan:
+    """What the driver hands every Ray Train worker: the run's configuration and what the driver
+    read from the prepared data once, so that no worker reads it again."""
+
+    cfg: TrainConfig
+    feed: FeedPlan
+    n_items: int
+    n_users: int
+    overlap: float | None  # the training rows' user overlap: the unit of the AutoRec family's lambda
+    head_items: np.ndarray  # the 10% most popular items, whose share of the lists validation reports
+    threads: int = 1  # torch threads per worker
+    mlflow: dict | None = None  # rank 0's per-epoch logger (runtime.tracking.EpochLogger's kwargs)
+    run_dir: str = ""
+    epoch_hooks: tuple[str, ...] = ()  # training.hooks specs, called at the start of every epoch
+
+
 def train_loop(config: dict) -> None:
     import ray
     import ray.train
     import ray.train.torch
 
     quiet_ray_logs()
-    cfg = TrainConfig.from_dict(config["cfg"])
-    feed, n_items = config["feed"], config["n_items"]
+    plan: WorkerPlan = config["plan"]  # Ray Train passes a dict; the plan is its one entry
+    cfg, feed, n_items = plan.cfg, plan.feed, plan.n_items
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    torch.set_num_threads(max(1, int(config.get("threads", 1))))
+    torch.set_num_threads(max(1, plan.threads))
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = build_model(cfg, n_items, config.get("n_users"), config.get("overlap"))
+    model = build_model(cfg, n_items, plan.n_users, plan.overlap)
     all_phases = model.phases()
     progress, best_state, opt_states = new_progress(), None, None
     checkpoint = ray.train.get_checkpoint()
@@ -181,9 +201,9 @@ def train_loop(config: dict) -> None:
     net = ray.train.torch.prepare_model(model, parallel_strategy_kwargs={
         "find_unused_parameters": not model.uses_every_parameter()})
     logger = None
-    if rank == 0 and config.get("mlflow"):
+    if rank == 0 and plan.mlflow:
         from runtime.tracking import EpochLogger
-        logger = EpochLogger(**config["mlflow"])
+        logger = EpochLogger(**plan.mlflow)
 
     def optimizers_for(phase: int, states=None):
         opts = make_optimizers(net, all_phases[phase], cfg.phase_lr(phase))
@@ -197,17 +217,17 @@ def train_loop(config: dict) -> None:
     if rank == 0 and world > 1:
         say(f"DDP: {per_worker} users per worker per step; each step all-reduces "
             f"{allreduce_bytes(model, all_phases) / 2**20:,.1f} MiB of gradients")
-    head = head_mask(n_items, config["head_items"], device)  # the 10% most popular items
+    head = head_mask(n_items, plan.head_items, device)  # the 10% most popular items
     train_shard = ray.train.get_dataset_shard("train")
     valid_rows = ray.train.get_dataset_shard("valid") if not cfg.final_retraining else None
     times: list[float] = []
-    epoch_hooks = hooks.resolve(config.get("epoch_hooks", []))  # tests' (training.hooks)
+    epoch_hooks = hooks.resolve(list(plan.epoch_hooks))  # tests' (training.hooks)
 
     while not progress["done"]:
         epoch, phase = progress["epoch"], progress["phase"]
         steps, last_phase = all_phases[phase], phase == len(all_phases) - 1
         hooks.call_all(epoch_hooks, {"epoch": epoch, "rank": rank, "world": world,
-                                     "run_dir": config.get("run_dir", "")})
+                                     "run_dir": plan.run_dir})
         torch.manual_seed(cfg.seed + 1000003 * (epoch + 1) + rank)
         t0 = time.perf_counter()
         net.train()

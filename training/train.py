@@ -56,7 +56,7 @@ ADDED_OPTIONS = {"valid_by": "fold-in"}
 RESUMABLE_CHANGES = {"data_cache", "num_workers", "cpus_per_worker", "use_gpu", "placement",
                      "loss_path",
                      "max_failures", "mlflow_wait",
-                     "fault_kill_epoch", "output", "run_name", "experiment"}
+                     "output", "run_name", "experiment"}
 
 
 class TrainingError(RuntimeError):
@@ -208,7 +208,7 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from training.ingest import ShardedValidation
-    from training.loop import train_loop
+    from training.loop import WorkerPlan, train_loop
 
     plan = F.plan(MODELS[cfg.model], prep, cfg)
     datasets = {"train": F.train_dataset(prep.rows_uri, plan)}
@@ -219,18 +219,16 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
         # scheduling alone, more than an epoch of training on MovieLens-sized data
         datasets = {k: ds.materialize() for k, ds in datasets.items()}
     run_dir = join(cfg.output, cfg.run_name)
-    epoch_hooks = hook_specs(cfg.fault_kill_epoch)
+    epoch_hooks = hook_specs()
     resolve_hooks(epoch_hooks)  # a bad NCE_TEST_HOOK is one line here, not a worker's traceback
+    worker_plan = WorkerPlan(cfg=cfg, feed=plan, n_items=prep.n_items, n_users=prep.n_users,
+                             # the unit of the AutoRec family's lambda, from the rows trained on
+                             overlap=prep.user_overlap(cfg.final_retraining),
+                             head_items=head_items(prep.pop_train), threads=max(1, int(cpw)),
+                             mlflow=mlflow_cfg, run_dir=run_dir, epoch_hooks=tuple(epoch_hooks))
     trainer = TorchTrainer(
         train_loop,
-        train_loop_config={"cfg": cfg.to_dict(), "feed": plan, "n_items": prep.n_items,
-                           "n_users": prep.n_users,
-                           # the unit of the AutoRec family's lambda, from the rows trained on
-                           "overlap": prep.user_overlap(cfg.final_retraining),
-                           # validation reports the share of recommendations from these items
-                           "head_items": head_items(prep.pop_train),
-                           "threads": max(1, int(cpw)), "mlflow": mlflow_cfg,
-                           "run_dir": run_dir, "epoch_hooks": epoch_hooks},
+        train_loop_config={"plan": worker_plan},
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                                      resources_per_worker={"CPU": cpw},
                                      placement_strategy=cfg.placement),
