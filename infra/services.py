@@ -45,10 +45,28 @@ class Service:
     watchdog: int | None = None  # the pid of the watchdog stopping it with its owner, if any
 
 
+def free_ports(n: int, avoid=()) -> list[int]:
+    """``n`` distinct free loopback ports, none in ``avoid``. Each probe socket stays bound until
+    all are chosen: ports picked one at a time and released at once can come back twice (the
+    kernel may hand a just-freed ephemeral port out again), and Ray refuses to start when two of
+    its components get the same port."""
+    sockets, ports = [], []
+    try:
+        while len(ports) < n:
+            s = socket.socket()
+            sockets.append(s)
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            if port not in avoid and port not in ports:
+                ports.append(port)
+    finally:
+        for s in sockets:
+            s.close()
+    return ports
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def port_is_free(port: int) -> bool:
@@ -154,13 +172,13 @@ def start_mlflow(state: Path, port: int, timeout: float = 120.0,
     return Service("mlflow", proc, url, url, log, watchdog=dog)
 
 
-def ray_side_ports(head: bool = True) -> list[str]:
-    """Flags giving a Ray node's auxiliary servers free ports on loopback."""
-    return (["--ray-client-server-port", str(free_port())] if head else []) + [
-            "--dashboard-agent-listen-port", str(free_port()),
-            "--dashboard-agent-grpc-port", str(free_port()),
-            "--metrics-export-port", str(free_port()),
-            "--runtime-env-agent-port", str(free_port())]
+def ray_side_ports(head: bool = True, avoid=()) -> list[str]:
+    """Flags giving a Ray node's auxiliary servers distinct free ports on loopback, none of
+    ``avoid`` (the node's own GCS and dashboard ports)."""
+    flags = (["--ray-client-server-port"] if head else []) + [
+        "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port",
+        "--runtime-env-agent-port"]
+    return [x for flag, port in zip(flags, free_ports(len(flags), avoid)) for x in (flag, str(port))]
 
 
 def ray_token(folder: Path) -> dict[str, str]:
@@ -212,7 +230,7 @@ def start_ray_head(temp_dir: Path, port: int, dashboard_port: int, num_cpus: int
            str(dashboard_port), "--num-cpus", str(num_cpus), "--temp-dir", str(temp_dir),
            # every port free, not Ray's defaults: a second Ray on this machine (a test's, a
            # user's) would otherwise take the agent's port and the job server would never get one
-           *ray_side_ports(),
+           *ray_side_ports(avoid=(port, dashboard_port)),
            "--include-dashboard", "true", "--disable-usage-stats"]
     # the job server runs `python ...` entry points: this venv's python first on PATH; the jobs'
     # drivers inherit the head's token settings

@@ -128,11 +128,12 @@ def local_stack(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("stack")
     config = base / "server.json"
-    config.write_text(json.dumps({"port": services.free_port(), "state_dir": str(base / "mlflow")}))
+    mlflow_port, ray_port, dashboard_port = services.free_ports(3)
+    config.write_text(json.dumps({"port": mlflow_port, "state_dir": str(base / "mlflow")}))
     state = base / "state"
     stop_stack_on_sigterm(state)
     try:
-        record = stack.start(ray_port=services.free_port(), dashboard_port=services.free_port(),
+        record = stack.start(ray_port=ray_port, dashboard_port=dashboard_port,
                              num_cpus=3, state=state, mlflow_config=config, log=lambda s: None,
                              owner=os.getpid())
         # the session's clients (this driver, ray job submit in tests) use the stack's own token

@@ -111,14 +111,14 @@ def test_ray_head_killed_then_a_rerun_resumes_from_the_last_checkpoint(small_pre
                                                                        mlflow_server, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from infra.services import free_port, group_alive, ray_token, start_ray_head, stop
+    from infra.services import free_ports, group_alive, ray_token, start_ray_head, stop
     from infra.submit import ray_job_submit
 
     args = train_cmd(small_prepared, tmp_path / "runs", "head-fault", mlflow_server.url)
     # Ray's unix sockets live under its temp dir: keep the path short (107-byte limit)
     short = Path(tempfile.mkdtemp(prefix="nce-rf-"))
     auth = ray_token(short)
-    head = start_ray_head(short / "r1", free_port(), free_port(), num_cpus=3, auth=auth,
+    head = start_ray_head(short / "r1", *free_ports(2), num_cpus=3, auth=auth,
                           owner=os.getpid())
     cmd, env = ray_job_submit(head.url, args, auth)
     job = Streamed(cmd, env)
@@ -134,7 +134,7 @@ def test_ray_head_killed_then_a_rerun_resumes_from_the_last_checkpoint(small_pre
     record = json.loads((tmp_path / "runs" / "head-fault" / "run.json").read_text())
     assert "summary" not in record  # interrupted, not finished
 
-    head2 = start_ray_head(short / "r2", free_port(), free_port(), num_cpus=3, auth=auth,
+    head2 = start_ray_head(short / "r2", *free_ports(2), num_cpus=3, auth=auth,
                            owner=os.getpid())
     try:
         cmd, env = ray_job_submit(head2.url, args, auth)

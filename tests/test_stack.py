@@ -73,12 +73,13 @@ def test_the_stack_starts_on_a_fresh_machine_with_an_empty_home(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
     env["HOME"] = str(home)
     state, config = tmp_path / "state", tmp_path / "server.json"
-    config.write_text(json.dumps({"port": services.free_port(), "state_dir": str(tmp_path / "m")}))
+    mlflow_port, ray_port, dashboard_port = services.free_ports(3)
+    config.write_text(json.dumps({"port": mlflow_port, "state_dir": str(tmp_path / "m")}))
     cli = [sys.executable, "-m", "infra.stack"]
     where = ["--state", str(state), "--mlflow-config", str(config)]
     try:
-        out = subprocess.run([*cli, "start", *where, "--ray-port", str(services.free_port()),
-                              "--dashboard-port", str(services.free_port()), "--num-cpus", "1"],
+        out = subprocess.run([*cli, "start", *where, "--ray-port", str(ray_port),
+                              "--dashboard-port", str(dashboard_port), "--num-cpus", "1"],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
         assert out.returncode == 0, out.stdout + out.stderr
         token = state / services.TOKEN_FILE

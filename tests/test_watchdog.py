@@ -155,3 +155,28 @@ def test_the_session_stack_is_watched_and_a_users_is_not(local_stack):
     for svc in local_stack.services.values():
         assert svc.owner == os.getpid() and _cmdline(svc.watchdog)
     assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # SIGTERM stops the stack
+
+
+def test_free_ports_are_distinct_and_avoid_the_given_ones(monkeypatch):
+    """Ports probed one at a time can come back twice (a Ray head once got the same port for its
+    GCS and its metrics exporter, and refused to start): the probe sockets stay bound until all are
+    chosen, and a port the kernel repeats or the caller already uses is skipped."""
+    import socket
+
+    handed = iter([5001, 5001, 5002, 6379, 5003, 5004, 5005, 5005, 5006, 5007, 5008])
+
+    class FakeSocket:
+        def bind(self, address):
+            self.port = next(handed)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(socket, "socket", FakeSocket)
+    assert services.free_ports(3, avoid=(6379,)) == [5001, 5002, 5003]
+    assert services.ray_side_ports(head=False, avoid=(5004,)) == [
+        "--dashboard-agent-listen-port", "5005", "--dashboard-agent-grpc-port", "5006",
+        "--metrics-export-port", "5007", "--runtime-env-agent-port", "5008"]

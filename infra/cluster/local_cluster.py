@@ -109,7 +109,7 @@ def main() -> int:
     log("```")
     try:
         # 1. Spark standalone master and worker
-        port, ui, wui = services.free_port(), services.free_port(), services.free_port()
+        port, ui, wui = services.free_ports(3)
         groups["spark-master"] = spawn(
             [str(BIN / "spark-class"), "org.apache.spark.deploy.master.Master", "--host",
              "127.0.0.1", "--port", str(port), "--webui-port", str(ui)], work / "master.log", env_spark)
@@ -136,7 +136,7 @@ def main() -> int:
         # 2. Ray: head (1 CPU) + a second node (2 CPUs)
         auth = services.ray_token(work)  # one token for both nodes and every client
         os.environ.update(auth)
-        gcs, dash = services.free_port(), services.free_port()
+        gcs, dash = services.free_ports(2, avoid=(port, ui, wui))
         head = services.start_ray_head(Path(tempfile.gettempdir()) / f"nce-rc-{os.getpid()}", gcs,
                                        dash, num_cpus=1, auth=auth, owner=os.getpid())
         groups["ray-head"] = head.proc
