@@ -35,12 +35,12 @@ DATA, HYPER, TRAINING, CLUSTER = ("data and model", "model hyperparameters (a mo
                                   "real datasets, see README)", "cluster, tracking and output")
 
 
-def model_defaults(field: str) -> str:
+def model_defaults(field: str, models: dict | None = None) -> str:
     """Each model's default of one hyperparameter, for --help ("autorec 3, ohns-autorec 2, ..."),
     read from the models' classes (``hyperparameters``; ``learning_rate``, ``patience``: the
     gradient models' class attributes), so the help cannot drift from the code."""
     shown = []
-    for name, cls in MODELS.items():
+    for name, cls in (MODELS if models is None else models).items():
         value = (getattr(cls, field) if field in ("learning_rate", "patience")
                  and cls.kind == "gradient" else cls.defaults().get(field))
         if value is not None:
@@ -207,7 +207,7 @@ def hyper_fields(models: dict) -> list[tuple[str, str, dataclasses.Field]]:
             raise TypeError(f"hyperparameter {name!r} is declared with {len(kinds)} types and "
                             f"{len(helps)} helps across models; a shared flag needs one of each")
         choices = list(dict.fromkeys(c for hp in hps for c in hp.choices or ())) or None
-        shown = model_defaults(name)
+        shown = model_defaults(name, models)
         text = hps[0].help + (f" (default: {shown})" if shown else "")
         out.append((name, f"{hps[0].kind.__name__} | None",
                     option(None, group=HYPER, choices=choices, help=text)))
