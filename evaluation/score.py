@@ -2,6 +2,11 @@
 
     spark-submit evaluation/score.py --model runs:/RUN_ID/model --data DIR --output RECS --k 50
     spark-submit evaluation/score.py --model var/runs/NAME --data DIR --output RECS --users cold
+    spark-submit evaluation/score.py --model URI1 URI2 --data DIR --output RECS1 RECS2
+
+Several models, each with its own --output in the same order, are scored one after another in
+one Spark application (one start-up instead of one per model); each output is published on its
+own, so a failure part-way leaves the models already scored complete.
 
 Writes Parquet with one row per user: ``user_id`` (raw id, string), ``item_ids`` (raw ids, best
 first, list<string>) and ``scores`` (list<float>), published atomically: RECS appears complete
@@ -279,8 +284,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = strict_parser(prog="evaluation/score.py", formatter_class=argparse.RawDescriptionHelpFormatter,
                       description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1])
     add_options(p, ScoreConfig)
+    for action in p._actions:  # one scoring job's fields, given once per model
+        if action.dest in ("model", "output"):
+            action.nargs, action.metavar = "+", action.dest.upper()
+            action.help += " (several: one per model, in the same order)"
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     return p
+
+
+def jobs(args: argparse.Namespace) -> list[dict]:
+    """One ``score`` call's arguments per --model, paired with its --output."""
+    models, outputs = list(args.model), list(args.output)
+    if len(models) != len(outputs):
+        raise UsageError(f"--model names {len(models)} model{'s' * (len(models) > 1)} but "
+                         f"--output {len(outputs)} director{'ies' if len(outputs) > 1 else 'y'}: "
+                         "give one --output per --model, in the same order")
+    if len(set(outputs)) != len(outputs):
+        raise UsageError("--output names one directory twice: each model needs its own")
+    base = values(args, ScoreConfig)
+    return [{**base, "model": m, "output": o} for m, o in zip(models, outputs)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -291,14 +313,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.quiet, ("etl", "evaluation"))
     try:
+        todo = jobs(args)
         spark = get_spark("score")
-        with naming_damaged_files(args.data):  # a shard that fails to read: named in one line
-            m = score(spark, **values(args, ScoreConfig))
+        for job in todo:
+            with naming_damaged_files(args.data):  # a shard that fails to read: named in one line
+                m = score(spark, **job)
+            print(json.dumps({"output": job["output"], "scored_users": m["scored_users"],
+                              "seconds": m["seconds"]}), flush=True)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({"output": args.output, "scored_users": m["scored_users"],
-                      "seconds": m["seconds"]}))
     return 0
 
 

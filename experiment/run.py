@@ -57,8 +57,9 @@ from prepared.protocol import TOP_K
 from prepared.reader import Prepared, open_prepared
 from runtime.atomic import write_text
 from runtime.runs import RUN_RECORD, finished_summary
+from runtime.logs import no_bars_in_logs
 from runtime.cli import add_config_file, add_options, config_yaml, option, strict_parser, values
-from runtime.raycluster import check_fits, join_address, local_cpus, worker_cpus
+from runtime.raycluster import apply_ray_env, check_fits, join_address, local_cpus, worker_cpus
 from experiment import grids
 from training.config import VALID_BY, TrainConfig, check
 from training.train import ADDED_OPTIONS, add_connection_flags, check_job_paths
@@ -597,6 +598,7 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
           f"point(s), {total} trial(s) on {prep.dataset}; in {root}", flush=True)
     uri = tracking.tracking_uri(mlflow_uri)
     tracking.check_reachable(uri)
+    apply_ray_env()
     if not ray.is_initialized():
         address = join_address(ray_address)
         # a local Ray keeps a CPU beyond the trial's workers for Ray Data, as train.py's does
@@ -745,6 +747,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    no_bars_in_logs()
     try:
         args = build_parser().parse_args(argv)  # --config FILE's errors are UsageErrors
         check_job_paths(args)  # under ray job submit, defaults would land in a throw-away copy

@@ -4,7 +4,8 @@ points, on a local stack.
     1. start the stack (MLflow server + Ray head, loopback; reused if already up)
     2. spark-submit etl/prepare.py           -> var/data/ml-latest-small
     3. ray job submit -- python training/train.py, for NCE-AutoRec, AutoRec and PureSVD
-    4. spark-submit evaluation/score.py      -> var/recs/ml-latest-small/RUN   (top 50, test users)
+    4. spark-submit evaluation/score.py      -> var/recs/ml-latest-small/RUN   (top 50, test users;
+                                                 the three models in one application)
     5. spark-submit evaluation/evaluate.py   -> var/eval/ml-latest-small       (table, plots, MLflow)
 
 then prints the results table, the popularity plot's path and the MLflow UI link comparing the two
@@ -281,17 +282,19 @@ def run_steps(args, state: Path, lap, timings: dict, t0: float) -> int:
         lap(f"train {label}")
 
     step(4, "batch scoring on Spark: top 50 for every user, train+valid excluded")
-    recs = {}
+    recs, todo = {}, {}
     for label, s in summaries.items():
         out = var / "recs" / "ml-latest-small" / s["run_name"]
         recs[label] = out
         if not args.redo and recs_are_current(out, s["model_uri"]):
             print(f"   {label}: already scored ({out})")
         else:
-            run_spark("evaluation/score.py", "--model", s["model_uri"], "--mlflow-uri", mlflow_url,
-                      "--data", str(prepared), "--output", str(out), "--k", str(TOP_K),
-                      "--exclude", "train,valid", "--overwrite", "-q")
-        lap(f"score {label}")
+            todo[s["model_uri"]] = str(out)
+    if todo:  # one Spark application for every model: one start-up, not three
+        run_spark("evaluation/score.py", "--model", *todo, "--mlflow-uri", mlflow_url,
+                  "--data", str(prepared), "--output", *todo.values(), "--k", str(TOP_K),
+                  "--exclude", "train,valid", "--overwrite", "-q")
+    lap("score")
 
     step(5, "evaluation on Spark: metrics with 95% CIs, popularity, cold start -> MLflow")
     evaluation = var / "eval" / "ml-latest-small"

@@ -25,6 +25,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runtime.raycluster import ray_env
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's console scripts: mlflow, ray, spark-submit
 TOKEN_FILE = "ray_auth_token"
@@ -168,7 +170,12 @@ def start_mlflow(state: Path, port: int, timeout: float = 120.0,
            "--backend-store-uri", f"sqlite:///{state / 'mlflow.db'}",
            "--default-artifact-root", str(state / "artifacts"), "--workers", "1"]
     url = f"http://127.0.0.1:{port}"
-    proc, dog = _start(cmd, log, url + "/health", timeout, owner=owner)
+    # MLflow 3's server also starts a job runner (five huey consumers, ~250 MB each, polling) for
+    # its GenAI jobs, which tracking runs and the model registry never use; on a 2-core machine
+    # they took CPU from every test and demo beside them. A user may turn it back on.
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION":
+           os.environ.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")}
+    proc, dog = _start(cmd, log, url + "/health", timeout, env=env, owner=owner)
     return Service("mlflow", proc, url, url, log, watchdog=dog)
 
 
@@ -234,7 +241,8 @@ def start_ray_head(temp_dir: Path, port: int, dashboard_port: int, num_cpus: int
            "--include-dashboard", "true", "--disable-usage-stats"]
     # the job server runs `python ...` entry points: this venv's python first on PATH; the jobs'
     # drivers inherit the head's token settings
-    env = {**auth, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    # drivers inherit the head's token settings, and the project's Ray settings (ray_env)
+    env = {**auth, **ray_env(), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     url = f"http://127.0.0.1:{dashboard_port}"
     proc, dog = _start(cmd, log, url + "/api/version", timeout, env, owner)
     try:

@@ -306,3 +306,18 @@ def test_each_output_help_says_whether_it_is_the_target_or_its_parent(cli, says)
     import importlib
 
     assert says in _actions(importlib.import_module(cli).build_parser())["output"].help
+
+
+def test_score_pairs_each_model_with_its_output_and_refuses_a_mismatch():
+    from evaluation.score import build_parser, jobs
+    from prepared.errors import UsageError
+
+    parse = build_parser().parse_args
+    todo = jobs(parse(["--model", "m1", "m2", "--output", "o1", "o2", "--data", "d", "--k", "5"]))
+    assert [(j["model"], j["output"], j["k"], j["data"]) for j in todo] == \
+        [("m1", "o1", 5, "d"), ("m2", "o2", 5, "d")]
+    assert jobs(parse(["--model", "m", "--output", "o", "--data", "d"]))[0]["model"] == "m"
+    with pytest.raises(UsageError, match="names 2 models but --output 1 directory: give one"):
+        jobs(parse(["--model", "m1", "m2", "--output", "o1", "--data", "d"]))
+    with pytest.raises(UsageError, match="names one directory twice"):
+        jobs(parse(["--model", "m1", "m2", "--output", "o", "o", "--data", "d"]))

@@ -40,6 +40,9 @@ def test_main_job_runs_every_stage_and_prints_the_results(first_run, local_stack
     assert "$ spark-submit etl/prepare.py" in log and "$ ray job submit" in log
     assert "$ spark-submit evaluation/score.py" in log and "$ spark-submit evaluation/evaluate.py" in log
     assert "epoch   2" in log  # training progress streamed from the Ray job
+    assert log.count("$ spark-submit evaluation/score.py") == 1  # the three models in one app
+    assert log.count('"scored_users"') == 3
+    assert "Downloading artifacts" not in log  # MLflow's bars, one line per redraw in a pipe
     # each `ray job submit` (the README's command, the `ray` CLI itself) ran to the end
     assert log.count("succeeded") >= 3  # "Job 'raysubmit_...' succeeded", one per model
     table = log.split("Test metrics (ml-latest-small", 1)[1]
@@ -60,7 +63,7 @@ def test_main_job_writes_its_results_file_without_machine_paths(first_run):
     assert len(ndcg) == 3 and all(0 < r["mean"] < 1 and r["ci95"] > 0 for r in ndcg)
     assert results["training"]["PureSVD"]["epochs_run"] == 1  # a closed-form fit
     assert set(results["popularity"]) == {"NCE-AutoRec", "AutoRec", "PureSVD"}
-    assert {"stack", "etl", "train AutoRec", "score AutoRec", "evaluate", "total"} <= set(
+    assert {"stack", "etl", "train AutoRec", "score", "evaluate", "total"} <= set(
         results["seconds"])
     md = (var / "results" / "demo.md").read_text()
     assert "R-Precision" in md and "var/eval/ml-latest-small/popularity.png" in md

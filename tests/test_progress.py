@@ -167,3 +167,19 @@ def test_scoring_and_evaluation_log_progress_lines(spark, small_prepared, tmp_pa
     assert any(TASKS.search(ln) and users in ln for ln in scoring), lines
     assert any(ln.startswith("evaluation (per-user metrics): ") for ln in lines), lines
     assert not [t for t in threading.enumerate() if t.name.startswith("spark-progress")]
+
+
+def test_mlflow_bars_are_off_in_logs_and_a_users_setting_wins(monkeypatch):
+    import io
+    import os
+
+    from runtime.logs import no_bars_in_logs
+
+    var = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr("sys.stderr", io.StringIO())  # a pipe or a file: not a terminal
+    no_bars_in_logs()
+    assert os.environ[var] == "false"
+    monkeypatch.setenv(var, "true")
+    no_bars_in_logs()
+    assert os.environ[var] == "true"

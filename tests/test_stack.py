@@ -35,6 +35,36 @@ def test_second_start_reuses_the_running_stack(local_stack):
                                    for k, v in local_stack.services.items())
 
 
+def environ(pid: int) -> dict[str, str]:
+    raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return dict(e.decode().split("=", 1) for e in raw if b"=" in e)
+
+
+def group_commands(pgid: int) -> list[str]:
+    out = subprocess.run(["ps", "-o", "args=", "-g", str(pgid)], capture_output=True, text=True)
+    return out.stdout.splitlines()
+
+
+def test_the_stack_runs_without_what_it_does_not_use(local_stack):
+    """MLflow's GenAI job runner (five huey consumers a server) stays off, and the Ray head and
+    its jobs get the project's Ray settings (two Parquet footer readers, not 32 processes)."""
+    mlflow, ray = local_stack.services["mlflow"], local_stack.services["ray"]
+    assert environ(mlflow.pgid)["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
+    assert not [c for c in group_commands(mlflow.pgid) if "huey" in c]
+    assert len(group_commands(mlflow.pgid)) >= 2  # the server and its uvicorn: the group is seen
+    assert environ(ray.pgid)["RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"] == "2"
+
+
+def test_the_users_own_ray_settings_win(monkeypatch):
+    from runtime import raycluster
+
+    monkeypatch.delenv("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", raising=False)
+    assert raycluster.ray_env() == {"RAY_DATA_PARQUET_FOOTER_NUM_ACTORS": "2"}
+    monkeypatch.setenv("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "16")
+    raycluster.apply_ray_env()
+    assert os.environ["RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"] == "16"
+
+
 def test_a_taken_port_is_refused_with_the_port_and_the_fix(local_stack, tmp_path):
     port = int(local_stack.services["mlflow"].url.rsplit(":", 1)[1])
     config = tmp_path / "server.json"

@@ -39,8 +39,10 @@ from training import feed as F
 from runtime.atomic import write_bytes
 from runtime.runs import (CHECKPOINT_BEST, CHECKPOINT_STATE, MODEL_FILE, RUN_RECORD,
                           finished_record, finished_summary, summary_line)
+from runtime.logs import no_bars_in_logs
 from runtime.cli import add_config_file, add_options, config_yaml, strict_parser, values
-from runtime.raycluster import check_fits, join_address, local_cpus, watch_run, worker_cpus
+from runtime.raycluster import (apply_ray_env, check_fits, join_address, local_cpus, watch_run,
+                                worker_cpus)
 from training.config import TrainConfig, check
 from training.hooks import hook_specs
 from training.hooks import resolve as resolve_hooks
@@ -189,6 +191,7 @@ def start_ray(cfg: TrainConfig, address: str | None) -> float:
     import ray
 
     address = join_address(address)
+    apply_ray_env()
     if not ray.is_initialized():
         if address:
             ray.init(address=address, log_to_driver=True)
@@ -424,6 +427,7 @@ def log_results(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, summary
 
 
 def main(argv: list[str] | None = None) -> int:
+    no_bars_in_logs()
     try:
         args = build_parser().parse_args(argv)  # --config FILE's errors are UsageErrors
         check_job_paths(args)
