@@ -4,7 +4,7 @@ NDCG and the time to reach it, against the current defaults, on real data.
     .venv/bin/python benchmarks/batch_defaults.py [--datasets ml-100k,ml-latest-small]
                                                   [--models autorec,nce-autorec]
 
-With the exact fast losses (models/losses.py) a step costs O(n d^2) whatever the batch, and every
+With the exact fast losses (models/autorec/losses.py) a step costs O(n d^2) whatever the batch, and every
 step also pays Adam over the n x d matrices, so the time of an epoch falls with the batch size;
 what may fall with it is the quality (fewer, larger steps). Each dataset is prepared by the real
 ETL (benchmarks/baselines.py); each (model, batch, lr) trains in this process with the trainer's

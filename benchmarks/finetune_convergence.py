@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/finetune_convergence.py --data var/data/ml-100k var/data/ml-latest-small
 
 Limited fine-tune's phase 2 trains the predict head alone on the frozen encoder: a ridge regression
-per item, whose exact minimiser ``training.closed_form.ridge_head`` computes. Each run trains
+per item, whose exact minimiser ``models.autorec.ridge.reference_head`` computes. Each run trains
 NCE-AutoRec (and NS-AutoRec) in limited fine-tune mode with the project's own pieces in one
 process (``benchmarks/tune_defaults.train_one``: the feed, the steps, the phases and early stopping
 of ``training.loop``), for several phase-2 learning rates (``--finetune-lr``), then puts the ridge
@@ -29,7 +29,8 @@ import torch  # noqa: E402
 
 from benchmarks.report import publish, stamp  # noqa: E402
 from benchmarks.tune_defaults import load, train_one  # noqa: E402
-from training.closed_form import ridge_head, validate  # noqa: E402
+from models.autorec.ridge import reference_head as ridge_head  # noqa: E402
+from training.closed_form import validate  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 
 LRS = [3e-4, 1e-3, 3e-3, 1e-2]
@@ -98,7 +99,7 @@ def write(out: Path, meta: dict, results: list[dict], epochs: int) -> None:
              f"Limited fine-tune, phase 2 capped at {epochs} epochs, "
              "early stopping on validation NDCG (the model's patience). Ridge head: the exact "
              "minimiser of phase 2's loss on the same frozen encoder "
-             "(`training.closed_form.ridge_head`), scored on the same validation users. Seconds: "
+             "(`models.autorec.ridge.reference_head`), scored on the same validation users. Seconds: "
              "the run's wall time, phase 1 included, with other jobs sharing the cores: not a "
              "speed figure.", "",
              "| dataset | model | lambda | phase-2 start | phase-2 lr | phase 1 epochs | phase 2 epochs "

@@ -5,7 +5,7 @@
 
 A training step of the AutoRec family forms, through the dense reference, one (B, n_items) score
 matrix per trained head and its gradient: O(B n d). The default since the fast losses
-(models/losses.py) computes the same loss and gradients from the code and the head's parameters:
+(models/autorec/losses.py) computes the same loss and gradients from the code and the head's parameters:
 O(n d^2 + nnz d) for the MSE and NCE heads, O((nnz + negatives) d) for the NS head. This measures
 the bare step (``training.step.train_batch``: forward, backward, Adam) both ways on batches held
 in memory, so what it reports is the floor a training run can approach, without Ray Data or DDP

@@ -135,7 +135,7 @@ def reference_users_per_second(data: Path, model: str, batch: int, loss_path: st
     table = table.filter(pc.invert(table[S.COLD]))  # the warm users, as training reads them
     n = max(1, min(steps + 2, len(table) // batch))
     batches = [make(table.slice(i * batch, batch), 0) for i in range(n)]
-    net = build_model(cfg, prep.n_items, prep.n_users, prep.user_overlap(False))
+    net = build_model(cfg, prep.n_items, prep.n_users, REGISTRY[model].data_statistics(prep, False))
     phase = net.phases()[0]
     opts = make_optimizers(net, phase, 1e-3)
     for b in batches[:2]:
@@ -168,7 +168,12 @@ def measure(data: Path, shape: str, model: str, run: tuple[int, int, str], work:
         s["mlflow_run_id"], name)}
     per_epoch, epoch_s = history("users_per_second"), history("epoch_seconds")
     last = max(per_epoch)
-    net = build_model(cfg, SHAPES[shape]["items"], None, overlap=1.0)  # its shape alone is used
+    # its shape alone is used: any data statistics (a unit of lambda of 1) will do
+    from types import SimpleNamespace
+
+    from models.registry import MODELS
+    data = MODELS[model].data_statistics(SimpleNamespace(user_overlap=lambda final: 1.0), False)
+    net = build_model(cfg, SHAPES[shape]["items"], None, data)
     return {"shape": shape, "model": model, "workers": workers, "threads_per_worker":
             max(1, cpus // workers), "batch": batch, "per_worker_batch": batch // workers,
             "loss_path": loss_path, "users_per_second": per_epoch[last],

@@ -22,6 +22,7 @@ import platform
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,13 +37,13 @@ import torch  # noqa: E402
 from prepared import schema as S  # noqa: E402
 from training import feed as F  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
-from training.loop import new_progress, next_state  # noqa: E402
+from training.loop import Ranks, build_model, new_progress, next_state  # noqa: E402
 from models.registry import MODELS  # noqa: E402
 from prepared.reader import open_prepared  # noqa: E402
 from training.step import make_optimizers, train_batch  # noqa: E402
 from training.closed_form import validate  # noqa: E402
 
-# lambda in overlap units (models/autorec.py): lambda * omega multiplies mean(W^2). The plain
+# lambda in overlap units (models/autorec/): lambda * omega multiplies mean(W^2). The plain
 # form's best values, 10-30 on ml-100k and ml-latest-small and about 0.3 on citeulike-a, are
 # 3-10 and about 7 here. lr None: each model's own.
 GRID = {"width": [200], "lr": [None], "lam": [1.0, 3.0, 10.0, 30.0]}
@@ -55,8 +56,8 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
     model as it is at the end (``valid`` None: the final retraining, for ``cfg.epochs``)."""
     torch.manual_seed(cfg.seed)
     make = F.BatchMaker(F.plan(MODELS[cfg.model], prep, cfg))
-    model = MODELS[cfg.model].from_config(prep.n_items, cfg.hyperparameters(), prep.n_users,
-                                          prep.user_overlap(cfg.final_retraining))
+    model = build_model(cfg, prep.n_items, prep.n_users,
+                        MODELS[cfg.model].data_statistics(prep, cfg.final_retraining))
     all_phases = model.phases()
     opts = make_optimizers(model, all_phases[0], cfg.learning_rate)
     p = new_progress()
@@ -81,22 +82,18 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
                  if phase < len(all_phases) - 1 else None)
         _, switched = next_state(p, cfg, len(all_phases), embed, ndcg)
         if switched:
-            if cfg.phase2_start == "ridge" and hasattr(model, "set_ridge_head"):
-                ridge_start(model, rows, make, cfg.batch_size, p["epoch"])
+            model.between_phases(phase, partial(batches, make, rows, cfg.batch_size, p["epoch"]),
+                                 Ranks)
             opts = make_optimizers(model, all_phases[p["phase"]], cfg.phase_lr(p["phase"]))
     return {"best_ndcg": p["best_ndcg"], "best_epoch": p["best_epoch"], "epochs": p["epoch"],
             "phase_epochs": p["phase_epochs"],
             "seconds": time.perf_counter() - t0, "curve": curve, "net": model.eval()}
 
 
-def ridge_start(model, rows: pa.Table, make, batch_size: int, epoch: int) -> None:
-    """``training.loop.ridge_start`` in one process: the sums over every row, then the solve."""
-    gram = rtx = None
+def batches(make, rows: pa.Table, batch_size: int, epoch: int):
+    """Every row in order, a batch at a time (one process: ``training.loop``'s shard)."""
     for lo in range(0, rows.num_rows, batch_size):
-        batch = make(rows.slice(lo, batch_size), epoch)
-        g, r = model.ridge_statistics(batch.train_items, batch.train_offsets)
-        gram, rtx = (g, r) if gram is None else (gram + g, rtx + r)
-    model.set_ridge_head(gram, rtx, rows.num_rows)
+        yield make(rows.slice(lo, batch_size), epoch)
 
 
 def load(data: str):
@@ -241,7 +238,7 @@ def write(out: Path, results: list[dict], meta: dict, datasets: dict) -> None:
              "Commands: " + "; ".join(f"`{c}`" for c in meta.get("commands", [meta["command"]])) + "  ",
              f"Machine: {meta['machine']}; {meta['date']}.  ",
              f"Fixed: {meta['fixed']}. Score: best validation NDCG with early stopping. "
-             "lambda is given in overlap units (models/autorec.py, the default), whatever the "
+             "lambda is given in overlap units (models/autorec/model.py, the default), whatever the "
              "units it ran in: lambda * omega multiplies mean(W^2). Runs in popularity units "
              "(lambda * kappa, kappa = sum c^2 / (U sum c): the first unit this grid tried) "
              "convert exactly.\n",

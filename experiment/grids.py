@@ -15,7 +15,7 @@ before anything runs. A model a named grid does not list is searched over nothin
 The grids are not written here: each model declares, beside each hyperparameter, the values a
 named grid searches (``models.hparams.HP.search``), and the run-level flags its grids search
 (``run_axes``); ``NAMED`` collects them. Where the paper's settings do not map one to one
-(protocol.md), the model's module says why (lambda's units in models/autorec.py, rho as dropout,
+(protocol.md), the model's module says why (lambda's units in models/autorec/model.py, rho as dropout,
 WRMF's alpha).
 """
 

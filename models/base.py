@@ -8,7 +8,11 @@ loads weights-only) and whose constructor arguments are ``model_args()`` (plain 
     gradient      ``phases()`` lists the optimisation steps of each training phase; ``forward(batch,
                   step)`` returns that step's named loss terms (what DDP wraps: the trainer sums
                   them, backpropagates, and logs each term); ``step_parameters(step)`` what the
-                  step's optimizer trains. Most models have one phase of one step.
+                  step's optimizer trains. Most models have one phase of one step. What else is
+                  the model's own in training goes through hooks the loop calls without knowing
+                  the model: ``data_statistics`` (facts of the training data its constructor
+                  takes), ``configure_training`` (its training flags) and ``between_phases`` (work
+                  when a phase ends, e.g. the AutoRec family's ridge start of fine-tune phase 2).
     closed-form   ``fit(train, rstar)`` sets the parameters from the whole training matrix (scipy
                   CSR, users x items) at once, in place of forward.
 
@@ -64,20 +68,19 @@ class Recommender(nn.Module):
     #: whether ``recommend`` may score a batch's users in cache-sized blocks (False where scoring
     #: has a per-call cost of its own, e.g. a fold-in's optimiser steps, that blocks would repeat)
     score_in_blocks: ClassVar[bool] = True
+    #: training flags (TrainConfig fields) that ``configure_training`` reads; the config rejects
+    #: them for a model that does not
+    training_options: ClassVar[frozenset[str]] = frozenset()
 
     n_items: int
 
     @classmethod
     def from_config(cls, n_items: int, hp: dict[str, Any], n_users: int | None = None,
-                    overlap: float | None = None) -> Recommender:
+                    data: dict[str, Any] | None = None) -> Recommender:
         """A new model for ``n_items`` items (and ``n_users`` user indices, for a ``per_user``
         model) from hyperparameters (missing ones take defaults; the constructor has none of its
-        own, so ``hyperparameters`` is the only copy). ``overlap`` is the training data's
-        ``prepared.protocol.user_overlap``, the unit of lambda of a model with ``lam_units``
-        (the AutoRec family)."""
-        args = {k: hp.get(k, v) for k, v in cls.defaults().items()}
-        if "lam_units" in args:
-            args["overlap"] = overlap
+        own, so ``hyperparameters`` is the only copy) and ``data``, its ``data_statistics``."""
+        args = {**{k: hp.get(k, v) for k, v in cls.defaults().items()}, **(data or {})}
         if cls.per_user:
             if not n_users:
                 raise ValueError(f"{cls.name} has a vector per user: pass n_users")
@@ -88,6 +91,20 @@ class Recommender(nn.Module):
     def defaults(cls) -> dict[str, Any]:
         """Each hyperparameter's default."""
         return {name: hp.default for name, hp in cls.hyperparameters.items()}
+
+    @classmethod
+    def data_statistics(cls, prep, final_retraining: bool) -> dict[str, Any]:
+        """Facts of the training data (``prepared.reader.Prepared``; with the validation items
+        when ``final_retraining``) that the constructor takes beside the hyperparameters, e.g. a
+        unit of lambda: read once by the driver, handed to ``from_config`` on every worker.
+        Default: none."""
+        return {}
+
+    @classmethod
+    def saved_args(cls, model_args: dict[str, Any]) -> dict[str, Any]:
+        """``model_args`` as saved by an older version, brought to what the constructor takes
+        now (``models.registry.build``). Default: as saved."""
+        return model_args
 
     @classmethod
     def fit_memory(cls, n_items: int) -> int:
@@ -116,6 +133,18 @@ class Recommender(nn.Module):
         every = set(map(id, self.parameters()))
         return all(set(map(id, self.step_parameters(s))) == every
                    for steps in self.phases() for s in steps)
+
+    def configure_training(self, options: Any) -> None:
+        """Apply the training flags in ``training_options`` (``options``: the run's
+        TrainConfig). Default: none."""
+
+    def between_phases(self, phase: int, batches: Any, ranks: Any) -> str | None:
+        """Called on every rank when ``phase`` (not the last) ends, before the next one's
+        optimizers exist. ``batches()`` iterates this rank's training batches (``Batch``, on the
+        model's device); ``ranks`` sums (``sum_``) and shares rank 0's value of (``broadcast_``)
+        a tensor in place over the ranks. Returns a line for the log when it did something.
+        Default: nothing."""
+        return None
 
     def monitor(self, phase: int, terms: dict[str, float]) -> float:
         """The loss whose convergence ends a phase that is not the last (its sum of terms)."""

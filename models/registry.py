@@ -28,7 +28,7 @@ from models.vae import VAECF
 from models.wrmf import WRMF
 
 MODELS: dict[str, type[Recommender]] = {c.name: c for c in (
-    AutoRec, OHNSAutoRec, NSAutoRec, NCEAutoRec,   # the paper's family (models/autorec.py)
+    AutoRec, OHNSAutoRec, NSAutoRec, NCEAutoRec,   # the paper's family (models/autorec/)
     PureSVD, NCEPLRec, EASE,                       # closed-form baselines
     WRMF,                                          # closed-form steps on Spark (ALS)
     BPR, CML, CDAE, VAECF,                         # gradient-trained baselines
@@ -46,10 +46,7 @@ def build(name: str, model_args: dict) -> Recommender:
     """The model ``name`` from its ``model_args()`` (weights still to load); arguments left out
     take the model's defaults (its class's ``hyperparameters``, the one place they live)."""
     cls = model_class(name, "model")
-    args = {**cls.defaults(), **model_args}
-    if "lam_units" in cls.hyperparameters and "lam_units" not in model_args:
-        args["lam_units"] = "plain"  # saved before lambda had units (2026-11-25): as it trained
-    return cls(**args)
+    return cls(**{**cls.defaults(), **cls.saved_args(model_args)})
 
 
 def payload(name: str, model_args: dict, state_dict: dict, **extra) -> dict:

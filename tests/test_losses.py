@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from models.autorec import AutoRec
-from models.losses import densify, l2_penalty, mse_loss, ns_loss
+from models.autorec.losses import mse_loss, ns_loss
+from models.losses import densify, l2_penalty
 from models.registry import build
 
 ls = lambda x: math.log(1 / (1 + math.exp(-x)))  # log sigmoid
@@ -107,7 +108,7 @@ def grads(loss, tensors):
 
 @pytest.mark.parametrize("with_values", [False, True], ids=["against-r", "against-rstar"])
 def test_linear_mse_equals_the_dense_mse_with_its_gradients(with_values):
-    from models.losses import linear_mse
+    from models.autorec.losses import linear_mse
 
     h, w, bias, idx, offsets = random_head()
     # float32-exact values: the dense reference's target (densify) is float32
@@ -120,7 +121,7 @@ def test_linear_mse_equals_the_dense_mse_with_its_gradients(with_values):
 
 
 def test_linear_ns_equals_the_dense_ns_with_its_gradients():
-    from models.losses import linear_ns
+    from models.autorec.losses import linear_ns
 
     h, w, bias, idx, offsets = random_head()
     neg = torch.tensor([1, 4, 4, 0, 9, 2, 10])  # user 1 (empty row) has negatives; user 4 none
@@ -172,7 +173,7 @@ def test_autorec_family_trains_the_same_through_the_fast_losses(name, mode):
 def test_autorec_picks_the_cheaper_loss_per_batch(monkeypatch):
     """Dense for a batch below 2/3 of the width, the fast losses from there on; the NS head dense
     unless asked (its gathered loss measured slower on a CPU)."""
-    from models import autorec
+    from models.autorec import model as autorec
     from models.batch import Batch
 
     calls = []
@@ -204,7 +205,7 @@ def test_l2_gradient_is_two_lambda_w_over_its_size():
 def test_linear_mse_gradient_when_only_some_inputs_train(needs):
     """A frozen encoder (h without grad) or a frozen head: the hand-written backward returns
     each requested gradient alone, equal to the dense reference's."""
-    from models.losses import linear_mse
+    from models.autorec.losses import linear_mse
 
     h, w, bias, idx, offsets = random_head(seed=3)
     tensors = {"h": h, "w": w, "bias": bias}
@@ -219,7 +220,7 @@ def test_linear_mse_gradient_when_only_some_inputs_train(needs):
 
 def test_linear_mse_stays_float32_under_bf16_autocast():
     """The expansion subtracts terms of similar size: under autocast it must not run in bf16."""
-    from models.losses import linear_mse
+    from models.autorec.losses import linear_mse
 
     h, w, bias, idx, offsets = (x.detach().float() if x.is_floating_point() else x
                                 for x in random_head(b=5, n=11, d=3, seed=4))

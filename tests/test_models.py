@@ -7,6 +7,7 @@ A model's test class subclasses ``ModelBehaviour`` and says how to build it; eve
 from __future__ import annotations
 
 import io
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -74,10 +75,12 @@ class ModelBehaviour:
         torch.manual_seed(0)
         table, train, withheld = checkerboard()
         batch = batch_from_arrow(table)
-        # the unit of the AutoRec family's lambda, from the training rows as the trainer does
+        # what the model reads from the training rows (the AutoRec family: the unit of its
+        # lambda), through its hook as the trainer does
         pop = np.bincount(np.concatenate(train), minlength=N)
-        model = MODELS[self.name].from_config(N, self.hp, n_users=N,
-                                              overlap=protocol.user_overlap(pop, N))
+        prep = SimpleNamespace(user_overlap=lambda final_retraining: protocol.user_overlap(pop, N))
+        model = MODELS[self.name].from_config(
+            N, self.hp, n_users=N, data=MODELS[self.name].data_statistics(prep, False))
         if model.engine == "spark":  # the training pairs as a Spark DataFrame
             spark = request.getfixturevalue("spark")
             pairs = spark.createDataFrame([(u, i) for u in range(N) for i in train[u]],

@@ -121,13 +121,13 @@ def test_r_star_falls_with_popularity_and_beta_sets_how_fast():
 @pytest.mark.parametrize("units,overlap", [("plain", None), ("overlap", 0.25)])
 def test_the_ridge_start_is_the_minimiser_of_phase_two_and_equals_the_reference(units, overlap):
     """Fine-tune phase 2's start (``--finetune-init ridge``): the sums over batches solved by the
-    model equal the reference solve over all rows at once (training.closed_form.ridge_head, at
+    model equal the reference solve over all rows at once (models.autorec.ridge.reference_head, at
     lambda in plain units: lam * omega), and at that head the gradient of phase 2's own loss
     (the model's forward, every user in one batch) vanishes: it is the minimiser, not just a
     formula, in either of lambda's units."""
     import pyarrow as pa
 
-    from training.closed_form import ridge_head
+    from models.autorec.ridge import reference_head as ridge_head
 
     g = torch.Generator().manual_seed(3)
     n_items, users = 12, 40
@@ -166,6 +166,60 @@ def test_the_ridge_start_is_the_minimiser_of_phase_two_and_equals_the_reference(
         head.weight.add_(0.01)
     assert sum(model(batch, phase2).values()).item() > sum(terms.values()).item()
 
+
+
+@pytest.mark.parametrize("init", ["ridge", "as-is"])
+def test_the_loop_hook_sets_the_ridge_start_only_when_asked(init):
+    """``between_phases`` as the loop calls it when phase 1 ends (batches of this rank, the
+    ranks' collectives): with --finetune-init ridge the predict head becomes the reference
+    minimiser and the hook says so; with as-is it does nothing and the head stays as trained.
+    A model without such work (BPR) keeps the default hook."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    from models.autorec.ridge import reference_head
+    from training.loop import Ranks
+
+    g = torch.Generator().manual_seed(5)
+    n_items, users = 10, 30
+    rows = [sorted(torch.randperm(n_items, generator=g)[:int(k)].tolist())
+            for k in torch.randint(1, 6, (users,), generator=g)]
+    table = pa.table({"train_items": pa.array(rows, pa.list_(pa.int32()))})
+    torch.manual_seed(0)
+    model = build("nce-autorec", {"n_items": n_items, "width": 4, "lam": 3.0,
+                                  "mode": "limited-finetune"})
+    model.configure_training(SimpleNamespace(loss_path="auto", phase2_start=init))
+    before = model.heads["predict"].weight.detach().clone()
+
+    def batches():  # two batches of 12 and 18 users, as a rank's shard arrives
+        for part in (rows[:12], rows[12:]):
+            idx = torch.tensor([i for r in part for i in r])
+            offsets = torch.tensor([0, *np.cumsum([len(r) for r in part])[:-1]])
+            yield _Rows(idx, offsets, len(part))
+
+    said = model.between_phases(0, batches, Ranks)
+    head = model.heads["predict"]
+    if init == "as-is":
+        assert said is None and torch.equal(head.weight, before)
+    else:
+        weight, bias = reference_head(model, table, n_items, 3.0)
+        assert said.startswith("phase 2 starts from the exact predict head") and "30 users" in said
+        torch.testing.assert_close(head.weight.detach(), weight, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(head.bias.detach(), bias, rtol=1e-4, atol=1e-5)
+        assert not torch.equal(head.weight, before)
+    bpr = build("bpr", {"n_items": n_items, "n_users": users})
+    assert bpr.between_phases(0, lambda: iter(()), Ranks) is None
+
+
+class _Rows:
+    """A batch as ``between_phases`` reads it: the rows' items and its length."""
+
+    def __init__(self, items, offsets, n):
+        self.train_items, self.train_offsets, self.n = items, offsets, n
+
+    def __len__(self):
+        return self.n
 
 def test_the_embedding_heads_weight_and_its_own_l2():
     """--embed-weight scales the NCE term alone; --embed-lam replaces lam for the NCE head's

@@ -314,7 +314,7 @@ def test_limited_finetune_phase_two_reaches_the_exact_head_on_its_frozen_encoder
     """Phase 2 starts from the exact minimiser of its loss (--finetune-init ridge, summed over
     both ranks) and trains with its own early stopping: its validation NDCG is at least 98% of
     the ridge head's on the same frozen encoder (computed here in one process, in float64)."""
-    from training.closed_form import ridge_head
+    from models.autorec.ridge import reference_head as ridge_head
 
     cfg = config(small_prepared, runs_dir, run_name="nce-limited", model="nce-autorec",
                  mode="limited-finetune", lam=30.0, pretrain_epochs=8, epochs=30, patience=3)

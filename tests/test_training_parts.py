@@ -359,7 +359,7 @@ def test_loss_path_sets_how_the_autorec_family_computes_its_loss(path, dense):
     from training.loop import build_model
 
     model = build_model(cfg(model="nce-autorec", loss_path=path), n_items=50, n_users=None,
-                        overlap=0.1)
+                        data={"overlap": 0.1})
     assert model.dense_loss is dense
     assert model.dense_for("nce", 4096) is (dense if dense is not None else False)
 

@@ -173,33 +173,3 @@ def fit_on_spark(cfg: TrainConfig, prep) -> tuple[dict, list[dict], dict, dict]:
     rows = read_rows(prep, [S.USER_INDEX, S.TRAIN_ITEMS, S.VALID_ITEMS])
     out = finish(cfg, model, rows, info, fit_s, 0.0, rows.num_rows, t0, head_items(prep.pop_train))
     return summarise(out, t0)
-
-
-@torch.no_grad()
-def ridge_head(model, rows, n_items: int, lam: float, batch: int = 4096) -> tuple[torch.Tensor,
-                                                                                torch.Tensor]:
-    """(weight (n_items, d), bias (n_items,)): the exact minimiser of limited fine-tune's phase 2
-    on ``rows``' training items, the predict head on the frozen encoder's codes H:
-
-        sum over users and items of (r_ui - w_i . h_u - b_i)^2 + (N lam / d) ||W||_F^2
-
-    which is the phase's loss (MSE over B x n entries per batch, plus lam * mean(W^2)) summed over
-    an epoch of N users and scaled by N n. Per item a ridge regression on [H, 1] with the bias
-    unpenalised: (X'X + a D) theta_i = X' r_i for all items at once. The reference a trained
-    phase 2 is measured against (benchmarks/finetune_convergence.py, tests). ``lam`` is in plain
-    units: a model's ``lam * lam_scale``."""
-    items, off = flat(rows.column(S.TRAIN_ITEMS))
-    t_items, t_off = torch.from_numpy(items.astype(np.int64)), torch.from_numpy(off)
-    n_users = rows.num_rows
-    codes = torch.cat([model.encode(t_items[t_off[lo]:(t_off[hi] if hi < n_users else None)],
-                                    t_off[lo:hi] - t_off[lo]).double()
-                       for lo in range(0, n_users, batch) for hi in [min(lo + batch, n_users)]])
-    d = codes.shape[1]
-    x = torch.cat([codes, torch.ones(n_users, 1, dtype=torch.float64)], 1)  # (N, d + 1)
-    penalty = torch.full((d + 1,), n_users * lam / d, dtype=torch.float64)
-    penalty[d] = 0.0
-    gram = x.T @ x + torch.diag(penalty)
-    r = to_csr(t_items, t_off, n_items).astype(np.float64)
-    xtr = torch.from_numpy(np.asarray((r.T @ x.numpy()).T))  # (d + 1, n_items) = X' R
-    theta = torch.linalg.solve(gram, xtr)
-    return theta[:d].T.float().contiguous(), theta[d].float().contiguous()

@@ -239,9 +239,10 @@ def check(cfg: TrainConfig) -> None:
         problem = hp.problem(value)
         if problem:
             bad(flag, value, problem)
-    if cfg.loss_path != "auto" and not hasattr(cls, "dense_loss"):
-        bad("loss-path", cfg.loss_path, f"{cfg.model} has one way to compute its loss; only the "
-            "AutoRec family has a fast and a dense one. Drop the flag")
+    if cfg.loss_path != "auto" and "loss_path" not in cls.training_options:
+        others = [m for m, c in MODELS.items() if "loss_path" in c.training_options]
+        bad("loss-path", cfg.loss_path, f"{cfg.model} has one way to compute its loss; only "
+            f"{', '.join(others)} have a fast and a dense one. Drop the flag")
     if cfg.valid_by != "fold-in" and not cls.per_user:
         bad("valid-by", cfg.valid_by, f"{cfg.model} has no trained user vectors (only "
             + ", ".join(m for m, c in MODELS.items() if c.per_user) + " have); drop the flag")

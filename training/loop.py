@@ -17,6 +17,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -113,42 +114,28 @@ def next_state(p: dict, cfg: TrainConfig, n_phases: int, phase_loss: float | Non
     return improved, switched
 
 
-def ridge_start(model, shard, make: BatchMaker, per_worker: int, epoch: int,
-                device: torch.device) -> float:
-    """Set ``model``'s predict head to the exact minimiser of fine-tune phase 2's loss on its
-    current encoder (``AutoRec.set_ridge_head``): one pass over this rank's shard for the sums,
-    summed over the ranks, solved, and rank 0's solution broadcast so every rank holds the same
-    parameters (DDP's invariant). Returns the number of users over all ranks."""
-    d, n = model.width + 1, model.n_items
-    gram = torch.zeros(d, d, dtype=torch.float64, device=device)
-    rtx = torch.zeros(n, d, dtype=torch.float64, device=device)
-    users = 0
-    for rows in shard.iter_batches(batch_size=per_worker, batch_format="pyarrow",
-                                   prefetch_batches=2):
-        batch = make(rows, epoch).to(device)
-        g, r = model.ridge_statistics(batch.train_items, batch.train_offsets)
-        gram += g
-        rtx += r
-        users += len(batch)
-    distributed = dist.is_available() and dist.is_initialized()
-    if distributed:
-        dist.all_reduce(gram)
-        dist.all_reduce(rtx)
-    n_users = all_sum([users], device)[0]
-    model.set_ridge_head(gram, rtx, n_users)
-    if distributed:
-        for p in model.heads["predict"].parameters():
-            dist.broadcast(p.data, 0)
-    return n_users
+class Ranks:
+    """In-place collectives over the training ranks for a model's ``between_phases`` hook
+    (no-ops in one process)."""
+
+    @staticmethod
+    def sum_(t: torch.Tensor) -> torch.Tensor:
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(t)
+        return t
+
+    @staticmethod
+    def broadcast_(t: torch.Tensor) -> torch.Tensor:
+        """Rank 0's value on every rank."""
+        if dist.is_available() and dist.is_initialized():
+            dist.broadcast(t, 0)
+        return t
 
 
-def build_model(cfg: TrainConfig, n_items: int, n_users: int | None,
-                overlap: float | None = None):
-    """The model to train, with ``--loss-path`` applied (the AutoRec family's ``dense_loss``);
-    ``overlap``: the training data's user overlap, the unit of its lambda."""
-    model = MODELS[cfg.model].from_config(n_items, cfg.hyperparameters(), n_users, overlap)
-    if cfg.loss_path != "auto":
-        model.dense_loss = cfg.loss_path == "dense"
+def build_model(cfg: TrainConfig, n_items: int, n_users: int | None, data: dict | None = None):
+    """The model to train, with its training flags applied; ``data``: its ``data_statistics``."""
+    model = MODELS[cfg.model].from_config(n_items, cfg.hyperparameters(), n_users, data)
+    model.configure_training(cfg)
     return model
 
 
@@ -161,7 +148,7 @@ class WorkerPlan:
     feed: FeedPlan
     n_items: int
     n_users: int
-    overlap: float | None  # the training rows' user overlap: the unit of the AutoRec family's lambda
+    data: dict  # the model's data_statistics of the rows it trains on (e.g. a unit of lambda)
     head_items: np.ndarray  # the 10% most popular items, whose share of the lists validation reports
     threads: int = 1  # torch threads per worker
     mlflow: dict | None = None  # rank 0's per-epoch logger (runtime.tracking.EpochLogger's kwargs)
@@ -181,7 +168,7 @@ def train_loop(config: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(max(1, plan.threads))
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = build_model(cfg, n_items, plan.n_users, plan.overlap)
+    model = build_model(cfg, n_items, plan.n_users, plan.data)
     all_phases = model.phases()
     progress, best_state, opt_states = new_progress(), None, None
     checkpoint = ray.train.get_checkpoint()
@@ -222,6 +209,12 @@ def train_loop(config: dict) -> None:
     valid_rows = ray.train.get_dataset_shard("valid") if not cfg.final_retraining else None
     times: list[float] = []
     epoch_hooks = hooks.resolve(list(plan.epoch_hooks))  # tests' (training.hooks)
+
+    def shard_batches(epoch: int):
+        """One pass over this rank's training rows in order, for ``between_phases``."""
+        for rows in train_shard.iter_batches(batch_size=per_worker, batch_format="pyarrow",
+                                             prefetch_batches=2):
+            yield make(rows, epoch).to(device)
 
     while not progress["done"]:
         epoch, phase = progress["epoch"], progress["phase"]
@@ -281,12 +274,10 @@ def train_loop(config: dict) -> None:
         if improved and rank == 0:
             best_state = {k: v.detach().cpu().clone() for k, v in unwrap(net).state_dict().items()}
         if switched:
-            if cfg.phase2_start == "ridge" and hasattr(unwrap(net), "set_ridge_head"):
-                t_ridge = time.perf_counter()
-                users_seen = ridge_start(unwrap(net), train_shard, make, per_worker, epoch, device)
-                if rank == 0:
-                    say(f"phase 2 starts from the exact predict head on phase 1's encoder "
-                        f"({users_seen:,.0f} users, {time.perf_counter() - t_ridge:.1f}s)")
+            t_hook = time.perf_counter()
+            done = unwrap(net).between_phases(phase, partial(shard_batches, epoch), Ranks)
+            if done and rank == 0:
+                say(f"{done}, {time.perf_counter() - t_hook:.1f}s)")
             optimizers = optimizers_for(progress["phase"])
 
         metrics = {**record, "best_epoch": progress["best_epoch"],

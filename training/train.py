@@ -225,8 +225,7 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
     epoch_hooks = hook_specs()
     resolve_hooks(epoch_hooks)  # a bad NCE_TEST_HOOK is one line here, not a worker's traceback
     worker_plan = WorkerPlan(cfg=cfg, feed=plan, n_items=prep.n_items, n_users=prep.n_users,
-                             # the unit of the AutoRec family's lambda, from the rows trained on
-                             overlap=prep.user_overlap(cfg.final_retraining),
+                             data=MODELS[cfg.model].data_statistics(prep, cfg.final_retraining),
                              head_items=head_items(prep.pop_train), threads=max(1, int(cpw)),
                              mlflow=mlflow_cfg, run_dir=run_dir, epoch_hooks=tuple(epoch_hooks))
     trainer = TorchTrainer(
@@ -275,9 +274,10 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
                                      "train_splits": cfg.train_splits, **(tags or {})})
     tracking.log_params(uri, run_id, {**cfg.to_dict(), **cfg.resolved(), "n_items": prep.n_items,
                                       "dataset": prep.dataset,
-                                      # lambda's unit (--lam-units overlap): lam * omega is
-                                      # what multiplies mean(W^2)
-                                      "omega": prep.user_overlap(cfg.final_retraining),
+                                      # what the model reads from the data (e.g. the AutoRec
+                                      # family's unit of lambda, "overlap")
+                                      **MODELS[cfg.model].data_statistics(
+                                          prep, cfg.final_retraining),
                                       "etl_beta": prep.beta(), "etl_negatives": prep.negatives(),
                                       "users": prep.manifest["counts"]["users"]})
     run_record = {"config": cfg.to_dict(), "mlflow_uri": uri, "mlflow_run_id": run_id}

@@ -18,13 +18,14 @@ Modes of the two-headed models (protocol.md, "Modes"), as this model's phases of
                       phase 2: predict head alone on MSE, the encoder frozen
     full-finetune     phase 1 as above; phase 2: encoder + predict head on MSE
 
-Phase 2 may start from the exact minimiser of its loss on phase 1's encoder (``ridge_statistics``
-and ``set_ridge_head``; training.loop does it with ``--finetune-init ridge``): a ridge regression
-per item, where Adam from the untrained head needs hundreds of epochs (deviation from the paper,
-which starts phase 2's head untrained; ``--finetune-init as-is`` does that).
+Phase 2 may start from the exact minimiser of its loss on phase 1's encoder (``between_phases``,
+the hook training calls when a phase ends, with ``--finetune-init ridge``; ``models.autorec.ridge``):
+a ridge regression per item, where Adam from the untrained head needs hundreds of epochs
+(deviation from the paper, which starts phase 2's head untrained; ``--finetune-init as-is`` does
+that).
 
 Training need not form the (B, n_items) scores: each head's loss is computed exactly from the code
-and the head's parameters (``models.losses.linear_mse`` for the predict and NCE heads: O(n d^2 +
+and the head's parameters (``models.autorec.losses.linear_mse`` for the predict and NCE heads: O(n d^2 +
 nnz d) a batch instead of O(B n d)) where that is cheaper (``dense_for``); else, and as the
 reference, through the dense scores (same values and gradients up to rounding).
 Scoring is dense: a recommendation ranks every item.
@@ -55,11 +56,13 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from models.autorec import ridge
+from models.autorec.losses import linear_mse, linear_ns, mse_loss, ns_loss
 from models.base import NEGATIVES, RSTAR, Recommender
 from models.batch import Batch
 from models.hparams import (HP, LAM_HELP, PAPER_BETAS, PAPER_LAMBDAS, PAPER_NEGATIVES,
                             PAPER_WIDTHS, WIDTH_HELP)
-from models.losses import l2_penalty, linear_mse, linear_ns, mse_loss, ns_loss
+from models.losses import l2_penalty
 
 MODES = ("joint", "alternating", "limited-finetune", "full-finetune")
 LAM_UNITS = ("overlap", "plain")
@@ -121,6 +124,10 @@ class AutoRec(Recommender):
     #: a CPU, slower for OHNS-AutoRec at every batch size (benchmarks/results/loss_speed.md).
     #: The model and its gradients are the same either way.
     dense_loss: bool | None = None
+    #: whether fine-tune phase 2 starts from the exact predict head (``--finetune-init ridge``,
+    #: the default) or from phase 1's untrained one (``as-is``: the paper's way)
+    start_from_ridge: bool = True
+    training_options = frozenset({"loss_path", "finetune_init"})
 
     def __init__(self, n_items: int, width: int, lam: float, mode: str | None = None,
                  embed_weight: float = 1.0, embed_lam: float | None = None,
@@ -157,6 +164,24 @@ class AutoRec(Recommender):
         # summed over hundreds of items saturates the first steps)
         bound = 1.0 / math.sqrt(n_items)
         nn.init.uniform_(self.encoder.weight, -bound, bound)
+
+    @classmethod
+    def data_statistics(cls, prep, final_retraining: bool) -> dict:
+        """omega, the unit of lambda (``lam_units`` "overlap"), from the rows trained on."""
+        return {"overlap": prep.user_overlap(final_retraining)}
+
+    @classmethod
+    def saved_args(cls, model_args: dict) -> dict:
+        if "lam_units" not in model_args:  # saved before lambda had units (2026-11-25)
+            return {**model_args, "lam_units": "plain"}  # as it trained
+        return model_args
+
+    def configure_training(self, options) -> None:
+        """``--loss-path`` (auto leaves ``dense_loss`` to the batch size) and
+        ``--finetune-init``."""
+        if options.loss_path != "auto":
+            self.dense_loss = options.loss_path == "dense"
+        self.start_from_ridge = options.phase2_start == "ridge"
 
     def model_args(self) -> dict:
         args = {"n_items": self.n_items, "width": self.width, "lam": self.lam}
@@ -213,17 +238,37 @@ class AutoRec(Recommender):
     # -- fine-tune phase 2's start: the exact predict head on the frozen encoder ----------------
 
     @torch.no_grad()
+    def between_phases(self, phase: int, batches, ranks) -> str | None:
+        """Fine-tune phase 2's predict head set to the exact minimiser of its loss on phase 1's
+        encoder: one pass over this rank's ``batches`` for the sums, summed over the ranks,
+        solved, and rank 0's solution shared so every rank holds the same parameters (DDP's
+        invariant)."""
+        if phase != 0 or not self.start_from_ridge:  # only fine-tune has a phase 1 to end
+            return None
+        device = self.encoder.weight.device
+        d, n = self.width + 1, self.n_items
+        gram = torch.zeros(d, d, dtype=torch.float64, device=device)
+        rtx = torch.zeros(n, d, dtype=torch.float64, device=device)
+        users = 0
+        for batch in batches():
+            g, r = self.ridge_statistics(batch.train_items, batch.train_offsets)
+            gram += g
+            rtx += r
+            users += len(batch)
+        ranks.sum_(gram)
+        ranks.sum_(rtx)
+        n_users = ranks.sum_(torch.tensor([users], dtype=torch.float64, device=device)).item()
+        self.set_ridge_head(gram, rtx, n_users)
+        for p in self.heads["predict"].parameters():
+            ranks.broadcast_(p.data)
+        return (f"phase 2 starts from the exact predict head on phase 1's encoder "
+                f"({n_users:,.0f} users")
+
+    @torch.no_grad()
     def ridge_statistics(self, items: torch.Tensor, offsets: torch.Tensor
                          ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(X'X (d+1, d+1), R'X (n_items, d+1)) of one batch of binary rows, X = [codes, 1], in
-        float64: summed over every batch (and rank), what ``set_ridge_head`` solves."""
-        from models.batch import row_ids
-
-        h = self.encode(items, offsets).double()
-        x = torch.cat([h, torch.ones(len(h), 1, dtype=h.dtype, device=h.device)], 1)
-        rtx = torch.zeros(self.n_items, x.shape[1], dtype=x.dtype, device=x.device)
-        rtx.index_add_(0, items, x.index_select(0, row_ids(offsets, len(items))))
-        return x.T @ x, rtx
+        """``ridge.statistics`` of one batch of binary rows on this encoder's codes."""
+        return ridge.statistics(self.encode(items, offsets), items, offsets, self.n_items)
 
     @torch.no_grad()
     def set_ridge_head(self, gram: torch.Tensor, rtx: torch.Tensor, n_users: float) -> None:
@@ -234,15 +279,11 @@ class AutoRec(Recommender):
 
         (an epoch's mean MSE over the (users, items) entries plus lam * omega * mean(W^2), scaled
         by N n_items; omega = 1 under lam_units "plain"); per item a ridge regression on [h, 1],
-        the bias unpenalised."""
-        d = gram.shape[0] - 1
-        penalty = torch.full((d + 1,), n_users * self.lam * self.lam_scale / d, dtype=gram.dtype,
-                             device=gram.device)
-        penalty[d] = 0.0
-        theta = torch.linalg.solve(gram + torch.diag(penalty), rtx.T)  # (d + 1, n_items)
+        the bias unpenalised (``ridge.solve``)."""
+        weight, bias = ridge.solve(gram, rtx, n_users, self.lam * self.lam_scale)
         head = self.heads["predict"]
-        head.weight.copy_(theta[:d].T)
-        head.bias.copy_(theta[d])
+        head.weight.copy_(weight)
+        head.bias.copy_(bias)
 
     def monitor(self, phase: int, terms: dict[str, float]) -> float:
         return terms[self.embed_head] if self.embed_head in terms else sum(terms.values())
@@ -288,7 +329,8 @@ def head_loss(name: str, scores: torch.Tensor, batch: Batch) -> torch.Tensor:
 
 
 def linear_head_loss(name: str, head: nn.Linear, h: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """``head_loss(name, head(h), batch)`` without the (B, n_items) scores (models/losses.py)."""
+    """``head_loss(name, head(h), batch)`` without the (B, n_items) scores
+    (models/autorec/losses.py)."""
     w, b = head.weight, head.bias
     if name == "predict":
         return linear_mse(h, w, b, batch.train_items, batch.train_offsets)

@@ -1,0 +1,142 @@
+"""The AutoRec family's losses as pure functions of scores and sparse targets (protocol.md, "Models").
+
+Sparse targets use the EmbeddingBag layout of ``models.batch``: values for user i are
+``idx[offsets[i]:offsets[i+1]]`` (the last user runs to the end).
+
+Each loss of a linear head ``y = W h + b`` comes twice: from the dense (B, n_items) scores
+(``mse_loss``, ``ns_loss``: the reference, O(B n d) for the product and its gradients), and from
+the code ``h`` and the head's parameters without forming them (``linear_mse``, ``linear_ns``: the
+exact fast paths; ``AutoRec.dense_for`` picks per head and batch). The fast MSE expands the square:
+
+    sum_ij (t_ij - y_ij)^2 = sum_i [ h_i' (W'W) h_i + 2 h_i' W'b + |b|^2 ]       (every entry)
+                             - 2 sum_(i,j) in t t_ij y_ij + sum_(i,j) in t t_ij^2   (t's non-zeros)
+
+which costs O(n d^2 + B d^2 + nnz d) instead of O(B n d): the same value and gradients up to float
+rounding (tests/test_losses.py checks both in float64), and B / d times less arithmetic.
+
+The MSE objective is written here once: ``linear_mse`` is what training minimises, ``mse_loss``
+its dense reference, and ``models.autorec.ridge`` solves for its minimiser over a linear head.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from models.batch import row_ids
+from models.losses import densify
+
+
+def mse_loss(scores: torch.Tensor, idx: torch.Tensor, offsets: torch.Tensor,
+             values: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean over all B * n entries of (t - y)^2, t dense from the sparse target (r, or R*)."""
+    target = densify(idx, offsets, values, scores.shape[1])
+    return F.mse_loss(scores, target, reduction="mean")
+
+
+def ns_loss(scores: torch.Tensor, pos_idx: torch.Tensor, pos_offsets: torch.Tensor,
+            neg_idx: torch.Tensor, neg_counts: torch.Tensor, neg_offsets: torch.Tensor) -> torch.Tensor:
+    """Negative-sampling loss with counts, the logistic form of the paper's eq. 3:
+
+        L = -(1/B) sum_i [ sum_{j in r_i} log s(y_ij) + (|r_i| / |s_i|) sum_j s_ij log s(-y_ij) ]
+
+    The paper's eq. 4 writes a plain inner product (a reward unbounded with a linear head); we use
+    its logistic form, as protocol.md decides. Users without negatives contribute positives only.
+    """
+    pos_rows = row_ids(pos_offsets, len(pos_idx))
+    neg_rows = row_ids(neg_offsets, len(neg_idx))
+    return ns_terms(scores[pos_rows, pos_idx], scores[neg_rows, neg_idx], pos_rows, neg_rows,
+                    neg_counts, scores.shape[0])
+
+
+def ns_terms(pos_scores: torch.Tensor, neg_scores: torch.Tensor, pos_rows: torch.Tensor,
+             neg_rows: torch.Tensor, neg_counts: torch.Tensor, b: int) -> torch.Tensor:
+    """``ns_loss`` from the scores at the positives (nnz,) and at the negatives, with each one's
+    user (row in the batch of ``b``)."""
+    dev, dtype = pos_scores.device, pos_scores.dtype
+    pos_term = torch.zeros(b, device=dev, dtype=dtype).index_add_(
+        0, pos_rows, F.logsigmoid(pos_scores))
+    counts = neg_counts.to(dtype)
+    neg_term = torch.zeros(b, device=dev, dtype=dtype).index_add_(
+        0, neg_rows, counts * F.logsigmoid(-neg_scores))
+    n_pos = torch.zeros(b, device=dev, dtype=dtype).index_add_(
+        0, pos_rows, torch.ones_like(pos_rows, dtype=dtype))
+    n_neg = torch.zeros(b, device=dev, dtype=dtype).index_add_(0, neg_rows, counts)
+    weight = torch.where(n_neg > 0, n_pos / n_neg.clamp(min=1), torch.zeros_like(n_neg))
+    return -(pos_term + weight * neg_term).mean()
+
+
+def linear_at(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, rows: torch.Tensor,
+              idx: torch.Tensor) -> torch.Tensor:
+    """(len(idx),) scores ``(W h_rows + b)_idx`` of a linear head at the given (row, item) pairs,
+    from gathered rows of W (index_select: its backward is an index_add into W's gradient)."""
+    return (h.index_select(0, rows) * weight.index_select(0, idx)).sum(1) + bias.index_select(0, idx)
+
+
+def linear_mse(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, idx: torch.Tensor,
+               offsets: torch.Tensor, values: torch.Tensor | None = None) -> torch.Tensor:
+    """``mse_loss(F.linear(h, weight, bias), idx, offsets, values)`` exactly, without the (B, n)
+    scores (the expansion in the module docstring). ``h`` (B, d), ``weight`` (n, d), ``bias`` (n,).
+
+    Always computed in float32 or wider, autocast or not: the expansion subtracts large terms
+    (h'W'Wh against the target's), which bf16 would not resolve."""
+    t = torch.ones(len(idx), device=h.device, dtype=h.dtype) if values is None else values.to(h.dtype)
+    wide = torch.promote_types(h.dtype, torch.float32)
+    with torch.autocast(h.device.type, enabled=False):
+        return _LinearMSE.apply(h.to(wide), weight.to(wide), bias.to(wide), idx, offsets,
+                                t.to(wide))
+
+
+class _LinearMSE(torch.autograd.Function):
+    """The expansion with its gradient written out, so a step costs two (n, d) x (d, d) products
+    and one pass over W's gradient (autograd through ``W.T @ W`` takes three products, and the
+    EmbeddingBag over W another dense (n, d) gradient and its sum):
+
+        dL/dh = 2 [h G + W'b - S] / (B n)           G = W'W, S_i = sum_j t_ij W_j
+        dL/dW = 2 [W (h'h) + b (sum_i h_i)' - T'h] / (B n)
+        dL/db = 2 [W sum_i h_i + B b - T' 1] / (B n)   T: the (B, n) sparse target
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, idx, offsets, t):
+        b, n = h.shape[0], weight.shape[0]
+        gram = weight.T @ weight
+        wtb = weight.T @ bias
+        # S = T W: one EmbeddingBag of W's rows per user, no (nnz, d) gather of h
+        sums = F.embedding_bag(idx, weight, offsets, mode="sum", per_sample_weights=t)
+        every = ((h @ gram) * h).sum() + 2 * (h.sum(0) @ wtb) + b * bias.dot(bias)
+        at_target = (h * sums).sum() + t.dot(bias.index_select(0, idx))
+        ctx.save_for_backward(h, weight, bias, idx, offsets, t, gram, wtb, sums)
+        return (every - 2 * at_target + t.dot(t)) / (b * n)
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, weight, bias, idx, offsets, t, gram, wtb, sums = ctx.saved_tensors
+        b, n = h.shape[0], weight.shape[0]
+        c = 2 * grad / (b * n)
+        grad_h = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_h = torch.addmm(wtb - sums, h, gram).mul_(c)
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            h_sum = h.sum(0)
+            # T'h: each target entry adds t_ij h_i to W's row j (index_add: touched rows only)
+            rows = row_ids(offsets, len(idx))
+            if ctx.needs_input_grad[1]:
+                grad_w = (weight @ (h.T @ h).mul_(c)).addr_(bias, h_sum * c)
+                grad_w.index_add_(0, idx, h.index_select(0, rows) * (t * -c)[:, None])
+            if ctx.needs_input_grad[2]:
+                grad_b = torch.addmv(bias, weight, h_sum, beta=b).mul_(c)
+                grad_b.index_add_(0, idx, t * -c)
+        return grad_h, grad_w, grad_b, None, None, None
+
+
+def linear_ns(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, pos_idx: torch.Tensor,
+              pos_offsets: torch.Tensor, neg_idx: torch.Tensor, neg_counts: torch.Tensor,
+              neg_offsets: torch.Tensor) -> torch.Tensor:
+    """``ns_loss(F.linear(h, weight, bias), ...)`` exactly, scoring only the positives and the
+    negatives: O((nnz + negatives) d) instead of O(B n d)."""
+    pos_rows = row_ids(pos_offsets, len(pos_idx))
+    neg_rows = row_ids(neg_offsets, len(neg_idx))
+    return ns_terms(linear_at(h, weight, bias, pos_rows, pos_idx),
+                    linear_at(h, weight, bias, neg_rows, neg_idx), pos_rows, neg_rows, neg_counts,
+                    h.shape[0])
