@@ -104,8 +104,20 @@ def test_dockerfile_installs_the_project_and_java():
     import tomllib
 
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    for pkg in packages:  # every package of the project, so none is missing from the image
+    for pkg in {p.split(".")[0] for p in packages}:  # every top-level folder (with its subpackages)
         assert f"COPY --chown=ray {pkg} {pkg}" in text
+
+
+
+def test_every_subpackage_is_installed():
+    """setuptools' explicit ``packages`` list takes no subpackage by itself: a wheel (not the
+    editable install) would miss e.g. models/autorec and fail on import."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {str(init.parent.relative_to(ROOT)).replace("/", ".")
+             for top in {p.split(".")[0] for p in listed} for init in (ROOT / top).rglob("__init__.py")}
+    assert found == listed
 
 
 # --- authentication -------------------------------------------------------------------------------
