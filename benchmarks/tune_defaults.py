@@ -35,6 +35,7 @@ import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
 from prepared import schema as S  # noqa: E402
+from runtime.atomic import write_text  # noqa: E402
 from training import feed as F  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.loop import Ranks, build_model, new_progress, next_state  # noqa: E402
@@ -231,7 +232,7 @@ def rank_configs(results: list[dict]) -> list[dict]:
 
 def write(out: Path, results: list[dict], meta: dict, datasets: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out.with_suffix(".json"), json.dumps(
+    write_text(out.with_suffix(".json"), json.dumps(
         {**meta, "datasets": datasets, "results": results}, indent=2))
     results = in_units(results, datasets)
     lines = ["# Default hyperparameters: grid on real data\n",
@@ -279,13 +280,7 @@ def write(out: Path, results: list[dict], meta: dict, datasets: dict) -> None:
         lines += [f"| {r['width']} | {r['lr']:g} | {r['lam_overlap']:g} | "
                   f"{r['lam']:g} ({r.get('lam_units', 'plain')}) | {r['lam_plain']:.3g} | "
                   f"{r['best_ndcg']:.4f} | {r['best_epoch']} | {r['seconds']:.0f} |" for r in group]
-    write_atomic(out.with_suffix(".md"), "\n".join(lines) + "\n")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_text(out.with_suffix(".md"), "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

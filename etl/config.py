@@ -49,34 +49,54 @@ class PositiveRule:
 
 
 @dataclass(frozen=True)
+class Layout:
+    """A raw format: its name (the key of its reader in ``etl.sources.READERS``) and what the
+    pipeline does differently for it, so no stage compares format names."""
+
+    name: str
+    generated: bool = False      # no input files: the rows come from etl.synthetic
+    named_columns: bool = False  # a header names the columns (--split-col, --user-col, ...)
+    one_file: bool = False       # the file's line number is the user id: exactly one file
+    rating_255: bool = False     # Yahoo! R1's 255 ("never play again"): checked and counted
+
+
+LAYOUTS: dict[str, Layout] = {layout.name: layout for layout in (
+    Layout("tsv4"), Layout("movielens-csv"), Layout("goodbooks"), Layout("netflix"),
+    Layout("yahoo", rating_255=True), Layout("citeulike", one_file=True), Layout("user-items"),
+    Layout("csv", named_columns=True), Layout("synthetic", generated=True))}
+
+
+@dataclass(frozen=True)
 class DatasetSpec:
     """How a raw dataset is laid out and what protocol.md prescribes for it."""
 
-    layout: str          # parser: movielens-csv, tsv4, netflix, goodbooks, yahoo, citeulike,
-                         # user-items, csv, synthetic
+    layout: Layout
     default_files: tuple[str, ...]  # looked for when --input is a directory
     positive: str        # default --positive rule
     split: str           # time | random | given
     header: str | None = None
 
 
+_L = LAYOUTS
 DATASETS: dict[str, DatasetSpec] = {
-    "ml-100k": DatasetSpec("tsv4", ("u.data",), ">3", "time"),
-    "ml-latest-small": DatasetSpec("movielens-csv", ("ratings.csv",), ">3", "time",
+    "ml-100k": DatasetSpec(_L["tsv4"], ("u.data",), ">3", "time"),
+    "ml-latest-small": DatasetSpec(_L["movielens-csv"], ("ratings.csv",), ">3", "time",
                                    header="userId,movieId,rating,timestamp"),
-    "ml-20m": DatasetSpec("movielens-csv", ("ratings.csv",), ">3", "time",
+    "ml-20m": DatasetSpec(_L["movielens-csv"], ("ratings.csv",), ">3", "time",
                           header="userId,movieId,rating,timestamp"),
-    "netflix": DatasetSpec("netflix", ("training_set/mv_*.txt", "combined_data_*.txt"), ">3", "time"),
-    "goodbooks": DatasetSpec("goodbooks", ("ratings.csv",), ">=3", "random",
+    "netflix": DatasetSpec(_L["netflix"], ("training_set/mv_*.txt", "combined_data_*.txt"), ">3",
+                           "time"),
+    "goodbooks": DatasetSpec(_L["goodbooks"], ("ratings.csv",), ">=3", "random",
                              header="user_id,book_id,rating"),
     # The authors' code let 255 ("never play again") through a >= 80 filter; protocol.md does not.
-    "yahoo-r1": DatasetSpec("yahoo", ("ydata-ymusic-user-artist-ratings-v1_0.txt",), "80..100", "random"),
-    "citeulike": DatasetSpec("citeulike", ("users.dat",), "all", "random"),
+    "yahoo-r1": DatasetSpec(_L["yahoo"], ("ydata-ymusic-user-artist-ratings-v1_0.txt",), "80..100",
+                            "random"),
+    "citeulike": DatasetSpec(_L["citeulike"], ("users.dat",), "all", "random"),
     # `user item item ...` per line, one-class, usually shipped as train.txt + test.txt
     # (LightGCN/NGCF's gowalla, yelp2018, amazon-book): --split given keeps that split
-    "user-items": DatasetSpec("user-items", ("*.txt",), "all", "random"),
-    "csv": DatasetSpec("csv", (), ">3", "time"),
-    "synthetic": DatasetSpec("synthetic", (), "all", "time"),
+    "user-items": DatasetSpec(_L["user-items"], ("*.txt",), "all", "random"),
+    "csv": DatasetSpec(_L["csv"], (), ">3", "time"),
+    "synthetic": DatasetSpec(_L["synthetic"], (), "all", "time"),
 }
 DATASET_ALIASES = {"yahoo": "yahoo-r1", "movielens-20m": "ml-20m", "goodbooks-10k": "goodbooks",
                    "citeulike-a": "citeulike", "citeulike-t": "citeulike", "lightgcn": "user-items"}
@@ -175,15 +195,15 @@ class ETLConfig:
             raise UsageError(f"--rstar-z must be 'users' or 'positives', got {self.rstar_z!r}")
         if self.split not in (None, "time", "random", "given"):
             raise UsageError(f"--split must be 'time', 'random' or 'given', got {self.split!r}")
-        if self.split_col and self.spec.layout != "csv":
+        if self.split_col and not self.spec.layout.named_columns:
             raise UsageError(f"--split-col names a column of --dataset csv; --dataset {self.dataset} "
                              "has no named columns: give a file per split instead (--input "
                              "train=PATH test=PATH)")
         if self.split_col and self.split != "given":
             raise UsageError("--split-col is read only with --split given; add --split given")
-        if self.split == "given" and self.spec.layout == "synthetic":
+        if self.split == "given" and self.spec.layout.generated:
             raise UsageError("--split given needs input files; synthetic data has none")
-        if self.spec.layout == "synthetic":
+        if self.spec.layout.generated:
             if min(self.users, self.items, self.positives) < 1:
                 raise UsageError("--users, --items and --positives must be >= 1 for synthetic data")
         elif not self.input:

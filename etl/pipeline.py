@@ -108,13 +108,13 @@ def read_validated(spark: SparkSession, cfg: ETLConfig, files: list[str], progre
 
     Also says whether the fast dedup key fits (see ``POS_BITS``).
     """
-    if cfg.spec.layout == "synthetic":
+    if cfg.spec.layout.generated:
         rows = synthetic_rows(spark, cfg.users, cfg.items, cfg.positives, cfg.seed)  # long ids
         # generated pairs are distinct and their times are 2010-2015: the fast key fits
         return rows.select("*", F.lit(0).cast("long").alias("gpos"),
                            F.lit(None).cast("byte").alias("given")), True
     parsed = parse(spark, cfg, files, labels)
-    if cfg.spec.layout == "yahoo":
+    if cfg.spec.layout.rating_255:
         parsed = _yahoo_checks(parsed)
     is_row = F.col("kind") == "row"
     stats = parsed.groupBy("kind").agg(
@@ -197,7 +197,7 @@ def positives_of(rows: DataFrame, fast_key: bool, cfg: ETLConfig, partitions: in
     n_pairs, n_pos = int(agg["pairs"]), int(agg["positives"] or 0)
     counts.update(rows=int(agg["rows"]), duplicate_rows=int(agg["rows"]) - n_pairs, pairs=n_pairs,
                   non_positive_pairs=n_pairs - n_pos, users_raw=users_raw, items_raw=items_raw)
-    if cfg.spec.layout == "yahoo":
+    if cfg.spec.layout.rating_255:
         counts["rating_255_pairs"] = int(agg["r255"] or 0)
     if cfg.split_mode == "given":
         counts["pairs_in_two_splits"] = int(agg["twice"] or 0)
@@ -565,5 +565,5 @@ def auto_partitions(cfg: ETLConfig, input_bytes: int) -> int:
     """Shuffle partitions = output shards: about 500k positives each, 4 to 400."""
     if cfg.shards:
         return cfg.shards
-    est = cfg.positives if cfg.spec.layout == "synthetic" else input_bytes // 20
+    est = cfg.positives if cfg.spec.layout.generated else input_bytes // 20
     return int(min(400, max(4, math.ceil(est / 500_000))))

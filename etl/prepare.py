@@ -93,7 +93,7 @@ def run(cfg: ETLConfig, spark=None) -> dict:
 
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.perf_counter()
-    labelled = [] if cfg.spec.layout == "synthetic" else labelled_inputs(cfg)
+    labelled = [] if cfg.spec.layout.generated else labelled_inputs(cfg)
     files = [f for f, _ in labelled]
     labels = {f: label for f, label in labelled if label} or None
     spark = spark or get_spark(f"prepare-{cfg.dataset}")

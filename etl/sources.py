@@ -60,7 +60,7 @@ def labelled_inputs(cfg: ETLConfig) -> list[tuple[str, str | None]]:
         if _is_local(f) and not os.access(_local(f), os.R_OK):
             raise InputDataError(f"{f}: file is not readable by this user; fix its permissions "
                                  f"(chmod a+r) or copy it somewhere readable")
-    if cfg.spec.layout == "citeulike" and len(out) != 1 and not per_file:
+    if cfg.spec.layout.one_file and len(out) != 1 and not per_file:
         raise InputDataError(f"citeulike takes one users.dat (its line number is the user id), "
                              f"got {len(out)} files: {[f for f, _ in out][:3]}")
     if per_file and "test" not in {label for _, label in out}:
@@ -376,26 +376,28 @@ def _file_split(parsed: DataFrame, labels: dict[str, str]) -> Column:
     return F.create_map(*pairs)[F.col("file")].cast("byte") if pairs else F.lit(None).cast("byte")
 
 
+def _csv(lines: DataFrame, cfg: ETLConfig) -> DataFrame:
+    roles, n = csv_roles(lines, cfg)
+    return _delimited(lines, cfg.delimiter, n, roles, True)
+
+
+MOVIELENS = {"user": 0, "item": 1, "rating": 2, "timestamp": 3}
+UIR = {"user": 0, "item": 1, "rating": 2}
+# each file layout's reader (etl.config.LAYOUTS): the text lines of the inputs -> parsed rows
+READERS = {
+    "tsv4": lambda lines, cfg: _delimited(lines, "\t", 4, MOVIELENS, False),
+    "movielens-csv": lambda lines, cfg: _delimited(lines, ",", 4, MOVIELENS, True),
+    "goodbooks": lambda lines, cfg: _delimited(lines, ",", 3, UIR, True),
+    "yahoo": lambda lines, cfg: _delimited(lines, "\t", 3, UIR, False),
+    "csv": _csv,
+    "netflix": lambda lines, cfg: _netflix(lines),
+    "citeulike": lambda lines, cfg: _citeulike(lines),
+    "user-items": lambda lines, cfg: _user_items(lines),
+}
+
+
 def _parse_layout(spark: SparkSession, cfg: ETLConfig, files: list[str]) -> DataFrame:
     lines = read_lines(spark, files)
-    layout = cfg.spec.layout
     if cfg.spec.header:
         check_headers(lines, cfg.spec.header, cfg.dataset)
-    if layout == "tsv4":
-        return _delimited(lines, "\t", 4, {"user": 0, "item": 1, "rating": 2, "timestamp": 3}, False)
-    if layout == "movielens-csv":
-        return _delimited(lines, ",", 4, {"user": 0, "item": 1, "rating": 2, "timestamp": 3}, True)
-    if layout == "goodbooks":
-        return _delimited(lines, ",", 3, {"user": 0, "item": 1, "rating": 2}, True)
-    if layout == "yahoo":
-        return _delimited(lines, "\t", 3, {"user": 0, "item": 1, "rating": 2}, False)
-    if layout == "csv":
-        roles, n = csv_roles(lines, cfg)
-        return _delimited(lines, cfg.delimiter, n, roles, True)
-    if layout == "netflix":
-        return _netflix(lines)
-    if layout == "citeulike":
-        return _citeulike(lines)
-    if layout == "user-items":
-        return _user_items(lines)
-    raise ValueError(f"no reader for layout {layout!r}")
+    return READERS[cfg.spec.layout.name](lines, cfg)

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from infra import services
+from runtime.atomic import write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 MLFLOW_CONFIG = ROOT / "mlflow" / "server.json"
@@ -85,9 +86,9 @@ def read_record(state: Path = STATE) -> dict[str, Running]:
 
 def write_record(services_: dict[str, Running], state: Path = STATE) -> None:
     state.mkdir(parents=True, exist_ok=True)
-    tmp = _record_path(state).with_suffix(".tmp")
-    tmp.write_text(json.dumps({k: asdict(v) for k, v in services_.items()}, indent=2))
-    tmp.replace(_record_path(state))  # atomic: a reader sees the old record or the new one
+    # atomic: a reader sees the old record or the new one
+    write_text(_record_path(state), json.dumps({k: asdict(v) for k, v in services_.items()},
+                                               indent=2))
 
 
 def healthy(svc: Running) -> bool:

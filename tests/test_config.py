@@ -49,3 +49,16 @@ def test_protocol_defaults_per_dataset():
     assert (cfg.positive_rule, cfg.split_mode) == (">=3", "random")
     cfg = ETLConfig(dataset="yahoo-r1", output="/tmp/x", input=("y.txt",), split="time")
     assert (cfg.positive_rule, cfg.split_mode) == ("80..100", "time")
+
+
+def test_every_file_layout_has_a_reader_and_every_dataset_a_registered_layout():
+    """The layout registry replaces format-name comparisons: a layout that reads files has one
+    reader, a generated one has none, and no dataset names a layout outside the registry."""
+    from etl.config import DATASETS, LAYOUTS
+    from etl.sources import READERS
+
+    assert set(READERS) == {n for n, layout in LAYOUTS.items() if not layout.generated}
+    assert all(spec.layout is LAYOUTS[spec.layout.name] for spec in DATASETS.values())
+    assert [n for n, layout in LAYOUTS.items() if layout.generated] == ["synthetic"]
+    assert DATASETS["yahoo-r1"].layout.rating_255 and DATASETS["citeulike"].layout.one_file
+    assert DATASETS["csv"].layout.named_columns and not DATASETS["ml-100k"].layout.named_columns
