@@ -3,7 +3,8 @@
     spark-submit evaluation/evaluate.py --recs RECS --data DIR --output OUT
     spark-submit evaluation/evaluate.py --recs NCE_RECS AUTOREC_RECS --data DIR --output OUT
 
-For each file: R-Precision, NDCG, MAP@K, Precision@K, Recall@K, F1@K (K in 5, 10, 15, 20, 50) with
+For each file: R-Precision, NDCG, MAP@K, Precision@K, Recall@K, F1@K (K in 5, 10, 15, 20, 50), and
+beside them the common conventions NDCG@K (truncated), HR@K and MRR@K (an extension), with
 95% confidence intervals, per user and averaged, for the warm users (truth: their --target split)
 and, separately, the cold-start users (truth: their valid+test parts). Then the popularity analysis
 of protocol.md over the warm users with a truth set, and, for two or more files, the cold-start

@@ -1,4 +1,5 @@
-"""The paper's metrics (``prepared/metrics.py`` states the definitions) as Spark SQL expressions.
+"""The paper's metrics and the common conventions beside them (``prepared/metrics.py`` states
+the definitions) as Spark SQL expressions.
 
 Per-user values are computed by Spark's higher-order array functions on the executors (no Python
 UDF, so no serialisation of the lists), averaged by Spark, and only the summary reaches the driver.
@@ -12,10 +13,10 @@ import re
 
 from prepared.protocol import KS, TOP_K
 
-# one order for tables and files: R-Precision, NDCG, then per K
+# one order for tables and files: R-Precision, NDCG, then per K; the common conventions last
 METRICS = ("R-Precision", "NDCG") + tuple(
     f"{m}@{k}" for m in ("Precision", "Recall", "MAP", "F1") for k in KS) + tuple(
-    f"NDCG@{k} (truncated)" for k in KS)
+    f"NDCG@{k} (truncated)" for k in KS) + tuple(f"{m}@{k}" for m in ("HR", "MRR") for k in KS)
 
 
 def metrics_for(k: int) -> tuple[str, ...]:
@@ -62,6 +63,7 @@ def per_user(df, recs_col: str = "item_ids", truth_col: str = "truth", k: int = 
           .withColumn("_h", F.expr(f"concat(_h, array_repeat(0D, greatest(0, {length} - size(_h))))"))
           # hits@i for i = 1..L (O(L^2) per user: L is 50)
           .withColumn("_c", F.expr(f"transform(_h, (x, i) -> {_sum('slice(_h, 1, i + 1)')})")))
+    first = "array_position(_h, 1D)"  # the first hit's rank (1-based), 0 when none
     cols = {
         "NDCG": F.expr(f"{_sum('transform(_h, (x, i) -> x / log2(i + 2))')} / {_idcg('_n')}"),
         "R-Precision": F.expr("element_at(_c, least(_n, size(_h))) / _n"),
@@ -76,6 +78,8 @@ def per_user(df, recs_col: str = "item_ids", truth_col: str = "truth", k: int = 
         cols[f"NDCG@{k} (truncated)"] = F.expr(
             f"{_sum(f'transform(slice(_h, 1, {k}), (x, i) -> x / log2(i + 2))')} / "
             f"{_idcg(f'least(_n, {k})')}")
+        cols[f"HR@{k}"] = F.expr(f"IF({hits} > 0, 1D, 0D)")
+        cols[f"MRR@{k}"] = F.expr(f"IF({first} > 0 AND {first} <= {k}, 1D / {first}, 0D)")
     df = df.select("*", *[cols[m].cast("double").alias(metric_key(m)) for m in metrics_for(k)])
     return df.drop("_n", "_h", "_c")
 

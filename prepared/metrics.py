@@ -12,13 +12,20 @@ items already removed, at most ``L`` = 50 long):
     F1@K        = per-user harmonic mean of P@K and R@K (0 when both are 0), then averaged
     95% CI      = 1.96 * std(per-user values, ddof=0) / sqrt(number of evaluated users)
 
-NDCG@K (truncated list and ideal DCG, the common variant) is reported as an extra, clearly named.
+The common conventions of public benchmarks, reported beside them (an extension of the paper):
+
+    NDCG@K (truncated) = sum over hit ranks r <= K of 1/log2(r+1) / sum_{i=1..min(|T|,K)} 1/log2(i+1)
+    HR@K               = 1 when the top K hold at least one truth item, else 0 (hit rate)
+    MRR@K              = 1 / rank of the first hit when it is within the top K, else 0
+
+The paper's Recall@K (hits@K / |T|) is already the common Recall@K (e.g. LightGCN's evaluation);
+VAE-CF's variant divides by min(K, |T|) instead and is not reported.
 
 - numpy, every metric (``hit_matrix``, ``per_user``, ``summarise``): the reference the tests and
   benchmarks measure against.
-- torch, NDCG and Recall@K only (``ndcg_recall``): validation on the device every epoch
-  (training/validate.py finds the hits; this turns them into the two numbers);
-  ``tests/test_metrics.py`` checks it equals ``per_user`` within 1e-12.
+- torch (``ndcg_recall``, ``hr_mrr``): validation on the device every epoch reports NDCG and
+  Recall@K (training/validate.py finds the hits; this turns them into the numbers);
+  ``tests/test_metrics.py`` checks each equals ``per_user`` within 1e-12.
 
 Spark's per-user metrics (evaluation/spark_metrics.py, SQL expressions on the executors) are a
 third implementation of the same definitions; ``tests/test_score_evaluate.py`` checks them equal
@@ -73,6 +80,7 @@ def per_user(hits: np.ndarray, n_truth: np.ndarray, ks: Sequence[int] = KS) -> d
     out["NDCG"] = (hits * discount).sum(axis=1) / ideal_all[n.astype(int) - 1]
     top_t = np.minimum(n, length).astype(int)
     out["R-Precision"] = cum[np.arange(len(n)), top_t - 1] / n
+    first = np.where(hits.any(axis=1), hits.argmax(axis=1) + 1, length + 1)  # rank of the 1st hit
     for k in ks:
         p = cum[:, k - 1] / k
         r = cum[:, k - 1] / n
@@ -82,6 +90,8 @@ def per_user(hits: np.ndarray, n_truth: np.ndarray, ks: Sequence[int] = KS) -> d
         out[f"F1@{k}"] = np.divide(2 * p * r, p + r, out=np.zeros_like(p), where=(p + r) > 0)
         ideal_k = ideal_all[np.minimum(n, k).astype(int) - 1]
         out[f"NDCG@{k} (truncated)"] = (hits[:, :k] * discount[:k]).sum(axis=1) / ideal_k
+        out[f"HR@{k}"] = (cum[:, k - 1] > 0).astype(np.float64)
+        out[f"MRR@{k}"] = np.where(first <= k, 1.0 / first, 0.0)
     return out
 
 
@@ -114,3 +124,16 @@ def ndcg_recall(hits: torch.Tensor, n_truth: torch.Tensor) -> tuple[torch.Tensor
     ndcg = (hits * discount).sum(dim=1) / ideal_all[n_truth.long() - 1]
     recall = hits.sum(dim=1) / n_truth
     return ndcg, recall
+
+
+def hr_mrr(hits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-user (HR@k, MRR@k), each (B,) float64, of ``hits`` (B, k) as in ``ndcg_recall``:
+    ``per_user``'s "HR@k" and "MRR@k"."""
+    import torch
+
+    k = hits.shape[1]
+    found = hits.sum(dim=1) > 0
+    # the first hit's rank: argmax returns the first maximum, a 1 where there is one
+    first = hits.argmax(dim=1).to(torch.float64) + 1
+    zero = torch.zeros_like(first)
+    return found.to(torch.float64), torch.where(found & (first <= k), 1.0 / first, zero)

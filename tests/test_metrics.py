@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from prepared.metrics import hit_matrix, ndcg_recall, per_user, summarise
+from prepared.metrics import hit_matrix, hr_mrr, ndcg_recall, per_user, summarise
 from prepared.protocol import TOP_K
 
 D = lambda r: 1 / math.log2(r + 1)  # discount of rank r
@@ -27,6 +27,21 @@ def test_hand_computed_user():
     p, r = 2 / 3, 2 / 4
     assert v["F1@3"][0] == pytest.approx(2 * p * r / (p + r))
     assert v["NDCG@1 (truncated)"][0] == pytest.approx(1.0)
+    # NDCG@3 (truncated): hits at 1 and 3 over the ideal of min(|T|, 3) = 3 hits
+    assert v["NDCG@3 (truncated)"][0] == pytest.approx((D(1) + D(3)) / (D(1) + D(2) + D(3)))
+    assert v["HR@1"][0] == 1 and v["MRR@5"][0] == 1.0   # the first item is a hit
+
+
+def test_hit_rate_and_reciprocal_rank_by_hand():
+    # first hits at rank 3, rank 7, none; |T| = 2 each
+    recs = np.arange(24).reshape(3, 8) + np.array([[0], [0], [12]])  # 0-7, 8-15, 28-35
+    truth = [np.array([2, 5]), np.array([14, 99]), np.array([98, 99])]
+    v = per_user(hit_matrix(recs, truth), np.array([2, 2, 2]), ks=(1, 5, 8))
+    np.testing.assert_array_equal(v["HR@1"], [0, 0, 0])
+    np.testing.assert_array_equal(v["HR@5"], [1, 0, 0])
+    np.testing.assert_array_equal(v["HR@8"], [1, 1, 0])
+    np.testing.assert_allclose(v["MRR@5"], [1 / 3, 0, 0])   # rank 7 is beyond 5
+    np.testing.assert_allclose(v["MRR@8"], [1 / 3, 1 / 7, 0])  # only the first hit counts
 
 
 def test_ideal_dcg_is_not_truncated_at_the_list_length():
@@ -83,3 +98,7 @@ def test_the_torch_face_equals_the_numpy_face(k):
     assert (n_truth > k).any() and short.any() and recall.sum() > 0
     np.testing.assert_allclose(ndcg.numpy(), want["NDCG"], rtol=0, atol=1e-12)
     np.testing.assert_allclose(recall.numpy(), want[f"Recall@{k}"], rtol=0, atol=1e-12)
+    hr, mrr = hr_mrr(torch.from_numpy(hits.astype(np.float64)))
+    assert 0 < hr.mean() < 1 and (mrr < 1).any() and (mrr > 0).any()
+    np.testing.assert_allclose(hr.numpy(), want[f"HR@{k}"], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(mrr.numpy(), want[f"MRR@{k}"], rtol=0, atol=1e-12)

@@ -243,8 +243,8 @@ def test_the_files_k_bounds_the_metrics(spark, scored, evaluated, small_prepared
     m = evaluate(spark, recs=[str(tmp_path / "top10.parquet")], data=str(small_prepared),
                  output=str(tmp_path / "e10"), no_mlflow=True)
     got = {r["metric"] for r in m["rows"] if r["group"] == "warm"}
-    assert got == {f"{x}@{k}" for x in ("Precision", "Recall", "MAP", "F1") for k in (5, 10)} | \
-        {"NDCG@5 (truncated)", "NDCG@10 (truncated)"}
+    assert got == {f"{x}@{k}" for x in ("Precision", "Recall", "MAP", "F1", "HR", "MRR")
+                   for k in (5, 10)} | {"NDCG@5 (truncated)", "NDCG@10 (truncated)"}
     full = {(r["metric"], r["group"]): r["mean"] for r in evaluated[1]["rows"]}
     for r in m["rows"]:  # what it does report equals the top-50 file's value at that cut-off
         assert r["mean"] == pytest.approx(full[r["metric"], r["group"]], abs=1e-12), r["metric"]
