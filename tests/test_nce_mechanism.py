@@ -125,15 +125,11 @@ def test_the_ridge_start_is_the_minimiser_of_phase_two_and_equals_the_reference(
     lambda in plain units: lam * omega), and at that head the gradient of phase 2's own loss
     (the model's forward, every user in one batch) vanishes: it is the minimiser, not just a
     formula, in either of lambda's units."""
-    import pyarrow as pa
 
     from models.autorec.ridge import reference_head as ridge_head
 
-    g = torch.Generator().manual_seed(3)
     n_items, users = 12, 40
-    rows = [sorted(torch.randperm(n_items, generator=g)[:int(k)].tolist())
-            for k in torch.randint(1, 7, (users,), generator=g)]
-    table = pa.table({"train_items": pa.array(rows, pa.list_(pa.int32()))})
+    rows, table = random_rows(seed=3, n_items=n_items, users=users, longest=6)
     torch.manual_seed(0)
     model = build("nce-autorec", {"n_items": n_items, "width": 5, "lam": 2.0,
                                   "mode": "limited-finetune", "lam_units": units,
@@ -176,16 +172,12 @@ def test_the_loop_hook_sets_the_ridge_start_only_when_asked(init):
     A model without such work (BPR) keeps the default hook."""
     from types import SimpleNamespace
 
-    import pyarrow as pa
 
     from models.autorec.ridge import reference_head
     from training.loop import Ranks
 
-    g = torch.Generator().manual_seed(5)
     n_items, users = 10, 30
-    rows = [sorted(torch.randperm(n_items, generator=g)[:int(k)].tolist())
-            for k in torch.randint(1, 6, (users,), generator=g)]
-    table = pa.table({"train_items": pa.array(rows, pa.list_(pa.int32()))})
+    rows, table = random_rows(seed=5, n_items=n_items, users=users, longest=5)
     torch.manual_seed(0)
     model = build("nce-autorec", {"n_items": n_items, "width": 4, "lam": 3.0,
                                   "mode": "limited-finetune"})
@@ -242,3 +234,14 @@ def test_the_embedding_heads_weight_and_its_own_l2():
     # saved and rebuilt with its levers
     assert type(lever)(**lever.model_args()).model_args() == lever.model_args()
     assert lever.model_args()["embed_weight"] == 2.5 and lever.model_args()["embed_lam"] == 7.0
+
+
+def random_rows(seed: int, n_items: int, users: int, longest: int):
+    """Each user's sorted training items (1..``longest`` of them, seeded) and the same rows as
+    the Arrow table ``reference_head`` reads."""
+    import pyarrow as pa
+
+    g = torch.Generator().manual_seed(seed)
+    rows = [sorted(torch.randperm(n_items, generator=g)[:int(k)].tolist())
+            for k in torch.randint(1, longest + 1, (users,), generator=g)]
+    return rows, pa.table({"train_items": pa.array(rows, pa.list_(pa.int32()))})

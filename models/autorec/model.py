@@ -85,7 +85,8 @@ LAM_UNITS_HP = HP("overlap", "the AutoRec family's lambda: overlap = times omega
                   "datasets, with every head's loss per (user, item) entry; plain = lambda * "
                   "mean(W^2) with the NS head's loss per user (runs before 2026-11-25)",
                   choices=LAM_UNITS)
-TWO_HEADED = {
+TWO_HEADED = {  # what NS- and NCE-AutoRec share beyond AutoRec's (lam: its default and grids)
+    "lam": LAM.but(default=10.0, search={"paper": PAPER_LAMBDAS, "small": TWO_HEAD_LAMBDAS}),
     "mode": HP("joint", "how the two heads train", choices=MODES, search={"paper": list(MODES)}),
     "embed_weight": HP(1.0, "weight of the embedding head's loss (nce or ns) against the MSE "
                        "head's (1: the paper's sum; matters in joint mode: Adam is blind to a "
@@ -357,9 +358,7 @@ class NSAutoRec(AutoRec):
     heads_trained = ("ns", "predict")
     embed_head = "ns"
     needs = frozenset({NEGATIVES})
-    hyperparameters = {**AutoRec.hyperparameters, **TWO_HEADED,
-                       "lam": LAM.but(default=10.0, search={"paper": PAPER_LAMBDAS,
-                                                            "small": TWO_HEAD_LAMBDAS})}
+    hyperparameters = {**AutoRec.hyperparameters, **TWO_HEADED}
     run_axes = {"paper": {"num_negatives": PAPER_NEGATIVES}}
 
 
@@ -368,7 +367,5 @@ class NCEAutoRec(AutoRec):
     heads_trained = ("nce", "predict")
     embed_head = "nce"
     needs = frozenset({RSTAR})
-    hyperparameters = {**AutoRec.hyperparameters, **TWO_HEADED,
-                       "lam": LAM.but(default=10.0, search={"paper": PAPER_LAMBDAS,
-                                                            "small": TWO_HEAD_LAMBDAS})}
+    hyperparameters = {**AutoRec.hyperparameters, **TWO_HEADED}
     run_axes = {"paper": {"beta": PAPER_BETAS}, "small": {"beta": [0.8, 1.0]}}
