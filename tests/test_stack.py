@@ -53,13 +53,16 @@ def test_the_stack_runs_without_what_it_does_not_use(local_stack):
     assert not [c for c in group_commands(mlflow.pgid) if "huey" in c]
     assert len(group_commands(mlflow.pgid)) >= 2  # the server and its uvicorn: the group is seen
     assert environ(ray.pgid)["RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"] == "2"
+    assert environ(ray.pgid)["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.25"
 
 
 def test_the_users_own_ray_settings_win(monkeypatch):
     from runtime import raycluster
 
     monkeypatch.delenv("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", raising=False)
-    assert raycluster.ray_env() == {"RAY_DATA_PARQUET_FOOTER_NUM_ACTORS": "2"}
+    monkeypatch.delenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", raising=False)
+    assert raycluster.ray_env() == {"RAY_DATA_PARQUET_FOOTER_NUM_ACTORS": "2",
+                                    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25"}
     monkeypatch.setenv("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "16")
     raycluster.apply_ray_env()
     assert os.environ["RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"] == "16"

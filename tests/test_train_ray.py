@@ -215,6 +215,27 @@ def test_a_closed_form_model_trains_logs_and_scores_like_autorec(small_prepared,
         run(replace(cfg, model="ease", rank=None), mlflow_server.url)
 
 
+def test_materialized_datasets_are_split_in_place_with_the_streaming_shares(ray_head):
+    """Small data (materialized by the driver) is split without a streaming coordinator:
+    training rows in equal shares (the remainder dropped, as an equal streaming split drops it),
+    validation rows every one exactly once, shares within one row of each other."""
+    import ray.data
+
+    from training.ingest import split_in_memory
+
+    ds = ray.data.from_items([{"u": i} for i in range(7)], override_num_blocks=3).materialize()
+    out = split_in_memory({"train": ds, "valid": ds}, 3)
+    train = [[r["u"] for r in share["train"].iter_rows()] for share in out]
+    valid = [[r["u"] for r in share["valid"].iter_rows()] for share in out]
+    assert [len(t) for t in train] == [2, 2, 2] and len(set(sum(train, []))) == 6
+    assert sorted(sum(valid, [])) == list(range(7))
+    assert max(map(len, valid)) - min(map(len, valid)) <= 1
+    # an iterator per rank, read again each epoch: the same rows the second time
+    assert [r["u"] for r in out[0]["valid"].iter_rows()] == valid[0]
+    alone = split_in_memory({"train": ds, "valid": ds}, 1)[0]
+    assert sorted(r["u"] for r in alone["train"].iter_rows()) == list(range(7))
+
+
 def test_a_killed_worker_costs_one_epoch_and_the_run_finishes(small_prepared, ray_head,
                                                              mlflow_server, runs_dir, two_workers,
                                                              monkeypatch):

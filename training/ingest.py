@@ -6,10 +6,16 @@
             and every validation user is scored exactly once (an equal split may drop rows);
             the ranks' sums are all-reduced (``training.loop.evaluate``). Before this, every rank
             read every validation row each epoch and kept ``user_index % world == rank``.
+
+Datasets the driver materialized (small data, ``training.feed.fits_in_object_store``) are split
+once, in place (``MaterializedDataset.split``): a streaming split starts a coordinator actor per
+dataset (a Python process, seconds on a small machine before the first epoch) and runs an
+executor every epoch to hand out blocks that are already in the object store.
 """
 
 from __future__ import annotations
 
+from ray.data.dataset import MaterializedDataset
 from ray.train import DataConfig
 
 VALID_BLOCKS_PER_RANK = 8  # blocks of the validation rows per rank (an unequal split deals blocks)
@@ -20,6 +26,8 @@ class ShardedValidation(DataConfig):
         super().__init__(datasets_to_split=["train"])
 
     def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
+        if all(isinstance(ds, MaterializedDataset) for ds in datasets.values()):
+            return split_in_memory(datasets, world_size)
         valid = datasets.get("valid")
         rest = {k: v for k, v in datasets.items() if k != "valid"}
         out = super().configure(rest, world_size, worker_handles, worker_node_ids, **kwargs)
@@ -35,3 +43,22 @@ class ShardedValidation(DataConfig):
                     world_size, equal=False, locality_hints=worker_node_ids)):
                 out[rank]["valid"] = share
         return out
+
+
+def split_in_memory(datasets: dict, world_size: int) -> list[dict]:
+    """The same shares as ``configure``'s streaming splits, from materialized datasets: train
+    in equal shares (the remainder dropped, as an equal streaming split drops it), valid in
+    shares that differ by one row at most, every row in one of them. No locality hints: the
+    blocks are small enough to fetch from any node."""
+    out = [{} for _ in range(world_size)]
+    for name, ds in datasets.items():
+        if world_size == 1:
+            shares = [ds]
+        elif name == "valid":
+            n = ds.count()  # a materialized dataset knows its rows without reading them
+            shares = ds.split_at_indices([n * r // world_size for r in range(1, world_size)])
+        else:
+            shares = ds.split(world_size, equal=True)
+        for rank, share in enumerate(shares):
+            out[rank][name] = share.iterator()
+    return out
