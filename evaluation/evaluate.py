@@ -285,9 +285,8 @@ def paired(users_df, labels: list[str], best: str | None = None) -> list[dict]:
     others = [label for label in labels[1:] if label != best]
     if best is not None and others:
         plan.append(("best", best, others))
-    diffs = differences(warm, *plan[0][1:], plan[0][0])
-    for comparison, reference, rest in plan[1:]:
-        diffs = diffs.unionByName(differences(warm, reference, rest, comparison))
+    parts = [differences(warm, reference, rest, comparison) for comparison, reference, rest in plan]
+    diffs = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
     keys = ["comparison", "reference", "label", "metric"]
     d = F.col("d")
     moments = {tuple(r[k] for k in keys): r for r in diffs.groupBy(*keys).agg(
