@@ -10,6 +10,9 @@ The goal (issue 15), each part read from the paired per-user differences on test
   significantly below). "Best baseline": the baseline with the highest test NDCG, each baseline
   having been chosen on validation; picking it by test only makes the bar higher for NCE-AutoRec;
 - above AutoRec: NCE-AutoRec minus AutoRec has a CI wholly above 0;
+- where paired.csv has them (evaluation/evaluate.py since issue 31), the Holm-corrected p-values of
+  the paired t-test and the Wilcoxon signed-rank test are quoted beside each difference and verdict;
+  the verdicts themselves stay the CIs' reading;
 - less popular than AutoRec: both a smaller share of its top-50 lists from the 10% most popular
   items and a lower median training popularity of the items it recommends (either alone moves by
   noise when the two are close).
@@ -54,6 +57,12 @@ def summarise(folder: Path) -> dict:
         row = paired[(label, "NDCG")]
         return float(row["mean_difference"]), float(row["ci95"])
 
+    def p_holm(label: str) -> tuple[float, float] | None:
+        """(t, Wilcoxon) Holm-corrected p-values; None for a paired.csv written before them."""
+        row = paired[(label, "NDCG")]
+        return ((float(row["t_p_holm"]), float(row["wilcoxon_p_holm"]))
+                if row.get("t_p_holm") else None)
+
     vs_autorec, vs_best = diff("autorec"), diff(best)
     share = {m: float(table[m]["share_top10pct"]) for m in ("nce-autorec", "autorec", best)}
     median = {m: float(table[m]["median_popularity"]) for m in ("nce-autorec", "autorec", best)}
@@ -65,6 +74,7 @@ def summarise(folder: Path) -> dict:
         "best_baseline": best,
         "nce_minus_autorec": vs_autorec,
         "nce_minus_best": vs_best,
+        "p_holm": {"nce_minus_autorec": p_holm("autorec"), "nce_minus_best": p_holm(best)},
         "top10_share": share,
         "median_popularity": median,
         "goal": {
@@ -83,6 +93,9 @@ def render(rows: list[dict]) -> list[str]:
     def yes(flag: bool) -> str:
         return "yes" if flag else "**no**"
 
+    def p(x: tuple[float, float] | None) -> str:
+        return f" (p {x[0]:.2g} t, {x[1]:.2g} Wilcoxon, Holm)" if x else ""
+
     lines = ["| experiment | NCE-AutoRec (chosen) | AutoRec (chosen) | best baseline (chosen) "
              "| NCE − AutoRec | NCE − best baseline "
              "| top-10% share (median popularity) NCE / AutoRec / best |",
@@ -94,7 +107,8 @@ def render(rows: list[dict]) -> list[str]:
             f"| {r['experiment']} | {pm(r['ndcg']['nce-autorec'])} ({r['chosen']['nce-autorec']}) "
             f"| {pm(r['ndcg']['autorec'])} ({r['chosen']['autorec']}) "
             f"| {b} {pm(r['ndcg'][b])} ({r['chosen'][b]}) "
-            f"| {pm(r['nce_minus_autorec'], True)} | {pm(r['nce_minus_best'], True)} "
+            f"| {pm(r['nce_minus_autorec'], True)}{p(r['p_holm']['nce_minus_autorec'])} "
+            f"| {pm(r['nce_minus_best'], True)}{p(r['p_holm']['nce_minus_best'])} "
             f"| " + " / ".join(f"{share[m]:.3f} ({med[m]:g})" for m in ("nce-autorec", "autorec", b))
             + " |")
     lines += ["", "Goal (issue 15), per experiment:", "",
@@ -102,8 +116,10 @@ def render(rows: list[dict]) -> list[str]:
               "| less popular than AutoRec |", "|---|---|---|---|"]
     for r in rows:
         g = r["goal"]
-        lines.append(f"| {r['experiment']} | {yes(g['at_or_above_best_baseline'])} "
-                     f"| {yes(g['above_autorec'])} | {yes(g['less_popular_than_autorec'])} |")
+        lines.append(f"| {r['experiment']} | {yes(g['at_or_above_best_baseline'])}"
+                     f"{p(r['p_holm']['nce_minus_best'])} "
+                     f"| {yes(g['above_autorec'])}{p(r['p_holm']['nce_minus_autorec'])} "
+                     f"| {yes(g['less_popular_than_autorec'])} |")
     return lines
 
 
@@ -120,7 +136,9 @@ def main(argv: list[str] | None = None) -> None:
     lines = ["# NCE-AutoRec against AutoRec and the best baseline, per experiment", "",
              f"Command: `{run['command']}`  ", f"Date: {run['date']}.  ",
              "Test NDCG with 95% CIs; differences are paired per user (NCE-AutoRec minus the "
-             "other, 95% CI); every model chosen on validation (`experiment/run.py`). "
+             "other, 95% CI; where given, p-values of the paired t-test and the Wilcoxon "
+             "signed-rank test over users, Holm-corrected over the experiment's NDCG comparisons); "
+             "every model chosen on validation (`experiment/run.py`). "
              "The goal's reading is in `benchmarks/nce_report.py`.", ""] + render(rows)
     publish(args.out, {"run": run, "experiments": rows}, lines)
     print("\n".join(render(rows)))

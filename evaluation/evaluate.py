@@ -14,8 +14,11 @@ OUT (published atomically; manifest.json is written last):
     metrics.csv, metrics.json   label, group, target, metric, K, mean, ci95, users
     per_user/                   Parquet: label, group, user_id and one column per metric
     popularity.json, popularity.png, cold_start.png (two or more files with cold-start users)
-    paired.csv                  two or more files: the first minus each other, per user, NDCG and
-                                Recall@50: mean difference ± 95% CI, users, share better / worse
+    paired.csv                  two or more files: the first minus each other (and, with three or
+                                more, the best of the others by test NDCG minus each remaining one),
+                                per user, NDCG and Recall@50: mean difference ± 95% CI, users, share
+                                better / worse, paired t-test and Wilcoxon signed-rank p-values, raw
+                                and Holm-corrected (one family per test and metric)
 
 Every file whose scoring manifest names its MLflow training run gets its metrics (with _ci95) and
 the plots logged into that run; a file without one gets a new run in the experiment 'evaluation'.
@@ -37,6 +40,7 @@ import datetime as dt
 import io
 import json
 import logging
+import math
 import tempfile
 import time
 from dataclasses import dataclass
@@ -226,47 +230,102 @@ def popularity_counts(recs: Recs, truth, items) -> tuple[np.ndarray, np.ndarray]
 
 
 PAIRED = ("NDCG", "Recall@50")
+COMPARISONS = ("first", "best")  # paired.csv's comparison column: against the first label, or
+# against the best of the others
 
 
-def paired(users_df, labels: list[str]) -> list[dict]:
-    """Per-user paired differences, the first label minus each other one, over the warm users
-    both evaluated: mean and 95% CI half-width (1.96 std / sqrt(n), ddof 0, as every CI here; a
-    t-interval's 1.96 holds from a few hundred users on), n, and the share of users the first wins
-    or loses. Two models' CIs that overlap can still differ with a CI on their difference that
-    excludes zero: the users are the same, and much of each user's variance is shared."""
+def best_other(rows: list[dict], labels: list[str]) -> str | None:
+    """The label other than the first with the highest mean NDCG of the warm users in ``rows``
+    (``summarise``'s), the reference of the "best" comparisons; None with fewer than 3 labels,
+    where against the best would repeat against the first."""
+    ndcg = {r["label"]: r["mean"] for r in rows if r["group"] == "warm" and r["metric"] == "NDCG"}
+    others = [label for label in labels[1:] if label in ndcg]
+    return max(others, key=lambda label: ndcg[label]) if len(labels) > 2 and others else None
+
+
+def differences(warm, reference: str, others: list[str], comparison: str):
+    """Long DataFrame (comparison, reference, label, metric, d) of the per-user differences
+    ``reference`` minus each of ``others``, over the users both evaluated, for each of PAIRED."""
     from pyspark.sql import functions as F
+
+    keys = [metric_key(m) for m in PAIRED]
+    ref = warm.filter(F.col("label") == reference).select(
+        "user_id", *[F.col(k).alias(f"_ref_{k}") for k in keys])
+    per_metric = F.array(*[F.struct(F.lit(m).alias("metric"),
+                                    (F.col(f"_ref_{k}") - F.col(k)).alias("d"))
+                           for m, k in zip(PAIRED, keys)])
+    return (warm.filter(F.col("label").isin(others)).join(ref, "user_id")
+            .select(F.lit(comparison).alias("comparison"), F.lit(reference).alias("reference"),
+                    "label", F.explode(per_metric).alias("_x"))
+            .select("comparison", "reference", "label", "_x.metric", "_x.d")
+            .filter(F.col("d").isNotNull()))  # a metric a file's lists are too short for
+
+
+def paired(users_df, labels: list[str], best: str | None = None) -> list[dict]:
+    """Per-user paired differences over the warm users both evaluated: the first label minus each
+    other one (comparison "first") and, given ``best`` (``best_other``), the best minus each label
+    that is neither the first nor the best (comparison "best").
+
+    Each: mean and 95% CI half-width (1.96 std / sqrt(n), ddof 0, as every CI here; a
+    t-interval's 1.96 holds from a few hundred users on), n, the share of users the reference wins
+    or loses, and two-sided p-values of the paired t-test (``t_p``) and the Wilcoxon signed-rank
+    test (``wilcoxon_p``), as scipy.stats computes them (evaluation/significance.py). Holm's
+    correction (``t_p_holm``, ``wilcoxon_p_holm``) runs over one family per test and per metric:
+    every comparison of that metric in the list, against the first and against the best alike.
+    Two models' CIs that overlap can still differ with a CI on their difference that excludes
+    zero: the users are the same, and much of each user's variance is shared."""
+    from pyspark.sql import functions as F
+
+    from evaluation.significance import holm, t_test_p, wilcoxon_spark
 
     if len(labels) < 2:
         return []
-    keys = [metric_key(m) for m in PAIRED]
     warm = users_df.filter(F.col("group") == "warm")
-    ref = warm.filter(F.col("label") == labels[0]).select(
-        "user_id", *[F.col(k).alias(f"_ref_{k}") for k in keys])
-    diffs = (warm.filter(F.col("label").isin(labels[1:])).join(ref, "user_id")
-             .select("label", *[(F.col(f"_ref_{k}") - F.col(k)).alias(k) for k in keys]))
-    aggs = [F.count(F.lit(1)).alias("_n")]
-    for k in keys:
-        aggs += [F.avg(k).alias(f"{k}__mean"), F.stddev_pop(k).alias(f"{k}__std"),
-                 F.avg((F.col(k) > 0).cast("double")).alias(f"{k}__wins"),
-                 F.avg((F.col(k) < 0).cast("double")).alias(f"{k}__losses")]
-    by_label = {r["label"]: r for r in diffs.groupBy("label").agg(*aggs).collect()}
+    plan = [("first", labels[0], labels[1:])]
+    others = [label for label in labels[1:] if label != best]
+    if best is not None and others:
+        plan.append(("best", best, others))
+    parts = [differences(warm, reference, rest, comparison) for comparison, reference, rest in plan]
+    diffs = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+    keys = ["comparison", "reference", "label", "metric"]
+    d = F.col("d")
+    moments = {tuple(r[k] for k in keys): r for r in diffs.groupBy(*keys).agg(
+        F.count(F.lit(1)).alias("n"), F.avg(d).alias("mean"), F.stddev_pop(d).alias("std"),
+        F.stddev_samp(d).alias("sd"), F.avg((d > 0).cast("double")).alias("wins"),
+        F.avg((d < 0).cast("double")).alias("losses")).collect()}
+    signed_rank = wilcoxon_spark(diffs, keys, "d")
     out = []
-    for label in labels[1:]:
-        r = by_label.get(label)
-        for m, k in zip(PAIRED, keys):
-            if r is None or r[f"{k}__mean"] is None:  # no shared user, or lists too short
-                continue
-            n = int(r["_n"])
-            out.append({"reference": labels[0], "label": label, "metric": m,
-                        "mean_difference": float(r[f"{k}__mean"]),
-                        "ci95": float(1.96 * (r[f"{k}__std"] or 0.0) / n ** 0.5), "users": n,
-                        "reference_better": float(r[f"{k}__wins"]),
-                        "reference_worse": float(r[f"{k}__losses"])})
+    for comparison, reference, rest in plan:
+        for label in rest:
+            for m in PAIRED:
+                r = moments.get((comparison, reference, label, m))
+                if r is None:  # no shared user, or lists too short
+                    continue
+                n = int(r["n"])
+                w = signed_rank.get((comparison, reference, label, m))
+                out.append({"reference": reference, "label": label, "metric": m,
+                            "comparison": comparison, "mean_difference": float(r["mean"]),
+                            "ci95": float(1.96 * (r["std"] or 0.0) / n ** 0.5), "users": n,
+                            "reference_better": float(r["wins"]),
+                            "reference_worse": float(r["losses"]),
+                            "t_p": t_test_p(n, float(r["mean"]), r["sd"]),
+                            "wilcoxon_p": w["p"] if w else math.nan})  # w None: all d are 0
+    for m in PAIRED:  # one Holm family per test and metric
+        mine = [r for r in out if r["metric"] == m]
+        for test in ("t_p", "wilcoxon_p"):
+            for r, p in zip(mine, holm([r[test] for r in mine])):
+                r[f"{test}_holm"] = p
     return out
 
 
+def p_value(p: float) -> str:
+    """Two significant digits (0.0031, 1.2e-08); "–" where the test is undefined."""
+    return "–" if math.isnan(p) else f"{p:.2g}"
+
+
 def paired_table(rows: list[dict]) -> str:
-    """``A − B  NDCG  +0.0031 ± 0.0024  (A better for 41% of users, worse for 33%)`` lines."""
+    """``A − B  NDCG  +0.0031 ± 0.0024 (excludes 0; ...) p = 0.003 (t), 0.004 (Wilcoxon), Holm``
+    lines."""
     width = max(len(f"{r['reference']} − {r['label']}") for r in rows)
     lines = []
     for r in rows:
@@ -274,7 +333,9 @@ def paired_table(rows: list[dict]) -> str:
         verdict = ("excludes 0" if abs(d) > ci else "includes 0")
         lines.append(f"{r['reference'] + ' − ' + r['label']:<{width}}  {r['metric']:<10} "
                      f"{d:+.4f} ± {ci:.4f} ({verdict}; better for {r['reference_better']:.0%} "
-                     f"of {r['users']:,} users, worse for {r['reference_worse']:.0%})")
+                     f"of {r['users']:,} users, worse for {r['reference_worse']:.0%}); "
+                     f"p = {p_value(r['t_p_holm'])} (t), {p_value(r['wilcoxon_p_holm'])} "
+                     "(Wilcoxon), Holm-corrected")
     return "\n".join(lines)
 
 
@@ -282,11 +343,13 @@ def paired_csv(rows: list[dict]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["reference", "label", "metric", "mean_difference", "ci95", "users",
-                "reference_better", "reference_worse"])
+                "reference_better", "reference_worse", "comparison", "t_p", "wilcoxon_p",
+                "t_p_holm", "wilcoxon_p_holm"])
     for r in rows:
         w.writerow([r["reference"], r["label"], r["metric"], f"{r['mean_difference']:.6f}",
                     f"{r['ci95']:.6f}", r["users"], f"{r['reference_better']:.4f}",
-                    f"{r['reference_worse']:.4f}"])
+                    f"{r['reference_worse']:.4f}", r["comparison"],
+                    *[f"{r[k]:.6g}" for k in ("t_p", "wilcoxon_p", "t_p_holm", "wilcoxon_p_holm")]])
     return buf.getvalue()
 
 
@@ -322,7 +385,8 @@ def log_to_mlflow(recs: list[Recs], rows: list[dict], pop: dict, files: dict[str
                   target: str, output: str, uri_flag: str | None,
                   pairs: list[dict] = ()) -> dict[str, str]:
     """Metrics (with _ci95) and the files into each file's training run (the paired differences
-    into the reference's: ``test_paired_ndcg_minus_LABEL``); returns label -> run id."""
+    into the reference's: ``test_paired_ndcg_minus_LABEL`` with ``_ci95``, ``_t_p``,
+    ``_wilcoxon_p`` and their ``_holm`` forms); returns label -> run id."""
     from mlflow.entities import Metric
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
@@ -366,6 +430,10 @@ def log_to_mlflow(recs: list[Recs], rows: list[dict], pop: dict, files: dict[str
                 key = f"{target}_paired_{metric_key(p['metric'])}_minus_{metric_key(p['label'])}"
                 metrics += [Metric(key, p["mean_difference"], ts, 0),
                             Metric(key + "_ci95", p["ci95"], ts, 0)]
+                # an undefined test (every difference 0) has no p-value: logged as none, not NaN
+                metrics += [Metric(f"{key}_{t}", p[t], ts, 0) for t in
+                            ("t_p", "wilcoxon_p", "t_p_holm", "wilcoxon_p_holm")
+                            if not math.isnan(p[t])]
         for i in range(0, len(metrics), 500):
             client.log_batch(run_id, metrics=metrics[i:i + 500])
         client.set_tag(run_id, f"evaluation.{target}.output", output)
@@ -488,7 +556,8 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: spark_progress) -> dict
              time.perf_counter() - t0)
 
     progress.phase("paired differences")
-    pairs = paired(users_df, [f.label for f in files if f.k >= TOP_K])
+    long_enough = [f.label for f in files if f.k >= TOP_K]
+    pairs = paired(users_df, long_enough, best_other(rows, long_enough))
     progress.phase("popularity")
     pop_counts = {f.label: popularity_counts(f, truth, items) for f in files}
     pop = {label: summary_from_counts(c, p) for label, (p, c) in pop_counts.items()}
@@ -544,8 +613,12 @@ def report(m: dict, output: str) -> str:
         lines += ["", "Cold-start users (held out of training; truth: valid+test)",
                   table(m["rows"], m["labels"], "cold")]
     if m.get("paired"):
+        best = next((p["reference"] for p in m["paired"] if p["comparison"] == "best"), None)
         lines += ["", f"Paired per-user differences on {m['target']} (warm users both evaluated; "
-                  "mean ± 95% CI)", paired_table(m["paired"])]
+                  "mean ± 95% CI; two-sided p-values of the paired t-test and the Wilcoxon "
+                  "signed-rank test, Holm-corrected over these lines per test and metric)"
+                  + (f"; {best}: the best after the first by test NDCG" if best else ""),
+                  paired_table(m["paired"])]
     lines += ["", "Popularity of the recommended items (lower median / top-10% share = more "
               "personalised)",
               f"{'model':<24} {'median':>8} {'mean':>8} {'top-10%':>8} {'coverage':>9} {'gini':>6}"]

@@ -441,11 +441,17 @@ def fmt_point(p: dict) -> str:
 def table_rows(state: dict, rows: list[dict], pop: dict | None = None,
                pairs: list[dict] = ()) -> list[dict]:
     """One row per model: test metrics (mean, CI) of warm users, its NDCG minus the first
-    model's per user (paired: mean, CI), the popularity of what it recommends, the choice and the
-    times."""
+    model's per user (paired: mean, CI; Holm-corrected t-test and Wilcoxon p-values) and minus the
+    best after the first (``best``, the same; None for the first and the best themselves), the
+    popularity of what it recommends, the choice and the times."""
     # evaluate.py's pairs are reference - other; the table says other - reference
-    vs_first = {p["label"]: (-p["mean_difference"], p["ci95"]) for p in pairs
-                if p["metric"] == "NDCG"}
+    ndcg = {(p.get("comparison", "first"), p["label"]): p for p in pairs if p["metric"] == "NDCG"}
+
+    def against(comparison: str, label: str) -> dict | None:
+        p = ndcg.get((comparison, label))
+        return p and {"reference": p["reference"], "diff": (-p["mean_difference"], p["ci95"]),
+                      "p": (p.get("t_p_holm", math.nan), p.get("wilcoxon_p_holm", math.nan))}
+
     out = []
     for model, s in state["models"].items():
         if "evaluation_label" not in s:
@@ -462,26 +468,50 @@ def table_rows(state: dict, rows: list[dict], pop: dict | None = None,
                         "median_popularity", float("nan")),
                     "share_top10pct": (pop or {}).get(s["evaluation_label"], {}).get(
                         "share_top10pct", float("nan")),
-                    "paired_ndcg": vs_first.get(s["evaluation_label"]),
+                    "paired_ndcg": (against("first", s["evaluation_label"]) or {}).get("diff"),
+                    "paired_p": (against("first", s["evaluation_label"]) or {}).get("p"),
+                    "best": against("best", s["evaluation_label"]),
                     **{m: (mine[m]["mean"], mine[m]["ci95"]) for m in TABLE if m in mine}})
     return out
 
 
+def best_of(rows: list[dict]) -> str | None:
+    """The model the "best" comparisons are against (the best after the first by test NDCG)."""
+    return next((r["best"]["reference"] for r in rows if r.get("best")), None)
+
+
+def p_pair(p: tuple[float, float] | None) -> str:
+    """``0.0031 / 0.0042``: the t-test's and the Wilcoxon test's p-values; "–" where undefined."""
+    return " / ".join("–" if math.isnan(x) else f"{x:.2g}" for x in p) if p else "–"
+
+
 def table_md(rows: list[dict], title: str) -> str:
     first = rows[0]["model"] if rows else ""
-    head = ["model", *TABLE, f"NDCG − {first}, paired", "median pop.", "top-10% share",
+    best = best_of(rows)
+    against_best = [f"NDCG − {best}, paired", f"p vs {best} (t / Wilcoxon)"] if best else []
+    head = ["model", *TABLE, f"NDCG − {first}, paired", f"p vs {first} (t / Wilcoxon)",
+            *against_best, "median pop.", "top-10% share",
             "chosen (validation)", "valid NDCG", "epochs", "trials", "search min", "final min"]
     lines = [f"# {title}", "", "Test metrics of warm users, mean ± 95% CI; models chosen by "
              "validation NDCG and retrained on train+valid. NDCG − first, paired: the mean over "
              "users of (this model's NDCG − the first model's) with its 95% CI; where the CI "
-             "excludes 0 the two differ. Median pop.: the median training "
+             "excludes 0 the two differ. p: two-sided p-values over users of the paired t-test "
+             "and the Wilcoxon signed-rank test on the same per-user NDCG differences, "
+             "Holm-corrected over every NDCG comparison of the table"
+             + (f" (against {first} and against {best}, the best after it by test NDCG)"
+                if best else "") + "; paired.csv has them uncorrected too, and for Recall@50. "
+             "Median pop.: the median training "
              "popularity of the recommended items; top-10% share: the share of recommendations "
              "from the 10% most popular items.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [f"{r[m][0]:.4f} ± {r[m][1]:.4f}" if m in r else "–" for m in TABLE]
         d = r.get("paired_ndcg")
-        cells.append(f"{d[0]:+.4f} ± {d[1]:.4f}" if d else "–")
+        cells += [f"{d[0]:+.4f} ± {d[1]:.4f}" if d else "–", p_pair(r.get("paired_p"))]
+        if best:
+            b = r.get("best")
+            cells += [f"{b['diff'][0]:+.4f} ± {b['diff'][1]:.4f}" if b else "–",
+                      p_pair(b and b["p"])]
         lines.append(f"| {r['model']} | " + " | ".join(cells) + f" | {r['median_popularity']:,.0f}"
                      f" | {r['share_top10pct']:.3f} | {r['chosen']} | "
                      f"{r['valid_ndcg']:.4f} | {r['epochs']} | {r['trials']} | "
@@ -493,14 +523,20 @@ def table_csv(rows: list[dict]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["model", *[f"{m} {x}" for m in TABLE for x in ("mean", "ci95")],
-                "paired_ndcg_minus_first", "paired_ci95",
+                "paired_ndcg_minus_first", "paired_ci95", "paired_t_p_holm",
+                "paired_wilcoxon_p_holm", "best_after_first", "paired_ndcg_minus_best", "best_ci95",
+                "best_t_p_holm", "best_wilcoxon_p_holm",
                 "median_popularity", "share_top10pct", "chosen",
                 "valid_ndcg", "epochs", "trials", "search_minutes", "final_minutes", "users"])
     for r in rows:
-        d = r.get("paired_ndcg")
+        d, p, b = r.get("paired_ndcg"), r.get("paired_p"), r.get("best")
         w.writerow([r["model"], *[f"{r[m][i]:.6f}" if m in r else "" for m in TABLE
                                   for i in (0, 1)],
                     *([f"{d[0]:.6f}", f"{d[1]:.6f}"] if d else ["", ""]),
+                    *([f"{x:.6g}" for x in p] if p else ["", ""]),
+                    best_of(rows) or "",  # what the next four compare with, on every row
+                    *([f"{x:.6f}" for x in b["diff"]] + [f"{x:.6g}" for x in b["p"]] if b
+                      else ["", "", "", ""]),
                     f"{r['median_popularity']:.1f}",
                     f"{r['share_top10pct']:.4f}", r["chosen"], f"{r['valid_ndcg']:.6f}",
                     r["epochs"], r["trials"], f"{r['search_minutes']:.2f}",

@@ -211,22 +211,54 @@ def test_the_table_holds_every_model_with_cis_and_the_choice():
     state["models"]["puresvd"] = {**state["models"]["autorec"], "evaluation_label": "puresvd"}
     rows += [{**rows[0], "label": "puresvd", "mean": 0.29}]
     pop = {"autorec": {"median_popularity": 212.0, "share_top10pct": 0.61}}
-    pairs = [{"reference": "autorec", "label": "puresvd", "metric": "NDCG",
-              "mean_difference": 0.02, "ci95": 0.005, "users": 900},
+    pairs = [{"reference": "autorec", "label": "puresvd", "metric": "NDCG", "comparison": "first",
+              "mean_difference": 0.02, "ci95": 0.005, "users": 900, "t_p_holm": 0.0031,
+              "wilcoxon_p_holm": 0.00042},
              {"reference": "autorec", "label": "puresvd", "metric": "Recall@50",
-              "mean_difference": 0.03, "ci95": 0.006, "users": 900}]
+              "comparison": "first", "mean_difference": 0.03, "ci95": 0.006, "users": 900,
+              "t_p_holm": 0.5, "wilcoxon_p_holm": 0.6}]
     t = table_rows(state, rows, pop, pairs)
     assert t[0]["NDCG"] == (0.31, 0.02) and t[0]["users"] == 900  # warm users only
     assert t[0]["paired_ndcg"] is None and t[1]["paired_ndcg"] == (-0.02, 0.005)  # other - first
+    assert t[1]["paired_p"] == (0.0031, 0.00042) and t[1]["best"] is None  # NDCG's, Holm
     md = table_md(t, "toy")
-    assert "NDCG − autorec, paired" in md
-    assert "| autorec | – | 0.3100 ± 0.0200 |" in md and "| – | 212 | 0.610 | lam=30 |" in md
-    assert "| 0.2900 ± 0.0200 | – | – | – | – | – | – | -0.0200 ± 0.0050 | nan |" in md
+    assert "NDCG − autorec, paired | p vs autorec (t / Wilcoxon) |" in md
+    assert "Holm-corrected over every NDCG comparison" in md and "NDCG − puresvd" not in md
+    assert "| autorec | – | 0.3100 ± 0.0200 |" in md and "| – | – | 212 | 0.610 | lam=30 |" in md
+    assert "| 0.2900 ± 0.0200 | – | – | – | – | – | – | -0.0200 ± 0.0050 | 0.0031 / 0.00042 | nan |" \
+        in md
     assert "| 2.0 | 0.5 |" in md
     csv_text = table_csv(t)
     assert csv_text.splitlines()[1].startswith("autorec,,,0.310000,0.020000")
     assert "0.290000,0.020000" in csv_text.splitlines()[2]
-    assert ",-0.020000,0.005000," in csv_text.splitlines()[2]
+    assert ",-0.020000,0.005000,0.0031,0.00042,,,,,," in csv_text.splitlines()[2]
+
+
+def test_the_table_compares_each_model_with_the_best_after_the_first_too():
+    """Three models: the pairs against the best after the first (ease, here) get their own
+    columns, named after it; the first and the best have none."""
+    model = {"chosen": {"point": {}, "valid_ndcg": 0.25, "trials": 1, "search_seconds": 60.0},
+             "final": {"epochs_run": 1, "wall_seconds": 60.0}}
+    state = {"models": {m: {**model, "evaluation_label": m} for m in ("autorec", "ease", "puresvd")}}
+    rows = [{"label": m, "group": "warm", "metric": "NDCG", "mean": x, "ci95": 0.01, "users": 50}
+            for m, x in (("autorec", 0.3), ("ease", 0.32), ("puresvd", 0.28))]
+    pair = {"metric": "NDCG", "ci95": 0.004, "users": 50, "wilcoxon_p_holm": float("nan")}
+    pairs = [{**pair, "reference": "autorec", "label": "ease", "comparison": "first",
+              "mean_difference": -0.02, "t_p_holm": 0.01},
+             {**pair, "reference": "autorec", "label": "puresvd", "comparison": "first",
+              "mean_difference": 0.02, "t_p_holm": 0.02},
+             {**pair, "reference": "ease", "label": "puresvd", "comparison": "best",
+              "mean_difference": 0.04, "t_p_holm": 1e-5}]
+    t = table_rows(state, rows, None, pairs)
+    assert [r["best"] and r["best"]["diff"] for r in t] == [None, None, (-0.04, 0.004)]
+    md = table_md(t, "toy")
+    assert "| p vs autorec (t / Wilcoxon) | NDCG − ease, paired | p vs ease (t / Wilcoxon) |" in md
+    assert "against autorec and against ease, the best after it by test NDCG" in md
+    assert "| +0.0200 ± 0.0040 | 0.01 / – | – | – |" in md        # ease: against the first only
+    assert "| -0.0200 ± 0.0040 | 0.02 / – | -0.0400 ± 0.0040 | 1e-05 / – |" in md
+    lines = table_csv(t).splitlines()
+    assert ",ease,-0.040000,0.004000,1e-05,nan," in lines[3]
+    assert ",ease,,,,," in lines[2] and ",,,ease,,,,," in lines[1]
 
 
 def test_the_figures_are_drawn_for_the_settings_the_grid_varied(tmp_path):

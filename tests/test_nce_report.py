@@ -66,3 +66,25 @@ def test_the_report_is_written_and_a_folder_without_the_csvs_is_named(tmp_path, 
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="empty/table.csv: missing"):
         main([str(tmp_path / "empty"), "--out", str(out)])
+
+
+def test_the_holm_p_values_are_quoted_where_paired_csv_has_them(tmp_path):
+    """paired.csv from evaluate.py since issue 31 carries Holm-corrected p-values: the report quotes
+    them beside the differences and verdicts; an older paired.csv (above) quotes none."""
+    folder = experiment(tmp_path)
+    rows = list(csv.reader((folder / "paired.csv").open()))
+    p = {("autorec", "NDCG"): ["0.0012", "0.0034"], ("ease", "NDCG"): ["0.41", "0.5"]}
+    with (folder / "paired.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(rows[0] + ["t_p_holm", "wilcoxon_p_holm"])
+        w.writerows(r + p.get((r[1], r[2]), ["1", "1"]) for r in rows[1:])
+    r = summarise(folder)
+    assert r["p_holm"] == {"nce_minus_autorec": (0.0012, 0.0034), "nce_minus_best": (0.41, 0.5)}
+    assert r["goal"]["above_autorec"]  # the verdicts stay the CIs'
+    out = tmp_path / "report"
+    main([str(folder), "--out", str(out)])
+    text = out.with_suffix(".md").read_text()
+    assert "+0.0100 ± 0.0040 (p 0.0012 t, 0.0034 Wilcoxon, Holm)" in text
+    assert "| yes (p 0.41 t, 0.5 Wilcoxon, Holm) | yes (p 0.0012 t" in text
+    assert summarise(experiment(tmp_path, name="experiment-old"))["p_holm"] == {
+        "nce_minus_autorec": None, "nce_minus_best": None}

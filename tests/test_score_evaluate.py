@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from scipy import stats
 
 from prepared import schema as S
 from prepared.errors import UsageError
@@ -372,10 +373,21 @@ def test_two_models_compared_and_logged_into_their_mlflow_runs(spark, small_prep
         assert p["ci95"] == pytest.approx(1.96 * d.std() / np.sqrt(len(d)))
         assert p["reference_better"] == pytest.approx((d > 0).mean())
         assert p["reference_worse"] == pytest.approx((d < 0).mean())
+        # the p-values, against scipy.stats on the same per-user values; one comparison per
+        # metric, so Holm leaves them as they are
+        a_, b_ = wide[key]["A"].to_numpy(), wide[key]["B"].to_numpy()
+        assert p["t_p"] == pytest.approx(stats.ttest_rel(a_, b_).pvalue, abs=1e-9)
+        assert p["wilcoxon_p"] == pytest.approx(
+            stats.wilcoxon(d, method="asymptotic", correction=False).pvalue, abs=1e-9)
+        assert (p["t_p_holm"], p["wilcoxon_p_holm"], p["comparison"]) == (
+            p["t_p"], p["wilcoxon_p"], "first")
     assert got["NDCG"]["ci95"] > 0 and got["NDCG"]["mean_difference"] != 0  # B is another model
     ref = client.get_run(run_a).data.metrics
     assert ref["test_paired_ndcg_minus_b"] == pytest.approx(got["NDCG"]["mean_difference"])
     assert ref["test_paired_recall_at_50_minus_b_ci95"] == pytest.approx(got["Recall@50"]["ci95"])
+    assert ref["test_paired_ndcg_minus_b_t_p_holm"] == pytest.approx(got["NDCG"]["t_p_holm"])
+    assert ref["test_paired_recall_at_50_minus_b_wilcoxon_p_holm"] == pytest.approx(
+        got["Recall@50"]["wilcoxon_p_holm"])
     assert "test_paired_ndcg_minus_a" not in client.get_run(run_b).data.metrics
 
 
