@@ -26,12 +26,24 @@ def tracking_uri(flag: str | None) -> str:
     """--mlflow-uri, else MLFLOW_TRACKING_URI, else a SQLite store under ./mlflow/state (absolute)."""
     uri = flag or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
+        check_store_kind(uri, "--mlflow-uri" if flag else "MLFLOW_TRACKING_URI")
         if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
             # a relative SQLite path would land in a Ray job's throw-away working-dir copy
             uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
         return uri
     DEFAULT_STORE.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{DEFAULT_STORE / 'mlflow.db'}"
+
+
+def check_store_kind(uri: str, where: str) -> None:
+    """MLflow 3 refuses its file store ('./mlruns', ``file://``) with a traceback from deep in
+    the client, after the run's setup; say so first, with what to use instead."""
+    if uri.startswith("file:") or (":" not in uri and not uri.startswith("databricks")):
+        raise UsageError(
+            f"{where}={uri} is an MLflow file store, which MLflow 3 no longer accepts for "
+            "tracking: pass a SQLite store (sqlite:////ABS/PATH/mlflow.db), a server "
+            "(http://HOST:PORT; `make stack` starts one on 127.0.0.1:5000), or leave it unset "
+            "for the project's own SQLite store (mlflow/state/)")
 
 
 def check_reachable(uri: str, timeout: float = 5.0) -> None:

@@ -328,6 +328,18 @@ def test_open_prepared_explains_what_is_wrong(tmp_path):
         open_prepared(str(tmp_path / "old"))
 
 
+def test_an_mlflow_file_store_is_refused_with_what_to_use_instead(monkeypatch):
+    for uri in ("./mlruns", "mlruns", "file:///tmp/mlruns"):
+        with pytest.raises(UsageError, match=f"--mlflow-uri={uri} is an MLflow file store.*sqlite"):
+            tracking_uri(uri)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "/abs/mlruns")
+    with pytest.raises(UsageError, match="MLFLOW_TRACKING_URI=/abs/mlruns is an MLflow file"):
+        tracking_uri(None)
+    for uri in ("sqlite:////tmp/x.db", "http://127.0.0.1:5000", "databricks",
+                "postgresql://u@h/db"):
+        assert tracking_uri(uri) == uri
+
+
 def test_tracking_uri_is_absolute_and_an_unreachable_server_fails_fast(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
