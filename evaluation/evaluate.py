@@ -289,11 +289,15 @@ def paired(users_df, labels: list[str], best: str | None = None) -> list[dict]:
     diffs = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
     keys = ["comparison", "reference", "label", "metric"]
     d = F.col("d")
-    moments = {tuple(r[k] for k in keys): r for r in diffs.groupBy(*keys).agg(
-        F.count(F.lit(1)).alias("n"), F.avg(d).alias("mean"), F.stddev_pop(d).alias("std"),
-        F.stddev_samp(d).alias("sd"), F.avg((d > 0).cast("double")).alias("wins"),
-        F.avg((d < 0).cast("double")).alias("losses")).collect()}
-    signed_rank = wilcoxon_spark(diffs, keys, "d")
+    diffs = diffs.persist()  # two aggregations read it: the joins behind it run once
+    try:
+        moments = {tuple(r[k] for k in keys): r for r in diffs.groupBy(*keys).agg(
+            F.count(F.lit(1)).alias("n"), F.avg(d).alias("mean"), F.stddev_pop(d).alias("std"),
+            F.stddev_samp(d).alias("sd"), F.avg((d > 0).cast("double")).alias("wins"),
+            F.avg((d < 0).cast("double")).alias("losses")).collect()}
+        signed_rank = wilcoxon_spark(diffs, keys, "d")
+    finally:
+        diffs.unpersist()
     out = []
     for comparison, reference, rest in plan:
         for label in rest:
