@@ -1,0 +1,230 @@
+"""Result figures quoted in README.md and docs/*.md, tied to the artifact they come from.
+
+A figure is tagged by an HTML comment right after it, invisible when rendered:
+
+    545 s<!-- demo.json seconds.total -->
+    0.57x<!-- train_throughput.json results[shape=2x1].speedup -->
+    38%<!-- fold_in.json results[0].share *100 -->
+
+The tag names a file under ``benchmarks/results`` (``.json``, or ``.csv`` read as a list of rows)
+and a key path into it: ``.`` between keys, ``[3]`` or ``[-1]`` for a list index, and
+``[field=value,...]`` for the one list element whose fields equal those values (numbers compared
+as numbers). Key paths and numbers may be combined by ``*`` and ``/``, left to right, for a figure
+the file holds only in parts: ``*100`` for a fraction quoted as a percentage, ``a / b`` for a
+ratio of two entries, ``4096 / a.users_per_second *1000`` for ms a step. The figure written just
+before the tag must agree with the artifact at the precision written: 0.1415 accepts 0.14153, 0.79
+does not accept 0.57; an integer's trailing zeros are not significant (19,600 accepts 19,612).
+
+``python benchmarks/figures.py`` lists every tag with the written and the artifact value;
+tests/test_figures.py fails on any disagreement, missing file or missing key.
+"""
+
+import csv
+import json
+import re
+import sys
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+TAG = re.compile(r"<!--\s*(?P<file>[\w./-]+\.(?:json|csv))\s+(?P<key>.*?)\s*-->")
+OPERATOR = re.compile(r"\s+([*/])\s*")  # spaces before an operator: CSV columns hold single spaces
+# The figure at the end of the text before a tag: a sign, digits with thousands commas, decimals,
+# an exponent, then at most one unit word glued on or after one space (x, %, s, ms, users/s, GiB).
+FIGURE = re.compile(
+    r"(?<![\w.+\u2212-])(?P<num>[-+\u2212]?\d(?:[\d,]*\d)?(?:\.\d+)?(?:[eE][-+]?\d+)?)"
+    r"(?:\s?[A-Za-z%\u00d7\u00b5/]+)?[*`]*$")
+SELECT = re.compile(r"^(?P<name>[^\[\]]*)(?P<brackets>(?:\[[^\]]*\])*)$")
+
+
+@dataclass(frozen=True)
+class Tag:
+    """One tagged figure: where it is written, what it says and what it names."""
+    doc: str          # path relative to the repository root
+    line: int         # 1-based
+    text: str         # the comment as written
+    written: str      # the figure as written before the tag, '' if none was found
+    file: str         # relative to benchmarks/results
+    key: str          # key paths and numbers joined by ' * ' and ' / '
+
+
+class FigureError(Exception):
+    """A tag naming a missing file or key, or no figure before it."""
+
+
+def parse_number(text: str) -> tuple[float, float]:
+    """The value of a written figure and half a unit of its last significant digit.
+
+    ``'1,234'`` -> (1234, 0.5); ``'0.1415'`` -> (0.1415, 0.00005); ``'19,600'`` -> (19600, 50);
+    ``'−0.0012'`` (a Unicode minus) -> (-0.0012, 0.00005); ``'3e-4'`` -> (0.0003, 0.00005).
+    """
+    s = text.replace(",", "").replace("\u2212", "-")
+    d = Decimal(s)
+    if "." not in s and "e" not in s.lower():
+        d = d.normalize()  # an integer's trailing zeros are a rounding, not a precision
+    exponent = d.as_tuple().exponent
+    return float(Decimal(s)), 0.5 * 10.0 ** int(exponent)
+
+
+def written_figure(before: str) -> str:
+    """The figure at the end of ``before`` (the line up to the tag), or '' if there is none."""
+    m = FIGURE.search(before.rstrip())
+    return m.group("num") if m else ""
+
+
+def find_tags(doc: Path, root: Path = ROOT) -> list[Tag]:
+    """Every tag in one Markdown file, with the figure written before each."""
+    tags = []
+    for n, line in enumerate(doc.read_text().splitlines(), 1):
+        for m in TAG.finditer(line):
+            tags.append(Tag(doc=str(doc.relative_to(root)), line=n, text=m.group(0),
+                            written=written_figure(line[:m.start()]), file=m.group("file"),
+                            key=m.group("key")))
+    return tags
+
+
+def split_key(key: str) -> list[str]:
+    """``a.b[x=1.5].c`` -> ['a', 'b', '[x=1.5]', 'c']: dots inside brackets do not split."""
+    parts, depth, cur = [], 0, ""
+    for ch in key:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "." and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    out = []
+    for part in parts:
+        m = SELECT.match(part)
+        if not m or (not m.group("name") and not m.group("brackets")):
+            raise FigureError(f"malformed key segment {part!r}")
+        if m.group("name"):
+            out.append(m.group("name"))
+        out += re.findall(r"\[[^\]]*\]", m.group("brackets"))
+    return out
+
+
+def _same(value, wanted: str) -> bool:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(value) == float(wanted)
+        except ValueError:
+            return False
+    return str(value) == wanted
+
+
+def step(node, segment: str, where: str):
+    """One key segment applied to a JSON node; ``where`` (the path so far) names a failure."""
+    if segment.startswith("["):
+        inner = segment[1:-1]
+        if not isinstance(node, list):
+            raise FigureError(f"{where} is not a list, cannot apply {segment}")
+        if re.fullmatch(r"-?\d+", inner):
+            i = int(inner)
+            if not -len(node) <= i < len(node):
+                raise FigureError(f"{where} has {len(node)} elements, no index {i}")
+            return node[i]
+        conds = [c.split("=", 1) for c in inner.split(",")]
+        if any(len(c) != 2 for c in conds):
+            raise FigureError(f"malformed selector {segment} (write [field=value,...])")
+        hits = [e for e in node if isinstance(e, dict)
+                and all(f.strip() in e and _same(e[f.strip()], v.strip()) for f, v in conds)]
+        if len(hits) != 1:
+            raise FigureError(f"{where}{segment} matches {len(hits)} elements, not exactly one")
+        return hits[0]
+    if not isinstance(node, dict) or segment not in node:
+        keys = sorted(node)[:12] if isinstance(node, dict) else type(node).__name__
+        raise FigureError(f"{where} has no key {segment!r} (has {keys})")
+    return node[segment]
+
+
+def _number(cell: str):
+    try:
+        return float(cell)
+    except ValueError:
+        return cell
+
+
+def load(file: str, results: Path = RESULTS):
+    """A result file: JSON as is, CSV as a list of row dicts with numeric cells as floats."""
+    path = results / file
+    if not path.is_file():
+        raise FigureError(f"no file benchmarks/results/{file}")
+    if path.suffix == ".csv":
+        with path.open(newline="") as f:
+            return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    return json.loads(path.read_text())
+
+
+def lookup(data, key: str, file: str) -> float:
+    """The number one key path names in a loaded result file."""
+    node, where = data, file
+    for segment in split_key(key):
+        node = step(node, segment, where)
+        where += segment if segment.startswith("[") else f".{segment}"
+    if isinstance(node, bool) or not isinstance(node, (int, float)):
+        raise FigureError(f"{where} is {node!r}, not a number")
+    return float(node)
+
+
+def operand(data, text: str, file: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return lookup(data, text, file)
+
+
+def artifact_value(tag: Tag, results: Path = RESULTS) -> float:
+    """The number the tag names: its key paths and numbers combined left to right."""
+    data = load(tag.file, results)
+    parts = OPERATOR.split(tag.key.strip())  # [operand, op, operand, op, ...]
+    value = operand(data, parts[0], tag.file)
+    for op, text in zip(parts[1::2], parts[2::2]):
+        right = operand(data, text, tag.file)
+        if op == "/" and right == 0:
+            raise FigureError(f"{text} is 0: cannot divide by it")
+        value = value * right if op == "*" else value / right
+    return value
+
+
+def check(tag: Tag, results: Path = RESULTS) -> str:
+    """'' when the written figure agrees with the artifact, else one line saying why not."""
+    head = f"{tag.doc}:{tag.line}: {tag.text}"
+    if not tag.written:
+        return f"{head}: no figure written right before the tag"
+    try:
+        value = artifact_value(tag, results)
+    except FigureError as e:
+        return f"{head}: {e}"
+    written, half = parse_number(tag.written)
+    if abs(value - written) > half * (1 + 1e-9) + 1e-12:
+        return f"{head}: written {tag.written}, the artifact says {value:.6g}"
+    return ""
+
+
+def docs(root: Path = ROOT) -> list[Path]:
+    """The Markdown files whose figures are checked: the README and docs/*.md."""
+    return [root / "README.md"] + sorted((root / "docs").glob("*.md"))
+
+
+def main() -> int:
+    bad = 0
+    for doc in docs():
+        for tag in find_tags(doc):
+            problem = check(tag)
+            bad += bool(problem)
+            try:
+                value = f"{artifact_value(tag):.6g}"
+            except FigureError:
+                value = "?"
+            print(problem or f"{tag.doc}:{tag.line}: {tag.written} = {value}  ({tag.file} {tag.key})")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
