@@ -9,7 +9,8 @@ A figure is tagged by an HTML comment right after it, invisible when rendered:
 The tag names a file under ``benchmarks/results`` (``.json``, or ``.csv`` read as a list of rows)
 and a key path into it: ``.`` between keys, ``[3]`` or ``[-1]`` for a list index, and
 ``[field=value,...]`` for the one list element whose fields equal those values (numbers compared
-as numbers). Key paths and numbers may be combined by ``*`` and ``/``, left to right, for a figure
+as numbers). Key paths and numbers may be combined by ``*``, ``/``, ``+`` and ``-`` (a space before each),
+strictly left to right, for a figure
 the file holds only in parts: ``*100`` for a fraction quoted as a percentage, ``a / b`` for a
 ratio of two entries, ``4096 / a.users_per_second *1000`` for ms a step. The figure written just
 before the tag must agree with the artifact at the precision written: 0.1415 accepts 0.14153, 0.79
@@ -21,6 +22,7 @@ tests/test_figures.py fails on any disagreement, missing file or missing key.
 
 import csv
 import json
+import operator
 import re
 import sys
 from dataclasses import dataclass
@@ -31,7 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 TAG = re.compile(r"<!--\s*(?P<file>[\w./-]+\.(?:json|csv))\s+(?P<key>.*?)\s*-->")
-OPERATOR = re.compile(r"\s+([*/])\s*")  # spaces before an operator: CSV columns hold single spaces
+# An operator has a space before it: names hold '-' (ml-100k) and CSV columns single spaces.
+OPERATOR = re.compile(r"\s+([*/+-])\s*")
+OPS = {"*": operator.mul, "/": operator.truediv, "+": operator.add, "-": operator.sub}
 # The figure at the end of the text before a tag: a sign, digits with thousands commas, decimals,
 # an exponent, then at most one unit word glued on or after one space (x, %, s, ms, users/s, GiB).
 FIGURE = re.compile(
@@ -180,7 +184,8 @@ def operand(data, text: str, file: str) -> float:
 
 
 def artifact_value(tag: Tag, results: Path = RESULTS) -> float:
-    """The number the tag names: its key paths and numbers combined left to right."""
+    """The number the tag names: its key paths and numbers combined strictly left to right
+    (``a + b /60`` is (a + b) / 60: no precedence to remember)."""
     data = load(tag.file, results)
     parts = OPERATOR.split(tag.key.strip())  # [operand, op, operand, op, ...]
     value = operand(data, parts[0], tag.file)
@@ -188,7 +193,7 @@ def artifact_value(tag: Tag, results: Path = RESULTS) -> float:
         right = operand(data, text, tag.file)
         if op == "/" and right == 0:
             raise FigureError(f"{text} is 0: cannot divide by it")
-        value = value * right if op == "*" else value / right
+        value = OPS[op](value, right)
     return value
 
 

@@ -93,6 +93,9 @@ def test_check_agrees_at_the_precision_written(results):
     assert check(tag("57", "r.json", "ratio * 100"), results) == ""
     assert check(tag("0.67", "r.json", "rows[model=b,k=10].ndcg / rows[model=b,k=20].ndcg"), results) == ""
     assert check(tag("1,000", "r.json", "2 / rows[model=b,k=10].ndcg *100"), results) == ""
+    # strictly left to right: (0.2 + 0.3) * 10, and a '-' inside a name is not an operator
+    assert check(tag("5.0", "r.json", "rows[model=b,k=10].ndcg + rows[k=20].ndcg *10"), results) == ""
+    assert check(tag("-0.43", "r.json", "rows[model=a].ndcg - ratio"), results) == ""
     assert "the artifact says 0.57" in check(tag("0.79", "r.json", "ratio"), results)
     assert "written 0.1416" in check(tag("0.1416", "r.json", "rows[model=a].ndcg"), results)
 
