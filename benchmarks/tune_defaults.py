@@ -58,7 +58,7 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
     torch.manual_seed(cfg.seed)
     make = F.BatchMaker(F.plan(MODELS[cfg.model], prep, cfg))
     model = build_model(cfg, prep.n_items, prep.n_users,
-                        MODELS[cfg.model].data_statistics(prep, cfg.final_retraining))
+                        MODELS[cfg.model].data_statistics(prep))
     all_phases = model.phases()
     opts = make_optimizers(model, all_phases[0], cfg.learning_rate)
     p = new_progress()

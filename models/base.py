@@ -93,11 +93,14 @@ class Recommender(nn.Module):
         return {name: hp.default for name, hp in cls.hyperparameters.items()}
 
     @classmethod
-    def data_statistics(cls, prep, final_retraining: bool) -> dict[str, Any]:
-        """Facts of the training data (``prepared.reader.Prepared``; with the validation items
-        when ``final_retraining``) that the constructor takes beside the hyperparameters, e.g. a
-        unit of lambda: read once by the driver, handed to ``from_config`` on every worker.
-        Default: none."""
+    def data_statistics(cls, prep, split: str = "train") -> dict[str, Any]:
+        """Facts of the training data (``prepared.reader.Prepared``'s ``split``: "train", or
+        "train,valid" only for runs recorded before 2026-11-27) that the constructor takes beside
+        the hyperparameters, e.g. a unit of lambda: read once by the driver, recorded in the run,
+        handed to ``from_config`` on every worker. The driver computes them on the split model
+        selection trains on (train) also for the final retraining on train+valid, so that a
+        hyperparameter validation chose means the same in the final model
+        (``training.train.STATISTICS_SPLIT``). Default: none."""
         return {}
 
     @classmethod

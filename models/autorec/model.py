@@ -45,6 +45,14 @@ spectrum of the user Gram R R', whose leading eigenvalue is about U * omega; mea
 lambda on mean(W^2) alone moved by 100x between ml-100k and citeulike-a
 (benchmarks/results/tune_defaults.md). ``lam_units="plain"`` is the form before 2026-11-25,
 lam * mean(W^2) against the NS head's loss per user, which runs recorded then keep.
+
+omega is computed on the split model selection trains on (train), also for the final retraining
+on train+valid (``data_statistics``; ``training.train.STATISTICS_SPLIT``), and recorded in the
+run (MLflow params ``overlap`` and ``data_statistics_split``; run.json's ``data_statistics``):
+train+valid's omega is larger (about 1.9x on citeulike-a), so recomputing it would give the final
+model a stronger L2 than the lambda validation chose. The model file records its own omega
+(``model_args``), so a trained model scores as it trained; runs recorded before this rule
+(2026-11-27) resume with the omega of the splits they trained on.
 """
 
 from __future__ import annotations
@@ -167,9 +175,10 @@ class AutoRec(Recommender):
         nn.init.uniform_(self.encoder.weight, -bound, bound)
 
     @classmethod
-    def data_statistics(cls, prep, final_retraining: bool) -> dict:
-        """omega, the unit of lambda (``lam_units`` "overlap"), from the rows trained on."""
-        return {"overlap": prep.user_overlap(final_retraining)}
+    def data_statistics(cls, prep, split: str = "train") -> dict:
+        """omega, the unit of lambda (``lam_units`` "overlap"), of ``split``'s rows: the train
+        split's also in the final retraining (the module's docstring says why)."""
+        return {"overlap": prep.user_overlap(split == "train,valid")}
 
     @classmethod
     def saved_args(cls, model_args: dict) -> dict:
