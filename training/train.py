@@ -40,10 +40,10 @@ from runtime.atomic import write_bytes
 from runtime.runs import (CHECKPOINT_BEST, CHECKPOINT_STATE, MODEL_FILE, RUN_RECORD,
                           finished_record, finished_summary, summary_line)
 from runtime.logs import no_bars_in_logs
-from runtime.cli import add_config_file, add_options, config_yaml, strict_parser, values
+from runtime.cli import config_yaml, stage_parser, values
 from runtime.raycluster import (apply_ray_env, check_fits, join_address, local_cpus, watch_run,
                                 worker_cpus)
-from training.config import TrainConfig, check
+from training.config import TrainConfig, check, resumable_options
 from training.hooks import hook_specs
 from training.hooks import resolve as resolve_hooks
 from models.registry import MODELS, load_weights_only, payload
@@ -56,9 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # options added after runs were first recorded, with what a record without them ran as
 ADDED_OPTIONS = {"valid_by": "fold-in"}
 RESUMABLE_CHANGES = {"data_cache", "num_workers", "cpus_per_worker", "use_gpu", "placement",
-                     "loss_path",
                      "max_failures", "mlflow_wait",
-                     "output", "run_name", "experiment"}
+                     "output", "run_name", "experiment"} | resumable_options()
 
 
 #: the split every data-dependent scale of a hyperparameter (the AutoRec family's omega, the unit
@@ -72,24 +71,9 @@ class TrainingError(RuntimeError):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Every flag of TrainConfig (its defaults and help live there), and where to connect."""
-    p = strict_parser(prog="training/train.py", description=__doc__.split("\n\n")[0],
-                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                      epilog=__doc__.split("\n\n", 1)[1])
-    add_options(p, TrainConfig)
-    add_config_file(p, TrainConfig)
-    add_connection_flags(p)
-    return p
-
-
-def add_connection_flags(p: argparse.ArgumentParser) -> None:
-    """--mlflow-uri and --ray-address: where to connect, not part of any configuration."""
-    g = p.add_argument_group("connections (not part of the run's configuration)")
-    g.add_argument("--mlflow-uri", default=None,
-                   help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite under "
-                        "./mlflow/state)")
-    g.add_argument("--ray-address", default=None,
-                   help="Ray cluster to join (default: $RAY_ADDRESS, else a local Ray)")
+    """Every flag of TrainConfig (its defaults and help live there), --config FILE, and where
+    to connect: ``runtime.cli.stage_parser``, which experiment/run.py builds its own with."""
+    return stage_parser("training/train.py", __doc__, TrainConfig)
 
 
 def check_job_paths(args: argparse.Namespace) -> None:
@@ -168,16 +152,8 @@ def effective(config: dict) -> dict:
 def check_resume(cfg: TrainConfig, record: dict | None) -> None:
     if record is None:
         return
-    old = record["config"]
-    if ("lam_units" not in old and "lam_units" in MODELS[cfg.model].hyperparameters
-            and cfg.lam_units != "plain"):
-        raise UsageError(
-            f"run {cfg.run_name!r} in {cfg.output} was recorded before lambda's units changed "
-            "(2026-11-25; its lambda multiplies mean(W^2) alone): pass --lam-units plain to "
-            "resume it as it was, or another --run-name for a new run")
-    if "lam_units" not in old and cfg.lam_units == "plain":
-        old = {**old, "lam_units": "plain"}
-    old = {**ADDED_OPTIONS, **old}
+    # what a model changed in its own record since (e.g. the AutoRec family's lambda units)
+    old = {**ADDED_OPTIONS, **MODELS[cfg.model].upgrade_record(record["config"], cfg.to_dict())}
     # compared as resolved (None and the default it stands for are the same setting), shown as
     # recorded and given
     was, now = effective(old), effective(cfg.to_dict())
