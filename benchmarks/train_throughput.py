@@ -135,7 +135,7 @@ def reference_users_per_second(data: Path, model: str, batch: int, loss_path: st
     table = table.filter(pc.invert(table[S.COLD]))  # the warm users, as training reads them
     n = max(1, min(steps + 2, len(table) // batch))
     batches = [make(table.slice(i * batch, batch), 0) for i in range(n)]
-    net = build_model(cfg, prep.n_items, prep.n_users, REGISTRY[model].data_statistics(prep, False))
+    net = build_model(cfg, prep.n_items, prep.n_users, REGISTRY[model].data_statistics(prep))
     phase = net.phases()[0]
     opts = make_optimizers(net, phase, 1e-3)
     for b in batches[:2]:
@@ -172,7 +172,7 @@ def measure(data: Path, shape: str, model: str, run: tuple[int, int, str], work:
     from types import SimpleNamespace
 
     from models.registry import MODELS
-    data = MODELS[model].data_statistics(SimpleNamespace(user_overlap=lambda final: 1.0), False)
+    data = MODELS[model].data_statistics(SimpleNamespace(user_overlap=lambda train_valid: 1.0))
     net = build_model(cfg, SHAPES[shape]["items"], None, data)
     return {"shape": shape, "model": model, "workers": workers, "threads_per_worker":
             max(1, cpus // workers), "batch": batch, "per_worker_batch": batch // workers,

@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/tune_defaults.py --data var/data/ml-100k var/data/ml-latest-small
 
-Each configuration trains with the project's own pieces (``training.feed``, ``training.step``,
-``training.validate``, the early stopping of ``training.loop``) in one process, without Ray: a
+Each configuration trains with the project's own pieces (``training.feed``, the epoch body and
+phase optimizers ``training.loop`` runs, from ``training.step``, ``training.validate``, the
+early stopping of ``training.loop``) in one process, without Ray: a
 grid of dozens of short runs would otherwise spend most of its time starting worker groups. The
 maths is the same as a Ray run with one worker (tests check one and two workers agree); the chosen
 defaults are then checked through the real Ray path by ``benchmarks/quality_ml100k.py``.
@@ -41,7 +42,7 @@ from training.config import TrainConfig  # noqa: E402
 from training.loop import Ranks, build_model, new_progress, next_state  # noqa: E402
 from models.registry import MODELS  # noqa: E402
 from prepared.reader import open_prepared  # noqa: E402
-from training.step import make_optimizers, train_batch  # noqa: E402
+from training.step import phase_optimizers, train_epoch  # noqa: E402
 from training.closed_form import validate  # noqa: E402
 
 # lambda in overlap units (models/autorec/): lambda * omega multiplies mean(W^2). The plain
@@ -58,9 +59,9 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
     torch.manual_seed(cfg.seed)
     make = F.BatchMaker(F.plan(MODELS[cfg.model], prep, cfg))
     model = build_model(cfg, prep.n_items, prep.n_users,
-                        MODELS[cfg.model].data_statistics(prep, cfg.final_retraining))
+                        MODELS[cfg.model].data_statistics(prep))
     all_phases = model.phases()
-    opts = make_optimizers(model, all_phases[0], cfg.learning_rate)
+    opts = phase_optimizers(model, all_phases, 0, cfg.learning_rate)
     p = new_progress()
     rng = np.random.default_rng(cfg.seed)
     curve = []  # (seconds so far, validation NDCG) after each validated epoch
@@ -69,23 +70,22 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
         phase = p["phase"]
         model.train()
         order = rng.permutation(rows.num_rows)
-        sums: dict[str, float] = {}
-        for lo in range(0, rows.num_rows, cfg.batch_size):
-            batch = make(rows.take(order[lo:lo + cfg.batch_size]), p["epoch"])
-            for h, v in train_batch(model, batch, all_phases[phase], opts).items():
-                sums[h] = sums.get(h, 0.0) + float(v) * len(batch)
+        # the real epoch body (training.step.train_epoch), over this process's shuffled batches
+        sums, users = train_epoch(
+            model, (make(rows.take(order[lo:lo + cfg.batch_size]), p["epoch"])
+                    for lo in range(0, rows.num_rows, cfg.batch_size)), all_phases[phase], opts)
         ndcg = None
         if valid is not None and phase == len(all_phases) - 1:
             model.eval()  # in chunks of users: a fold-in over every user at once would not fit
             ndcg = validate(model, rows)[0]
             curve.append((time.perf_counter() - t0, ndcg))
-        embed = (model.monitor(phase, {h: v / rows.num_rows for h, v in sums.items()})
+        embed = (model.monitor(phase, {h: float(v) / users for h, v in sums.items()})
                  if phase < len(all_phases) - 1 else None)
         _, switched = next_state(p, cfg, len(all_phases), embed, ndcg)
         if switched:
             model.between_phases(phase, partial(batches, make, rows, cfg.batch_size, p["epoch"]),
                                  Ranks)
-            opts = make_optimizers(model, all_phases[p["phase"]], cfg.phase_lr(p["phase"]))
+            opts = phase_optimizers(model, all_phases, p["phase"], cfg.learning_rate)
     return {"best_ndcg": p["best_ndcg"], "best_epoch": p["best_epoch"], "epochs": p["epoch"],
             "phase_epochs": p["phase_epochs"],
             "seconds": time.perf_counter() - t0, "curve": curve, "net": model.eval()}

@@ -31,8 +31,10 @@ from prepared.errors import UsageError
 
 # run-level flags that may be searched beside every model hyperparameter: what a model is and
 # how it learns, never where or how long it runs
-RUN_SEARCHABLE = {"beta", "lr", "batch_size", "num_negatives", "negatives", "finetune_lr"}
-SEARCHABLE = RUN_SEARCHABLE | {name for cls in MODELS.values() for name in cls.hyperparameters}
+RUN_SEARCHABLE = {"beta", "lr", "batch_size", "num_negatives", "negatives"}
+SEARCHABLE = RUN_SEARCHABLE | {name for cls in MODELS.values() for name in cls.hyperparameters} \
+    | {name for cls in MODELS.values() for name, opt in cls.training_options.items()
+       if opt.searchable}  # a model's training options it declares searchable (finetune_lr)
 
 
 def named_grids() -> dict[str, dict[str, dict[str, list]]]:

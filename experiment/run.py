@@ -58,11 +58,11 @@ from prepared.reader import Prepared, open_prepared
 from runtime.atomic import write_text
 from runtime.runs import RUN_RECORD, finished_summary
 from runtime.logs import no_bars_in_logs
-from runtime.cli import add_config_file, add_options, config_yaml, option, strict_parser, values
+from runtime.cli import config_yaml, option, stage_parser, values
 from runtime.raycluster import apply_ray_env, check_fits, join_address, local_cpus, worker_cpus
 from experiment import grids
 from training.config import VALID_BY, TrainConfig, check
-from training.train import ADDED_OPTIONS, add_connection_flags, check_job_paths
+from training.train import ADDED_OPTIONS, check_job_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 PARENT = "mlflow.parentRunId"  # MLflow's tag that nests a run under another in the UI
@@ -773,13 +773,9 @@ def log_report(uri: str, run_id: str, root: Path, rows: list[dict]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = strict_parser(prog="experiment/run.py", description=__doc__.split("\n\n")[0],
-                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                      epilog=__doc__.split("\n\n", 1)[1])
-    add_options(p, ExperimentConfig)
-    add_config_file(p, ExperimentConfig)
-    add_connection_flags(p)
-    return p
+    """Every flag of ExperimentConfig, --config FILE and where to connect: the parser
+    training/train.py builds (``runtime.cli.stage_parser``) with the experiment's flags."""
+    return stage_parser("experiment/run.py", __doc__, ExperimentConfig)
 
 
 def main(argv: list[str] | None = None) -> int:

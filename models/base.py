@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from models.batch import Batch, row_ids, user_slice
-from models.hparams import HP
+from models.hparams import HP, Option
 
 RSTAR, NEGATIVES = "rstar", "negatives"  # what a model's batches may need beyond the input rows
 SCORE_BLOCK_FLOATS = 1 << 22  # scores per block of ``recommend`` on a CPU (16 MiB: measured best)
@@ -68,9 +68,11 @@ class Recommender(nn.Module):
     #: whether ``recommend`` may score a batch's users in cache-sized blocks (False where scoring
     #: has a per-call cost of its own, e.g. a fold-in's optimiser steps, that blocks would repeat)
     score_in_blocks: ClassVar[bool] = True
-    #: training flags (TrainConfig fields) that ``configure_training`` reads; the config rejects
-    #: them for a model that does not
-    training_options: ClassVar[frozenset[str]] = frozenset()
+    #: run-level training flags it reads (``models.hparams.Option``: default, help, range, the
+    #: error for a model that does not take one), the one place each is declared: training's
+    #: config makes a field and a flag of each, checks it, and refuses it for other models;
+    #: ``configure_training`` applies them
+    training_options: ClassVar[dict[str, Option]] = {}
 
     n_items: int
 
@@ -93,12 +95,38 @@ class Recommender(nn.Module):
         return {name: hp.default for name, hp in cls.hyperparameters.items()}
 
     @classmethod
-    def data_statistics(cls, prep, final_retraining: bool) -> dict[str, Any]:
-        """Facts of the training data (``prepared.reader.Prepared``; with the validation items
-        when ``final_retraining``) that the constructor takes beside the hyperparameters, e.g. a
-        unit of lambda: read once by the driver, handed to ``from_config`` on every worker.
-        Default: none."""
+    def data_statistics(cls, prep, split: str = "train") -> dict[str, Any]:
+        """Facts of the training data (``prepared.reader.Prepared``'s ``split``: "train", or
+        "train,valid" only for runs recorded before 2026-11-27) that the constructor takes beside
+        the hyperparameters, e.g. a unit of lambda: read once by the driver, recorded in the run,
+        handed to ``from_config`` on every worker. The driver computes them on the split model
+        selection trains on (train) also for the final retraining on train+valid, so that a
+        hyperparameter validation chose means the same in the final model
+        (``training.train.STATISTICS_SPLIT``). Default: none."""
         return {}
+
+    @classmethod
+    def takes_option(cls, name: str, hp: dict[str, Any]) -> bool:
+        """Whether the training option ``name`` applies to this model with hyperparameters ``hp``
+        (defaults filled in): a flag that does not is refused with the option's ``refused``.
+        Default: every option it declares."""
+        return name in cls.training_options
+
+    @classmethod
+    def resolved_options(cls, options: dict[str, Any], hp: dict[str, Any], lr: float
+                         ) -> dict[str, Any]:
+        """The training options (``options``: as given, None for unset) that apply with
+        hyperparameters ``hp``, with what None stands for filled in (``lr``: the run's learning
+        rate): what the run logs beside the resolved hyperparameters. Default: none."""
+        return {}
+
+    @classmethod
+    def upgrade_record(cls, config: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+        """A run's recorded configuration (run.json's ``config``) from an older version, brought
+        to what this code would record for the same run, before a resume compares it with the
+        flags ``given`` (the new configuration, as a dict); raises ``UsageError`` where the old
+        run cannot resume as given. Default: as recorded."""
+        return config
 
     @classmethod
     def saved_args(cls, model_args: dict[str, Any]) -> dict[str, Any]:
@@ -137,6 +165,11 @@ class Recommender(nn.Module):
     def configure_training(self, options: Any) -> None:
         """Apply the training flags in ``training_options`` (``options``: the run's
         TrainConfig). Default: none."""
+
+    def phase_lr(self, phase: int, lr: float) -> float:
+        """Adam's learning rate in ``phase`` (0-based) for a run whose learning rate is ``lr``
+        (a training option may give a later phase its own). Default: ``lr``."""
+        return lr
 
     def between_phases(self, phase: int, batches: Any, ranks: Any) -> str | None:
         """Called on every rank when ``phase`` (not the last) ends, before the next one's

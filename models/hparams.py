@@ -94,6 +94,25 @@ class HP:
         return f"{'<' if self.open_hi else '<='} {fmt(self.hi)}"
 
 
+@dataclass(frozen=True)
+class Option(HP):
+    """A run-level training flag a model reads (``Recommender.training_options``), declared like
+    a hyperparameter but not a constructor argument: ``configure_training`` applies it to the
+    built model, and the run records it among its flags. Models that declare one name share its
+    flag, default and help (``training.config`` makes one field of it and names the models in
+    its help).
+
+    ``refused``: the end of the one-line error when the flag is given to a model (or a
+    configuration of it, ``Recommender.takes_option``) that does not take it; ``{model}`` is the
+    model, ``{takers}`` the models that declare the flag. ``resumable``: it changes how the run
+    computes, not what it trains, so a resumed run may change it. ``searchable``: a grid may
+    search it beside the hyperparameters."""
+
+    refused: str = ""
+    resumable: bool = False
+    searchable: bool = False
+
+
 def grid_axes(cls, grid_name: str) -> dict[str, list]:
     """A model class's axes in the named grid: its hyperparameters' ``search`` values, then its
     ``run_axes``."""

@@ -55,6 +55,30 @@ def strict_parser(**kwargs) -> argparse.ArgumentParser:
     return parser
 
 
+def stage_parser(prog: str, doc: str, cls) -> argparse.ArgumentParser:
+    """The command line of a stage that runs on Ray and logs to MLflow (training/train.py, and
+    experiment/run.py on top of it with its own config class): ``doc``'s first paragraph as the
+    description and the rest as the epilog, one flag per field of ``cls``, --config FILE, and
+    where to connect (``add_connection_flags``)."""
+    p = strict_parser(prog=prog, description=doc.split("\n\n")[0],
+                      formatter_class=argparse.RawDescriptionHelpFormatter,
+                      epilog=doc.split("\n\n", 1)[1])
+    add_options(p, cls)
+    add_config_file(p, cls)
+    add_connection_flags(p)
+    return p
+
+
+def add_connection_flags(p: argparse.ArgumentParser) -> None:
+    """--mlflow-uri and --ray-address: where to connect, not part of any configuration."""
+    g = p.add_argument_group("connections (not part of the run's configuration)")
+    g.add_argument("--mlflow-uri", default=None,
+                   help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite under "
+                        "./mlflow/state)")
+    g.add_argument("--ray-address", default=None,
+                   help="Ray cluster to join (default: $RAY_ADDRESS, else a local Ray)")
+
+
 def version_text() -> str:
     """``nce-autorec 0.1.0 (git abc1234)``: the installed package's version, plus the commit when
     this code runs from a git checkout (an installed copy has no .git: the version alone)."""

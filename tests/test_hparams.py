@@ -82,13 +82,20 @@ TOY = textwrap.dedent('''
     import torch
     from models import registry
     from models.base import Recommender
-    from models.hparams import HP
+    from models.hparams import HP, Option
 
     class Toy(Recommender):
         """A model with a knob no other model has, added by its module and one registry line."""
         name = "toy"
         hyperparameters = {"toy_knob": HP(7, "how toy the toy is", lo=1, hi=10,
                                           search={"small": [1, 2]})}
+        training_options = {"toy_pace": Option("calm", "how the toy trains", choices=("calm", "brisk"),
+                                               resumable=True, searchable=True,
+                                               refused="{model} has no pace; only {takers} do")}
+        pace = "calm"
+
+        def configure_training(self, options):
+            self.pace = options.toy_pace
 
         def __init__(self, n_items, toy_knob):
             super().__init__()
@@ -103,7 +110,8 @@ TOY = textwrap.dedent('''
     import experiment.run
     from experiment import grids
     from training.config import TrainConfig, check
-    from training.train import build_parser
+    from training.loop import build_model
+    from training.train import RESUMABLE_CHANGES, build_parser
     from prepared.errors import UsageError
 
     out = {"help": build_parser().format_help()}
@@ -127,6 +135,13 @@ TOY = textwrap.dedent('''
         check(TrainConfig(data="d", model="autorec", toy_knob=2))
     except UsageError as e:
         out["elsewhere"] = str(e)
+    try:
+        check(TrainConfig(data="d", model="autorec", toy_pace="brisk"))
+    except UsageError as e:
+        out["pace_elsewhere"] = str(e)
+    out["pace"] = build_model(TrainConfig(data="d", model="toy", toy_pace="brisk"), 5, None).pace
+    out["pace_resumable"] = "toy_pace" in RESUMABLE_CHANGES
+    out["pace_searchable"] = "toy_pace" in grids.SEARCHABLE
     print(json.dumps(out))
 ''')
 
@@ -146,3 +161,8 @@ def test_a_toy_model_with_a_new_hyperparameter_needs_only_its_module_and_registr
     assert out["built"] == {"n_items": 5, "toy_knob": 3}
     assert out["refused"] == "--toy-knob 11: must be in 1..10"
     assert out["elsewhere"].startswith("--toy-knob 2: autorec does not take it (only toy do)")
+    # a training option of its own: a flag naming the models it applies to, refused elsewhere in
+    # the model's words, applied by its configure_training, resumable and searchable as declared
+    assert "--toy-pace {calm,brisk} how the toy trains (toy only) (default: calm)" in help_text
+    assert out["pace_elsewhere"] == "--toy-pace brisk: autorec has no pace; only toy do"
+    assert out["pace"] == "brisk" and out["pace_resumable"] and out["pace_searchable"]

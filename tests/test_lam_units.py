@@ -86,3 +86,71 @@ def test_a_run_recorded_before_the_units_resumes_only_as_it_was():
     check_resume(replace(cfg, lam_units="plain"), {"config": old})
     # closed-form models have no units: nothing to refuse
     check_resume(replace(cfg, model="ease"), {"config": {**old, "model": "ease"}})
+
+
+def _shipped_prepared():
+    """A ``Prepared`` of the shipped ml-latest-small without the ETL (only its popularity is
+    read here): ratings >= 4 as positives, each user's latest fifth held out as validation."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from prepared.reader import Prepared
+
+    r = pd.read_csv(Path(__file__).resolve().parents[1] / "data" / "ml-latest-small" /
+                    "ratings.csv")
+    r = r[r.rating >= 4].sort_values(["userId", "timestamp"])
+    r["item"] = r.movieId.astype("category").cat.codes
+    late = r.groupby("userId").cumcount(ascending=False) < r.groupby("userId").movieId \
+        .transform("size") // 5
+    n = int(r.item.max()) + 1
+    users = r.userId.nunique()
+    return Prepared(uri="memory://ml-latest-small", pop_train_valid=np.bincount(r.item, minlength=n),
+                    pop_train=np.bincount(r.item[~late], minlength=n),
+                    manifest={"dataset": "ml-latest-small",
+                              "counts": {"users": users, "warm_users": users}})
+
+
+@pytest.mark.parametrize("name", ["autorec", "nce-autorec"])
+def test_the_final_retraining_gets_the_l2_that_validation_chose(name):
+    """Issue 31: the model built for the final retraining (train+valid) has the effective L2
+    (lam * omega) of the one validation trained, omega computed on train and recorded with its
+    split, not train+valid's larger omega."""
+    from dataclasses import replace
+
+    from training.config import TrainConfig
+    from training.loop import build_model
+    from training.train import run_statistics, statistics_params
+
+    prep = _shipped_prepared()
+    chosen = TrainConfig(data="d", model=name, lam=3.0)
+    final = replace(chosen, train_splits="train,valid", pretrain_epochs=5)
+
+    def effective_l2(cfg):
+        stats = run_statistics(cfg, prep, None)
+        model = build_model(cfg, prep.n_items, prep.n_users, stats["values"])
+        return stats, model.lam * model.lam_scale
+
+    (s_chosen, l2_chosen), (s_final, l2_final) = effective_l2(chosen), effective_l2(final)
+    omega_train, omega_both = prep.user_overlap(False), prep.user_overlap(True)
+    assert omega_both > 1.2 * omega_train  # the two splits' omegas differ: the test can fail
+    assert l2_final == l2_chosen == pytest.approx(3.0 * omega_train)
+    assert l2_final != pytest.approx(3.0 * omega_both)
+    assert s_final == s_chosen == {"split": "train", "values": {"overlap": omega_train}}
+    assert statistics_params(s_final) == {"overlap": omega_train, "data_statistics_split": "train"}
+
+
+def test_a_run_resumes_with_the_data_statistics_it_recorded():
+    """A resumed run keeps its record's statistics; one recorded before the rule (no
+    ``data_statistics``) computed them on the splits it trains on and keeps them."""
+    from training.config import TrainConfig
+    from training.train import run_statistics
+
+    prep = _shipped_prepared()
+    final = TrainConfig(data="d", model="autorec", train_splits="train,valid")
+    recorded = {"split": "train", "values": {"overlap": 1.25}}
+    assert run_statistics(final, prep, {"data_statistics": recorded}) == recorded
+    assert run_statistics(final, prep, {"config": {}}) == {
+        "split": "train,valid", "values": {"overlap": prep.user_overlap(True)}}
+    ease = TrainConfig(data="d", model="ease")
+    assert run_statistics(ease, prep, None) == {"split": "train", "values": {}}

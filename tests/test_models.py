@@ -80,7 +80,7 @@ class ModelBehaviour:
         pop = np.bincount(np.concatenate(train), minlength=N)
         prep = SimpleNamespace(user_overlap=lambda final_retraining: protocol.user_overlap(pop, N))
         model = MODELS[self.name].from_config(
-            N, self.hp, n_users=N, data=MODELS[self.name].data_statistics(prep, False))
+            N, self.hp, n_users=N, data=MODELS[self.name].data_statistics(prep))
         if model.engine == "spark":  # the training pairs as a Spark DataFrame
             spark = request.getfixturevalue("spark")
             pairs = spark.createDataFrame([(u, i) for u in range(N) for i in train[u]],

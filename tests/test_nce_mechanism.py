@@ -181,7 +181,8 @@ def test_the_loop_hook_sets_the_ridge_start_only_when_asked(init):
     torch.manual_seed(0)
     model = build("nce-autorec", {"n_items": n_items, "width": 4, "lam": 3.0,
                                   "mode": "limited-finetune"})
-    model.configure_training(SimpleNamespace(loss_path="auto", phase2_start=init))
+    model.configure_training(SimpleNamespace(loss_path="auto", finetune_init=init,
+                                            finetune_lr=None))
     before = model.heads["predict"].weight.detach().clone()
 
     def batches():  # two batches of 12 and 18 users, as a rank's shard arrives

@@ -128,7 +128,7 @@ def test_stored_rstar_reaches_the_nce_loss_of_a_training_step(small_prepared, lo
     # real training steps: the model the loop builds, its optimizers, its step; each step's NCE
     # term (computed before that step's update) equals the dense float64 reference with this R*
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg, prep.n_items, prep.n_users, NCEAutoRec.data_statistics(prep, False))
+    model = build_model(cfg, prep.n_items, prep.n_users, NCEAutoRec.data_statistics(prep))
     steps = model.phases()[0]
     optimizers = make_optimizers(model, steps, cfg.learning_rate)
     targets = per_user(expected, rows)

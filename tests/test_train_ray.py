@@ -354,6 +354,16 @@ def test_limited_finetune_phase_two_reaches_the_exact_head_on_its_frozen_encoder
     ridge.heads["predict"].bias.data.copy_(bias)
     exact = reference_validation(ridge, rows)[0]
     assert trained >= 0.98 * exact, (trained, exact)
+    # the AutoRec family's training options and omega (computed on train, issue 31) are recorded
+    from mlflow.tracking import MlflowClient
+
+    params = MlflowClient(mlflow_server.url).get_run(result["mlflow_run_id"]).data.params
+    assert params["finetune_init"] == "ridge" and float(params["finetune_lr"]) == 2e-3
+    assert params["loss_path"] == "auto"
+    assert params["data_statistics_split"] == "train"
+    assert float(params["overlap"]) == pytest.approx(model.overlap)
+    record = json.loads((runs_dir / "nce-limited" / "run.json").read_text())
+    assert record["data_statistics"] == {"split": "train", "values": {"overlap": model.overlap}}
 
 
 def test_more_workers_than_the_cluster_has_fails_at_start(small_prepared, ray_head, mlflow_server,

@@ -458,3 +458,41 @@ def test_the_experiment_under_ray_job_submit_needs_absolute_paths_and_a_tracking
     assert main(["--data", "/abs/x"]) == 2
     err = capsys.readouterr().err
     assert "pass --output and --mlflow-uri" in err
+
+
+def test_the_epoch_body_sums_each_term_over_the_users_and_the_phase_has_its_learning_rate():
+    """``training.step.train_epoch`` (the loop's epoch, and benchmarks/tune_defaults.py's): each
+    loss term summed as batch mean x batch users, the same steps as calling ``train_batch`` on
+    each batch; ``phase_optimizers`` gives fine-tune phase 2 --finetune-lr (the model's
+    ``phase_lr``), phase 1 --lr."""
+    from models.batch import Batch
+    from training.loop import build_model
+    from training.step import make_optimizers, phase_optimizers, train_batch, train_epoch
+
+    def batch(rows):
+        idx = torch.tensor([i for r in rows for i in r])
+        offsets = torch.tensor([0, *np.cumsum([len(r) for r in rows])[:-1]])
+        return Batch(users=torch.arange(len(rows)), train_items=idx, train_offsets=offsets,
+                     train_rstar=torch.linspace(0.5, 2.0, len(idx)),
+                     neg_items=torch.zeros(0, dtype=torch.long),
+                     neg_counts=torch.zeros(0, dtype=torch.long),
+                     neg_offsets=torch.zeros(len(rows), dtype=torch.long))
+
+    batches = [batch([[0, 3], [5, 7, 9]]), batch([[1], [2, 4], [8, 9, 0]])]
+    c = cfg(model="nce-autorec", mode="limited-finetune", lr=0.01, finetune_lr=0.002)
+    one, two = (build_model(c, 10, None, {"overlap": 0.5}) for _ in range(2))
+    two.load_state_dict(one.state_dict())
+    steps = one.phases()[0]
+    sums, users = train_epoch(one, iter(batches), steps, make_optimizers(one, steps, 0.01))
+    opts = make_optimizers(two, steps, 0.01)
+    want = {}
+    for b in batches:
+        for k, v in train_batch(two, b, steps, opts).items():
+            want[k] = want.get(k, 0.0) + float(v) * len(b)
+    assert users == 5 and set(sums) == set(want)
+    for k in want:
+        assert float(sums[k]) == pytest.approx(want[k], rel=1e-6), k
+    assert all(torch.equal(a, b) for a, b in zip(one.parameters(), two.parameters()))
+    phases = one.phases()
+    assert [o.param_groups[0]["lr"] for o in phase_optimizers(one, phases, 0, 0.01)] == [0.01]
+    assert [o.param_groups[0]["lr"] for o in phase_optimizers(one, phases, 1, 0.01)] == [0.002]

@@ -6,7 +6,9 @@ stores it so that a resumed run can refuse a changed configuration.
 
 Its run-level fields are written here (``RunConfig``); its model fields are generated from the
 registered models' declarations (``models.hparams``): one optional field per hyperparameter name,
-None meaning the model's own default, checked by the model that takes it.
+None meaning the model's own default, checked by the model that takes it, and one field per
+training option a model declares (``Recommender.training_options``: the AutoRec family's fine-tune
+and loss-path flags), refused for the models that do not take it.
 """
 
 from __future__ import annotations
@@ -14,18 +16,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from models.hparams import Option
 from models.registry import MODELS
 from prepared.errors import UsageError
 from runtime.cli import option
-
-FINETUNE_MODES = ("limited-finetune", "full-finetune")
-FINETUNE_INITS = ("ridge", "as-is")
 
 NEGATIVES = ("etl", "resample")
 TRAIN_SPLITS = ("train", "train,valid")
 DATA_CACHE = ("auto", "memory", "stream")
 PLACEMENTS = ("PACK", "SPREAD")
-LOSS_PATHS = ("auto", "fast", "dense")
 VALID_BY = ("fold-in", "trained")
 
 
@@ -76,21 +75,7 @@ class RunConfig:
     lr: float | None = option(None, group=TRAINING,
                               help="Adam learning rate (default: the model's own, "
                                    f"{model_defaults('learning_rate')})")
-    finetune_lr: float | None = option(None, group=TRAINING,
-                                       help="Adam learning rate of fine-tune phase 2 (default: "
-                                            "--lr's)")
-    finetune_init: str | None = option(None, group=TRAINING, choices=FINETUNE_INITS,
-                                       help="where fine-tune phase 2's predict head starts: ridge "
-                                            "(default) = the exact minimiser of its loss on phase "
-                                            "1's encoder (one pass over the data; limited "
-                                            "fine-tune then starts at its optimum), as-is = as "
-                                            "phase 1 left it, untrained (the paper's procedure)")
     batch_size: int = option(128, group=TRAINING, help="users per step over all workers")
-    loss_path: str = option("auto", group=TRAINING, choices=LOSS_PATHS,
-                            help="the AutoRec family's losses: fast = the exact expansion without "
-                                 "the (batch, items) scores; dense = through the scores (the "
-                                 "reference, same values and gradients); auto = the cheaper per "
-                                 "head and batch size")
     epochs: int = option(200, group=TRAINING,
                          help="most epochs (of phase 2 for the fine-tune modes); early stopping "
                               "ends sooner")
@@ -164,15 +149,6 @@ class RunConfig:
         return self.lr if self.lr is not None else MODELS[self.model].learning_rate
 
     @property
-    def phase2_start(self) -> str:
-        """--finetune-init, or its default (ridge)."""
-        return self.finetune_init or "ridge"
-
-    def phase_lr(self, phase: int) -> float:
-        """The learning rate of ``phase`` (0-based): fine-tune phase 2 may have its own."""
-        return self.finetune_lr if phase > 0 and self.finetune_lr is not None else self.learning_rate
-
-    @property
     def stop_patience(self) -> int:
         """--patience, or the model's own default."""
         return self.patience if self.patience is not None else MODELS[self.model].patience
@@ -183,13 +159,19 @@ class RunConfig:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if f.metadata.get("group") == HYPER and getattr(self, f.name) is not None}
 
+    def training_options(self) -> dict:
+        """Every training option a model declares (``Recommender.training_options``), as given
+        (None or its default where not)."""
+        return {name: getattr(self, name) for name in declared_options(MODELS)}
+
     def resolved(self) -> dict:
-        """Every hyperparameter of the model, defaults filled in (what the run logs)."""
-        return {**MODELS[self.model].defaults(), **self.hyperparameters(),
-                **({"lr": self.learning_rate, "patience": self.stop_patience}
-                   if MODELS[self.model].kind == "gradient" else {}),
-                **({"finetune_lr": self.phase_lr(1), "finetune_init": self.phase2_start}
-                   if self.mode in FINETUNE_MODES else {})}
+        """Every hyperparameter of the model, defaults filled in, and the training options that
+        apply to it as the run uses them (what the run logs)."""
+        cls = MODELS[self.model]
+        hp = {**cls.defaults(), **self.hyperparameters()}
+        return {**hp, **({"lr": self.learning_rate, "patience": self.stop_patience}
+                         if cls.kind == "gradient" else {}),
+                **cls.resolved_options(self.training_options(), hp, self.learning_rate)}
 
 
 def hyper_fields(models: dict) -> list[tuple[str, str, dataclasses.Field]]:
@@ -214,10 +196,43 @@ def hyper_fields(models: dict) -> list[tuple[str, str, dataclasses.Field]]:
     return out
 
 
+def declared_options(models: dict) -> dict[str, Option]:
+    """Every training option the models declare, by name (first declared, first). Models that
+    share a name share its declaration's type, default and help; two are a mistake in models/."""
+    declared: dict[str, Option] = {}
+    for name, cls in models.items():
+        for key, opt in cls.training_options.items():
+            first = declared.setdefault(key, opt)
+            if (first.kind, first.default, first.help) != (opt.kind, opt.default, opt.help):
+                raise TypeError(f"training option {key!r} of {name} is declared with another "
+                                "type, default or help than another model's; a shared flag needs "
+                                "one of each")
+    return declared
+
+
+def option_fields(models: dict) -> list[tuple[str, str, dataclasses.Field]]:
+    """One field per training option the models declare, with its default and help, and the
+    models that take it named in the help."""
+    out = []
+    for name, opt in declared_options(models).items():
+        takers = ", ".join(m for m, c in models.items() if name in c.training_options)
+        kind = opt.kind.__name__ + (" | None" if opt.default is None else "")
+        out.append((name, kind, option(opt.default, group=TRAINING, choices=opt.choices,
+                                       help=f"{opt.help} ({takers} only)")))
+    return out
+
+
+def resumable_options(models: dict | None = None) -> set[str]:
+    """The training options a resumed run may change (how it computes, not what it trains)."""
+    return {name for name, opt in declared_options(MODELS if models is None else models).items()
+            if opt.resumable}
+
+
 TrainConfig = dataclasses.make_dataclass(
-    "TrainConfig", hyper_fields(MODELS), bases=(RunConfig,), frozen=True,
-    namespace={"__doc__": "Every flag of training/train.py: ``RunConfig``'s and one per model "
-                          "hyperparameter (``hyper_fields``), each None unless given."})
+    "TrainConfig", hyper_fields(MODELS) + option_fields(MODELS), bases=(RunConfig,), frozen=True,
+    namespace={"__doc__": "Every flag of training/train.py: ``RunConfig``'s, one per model "
+                          "hyperparameter (``hyper_fields``), each None unless given, and one per "
+                          "training option a model declares (``option_fields``)."})
 TrainConfig.__module__ = __name__  # pickles and reprs as training.config.TrainConfig
 
 
@@ -239,10 +254,17 @@ def check(cfg: TrainConfig) -> None:
         problem = hp.problem(value)
         if problem:
             bad(flag, value, problem)
-    if cfg.loss_path != "auto" and "loss_path" not in cls.training_options:
-        others = [m for m, c in MODELS.items() if "loss_path" in c.training_options]
-        bad("loss-path", cfg.loss_path, f"{cfg.model} has one way to compute its loss; only "
-            f"{', '.join(others)} have a fast and a dense one. Drop the flag")
+    hp = {**cls.defaults(), **cfg.hyperparameters()}
+    for field, opt in declared_options(MODELS).items():
+        value = getattr(cfg, field)
+        if value == opt.default:
+            continue
+        problem = opt.problem(value)
+        if problem:
+            bad(field.replace("_", "-"), value, problem)
+        if not cls.takes_option(field, hp):
+            takers = ", ".join(m for m, c in MODELS.items() if field in c.training_options)
+            bad(field.replace("_", "-"), value, opt.refused.format(model=cfg.model, takers=takers))
     if cfg.valid_by != "fold-in" and not cls.per_user:
         bad("valid-by", cfg.valid_by, f"{cfg.model} has no trained user vectors (only "
             + ", ".join(m for m, c in MODELS.items() if c.per_user) + " have); drop the flag")
@@ -254,16 +276,6 @@ def check(cfg: TrainConfig) -> None:
         bad("num-negatives", cfg.num_negatives, "draws per user must be in 1..10^7")
     if cfg.lr is not None and not 0 < cfg.lr <= 1:
         bad("lr", cfg.lr, "the learning rate must be in (0, 1]")
-    if cfg.finetune_lr is not None and not 0 < cfg.finetune_lr <= 1:
-        bad("finetune-lr", cfg.finetune_lr, "the learning rate must be in (0, 1]")
-    if cfg.finetune_init is not None and cfg.finetune_init not in FINETUNE_INITS:
-        bad("finetune-init", cfg.finetune_init, "choose ridge or as-is")
-    if cfg.finetune_init is not None and cfg.mode not in FINETUNE_MODES:
-        bad("finetune-init", cfg.finetune_init, "sets phase 2 of --mode limited-finetune or "
-            "full-finetune; other modes have one phase. Drop the flag or pass such a mode")
-    if cfg.finetune_lr is not None and cfg.mode not in FINETUNE_MODES:
-        bad("finetune-lr", cfg.finetune_lr, "sets phase 2 of --mode limited-finetune or "
-            "full-finetune; other modes have one phase. Drop the flag or pass such a mode")
     if not 1 <= cfg.batch_size <= 1_000_000:
         bad("batch-size", cfg.batch_size, "must be in 1..10^6")
     if cfg.batch_size < cfg.num_workers:

@@ -30,7 +30,7 @@ from training.config import TrainConfig
 from training.feed import BatchMaker, FeedPlan, valid_batch
 from models.registry import MODELS, load_weights_only
 from runtime.runs import CHECKPOINT_BEST, CHECKPOINT_STATE
-from training.step import make_optimizers, train_batch, unwrap
+from training.step import phase_optimizers, train_epoch, unwrap
 from prepared.protocol import TOP_K
 from training.validate import head_mask, head_share_sum, top_metrics
 
@@ -193,7 +193,7 @@ def train_loop(config: dict) -> None:
         logger = EpochLogger(**plan.mlflow)
 
     def optimizers_for(phase: int, states=None):
-        opts = make_optimizers(net, all_phases[phase], cfg.phase_lr(phase))
+        opts = phase_optimizers(net, all_phases, phase, cfg.learning_rate)
         for opt, st in zip(opts, states or []):
             opt.load_state_dict(st)
         return opts
@@ -224,17 +224,11 @@ def train_loop(config: dict) -> None:
         torch.manual_seed(cfg.seed + 1000003 * (epoch + 1) + rank)
         t0 = time.perf_counter()
         net.train()
-        sums: dict[str, torch.Tensor] = {}
-        users = 0
-        for rows in train_shard.iter_batches(batch_size=per_worker, batch_format="pyarrow",
-                                             local_shuffle_buffer_size=16 * per_worker,
-                                             local_shuffle_seed=cfg.seed + epoch + 1,
-                                             prefetch_batches=2):
-            batch = make(rows, epoch).to(device)
-            terms = train_batch(net, batch, steps, optimizers, bf16=cfg.bf16)
-            for name, value in terms.items():
-                sums[name] = sums.get(name, 0.0) + value * len(batch)
-            users += len(batch)
+        sums, users = train_epoch(
+            net, (make(rows, epoch).to(device) for rows in train_shard.iter_batches(
+                batch_size=per_worker, batch_format="pyarrow",
+                local_shuffle_buffer_size=16 * per_worker, local_shuffle_seed=cfg.seed + epoch + 1,
+                prefetch_batches=2)), steps, optimizers, bf16=cfg.bf16)
         # every rank runs the same steps, so every rank has the same term names (sorted alike)
         names = sorted(sums)
         totals = all_sum([float(sums[n]) for n in names] + [users], device)

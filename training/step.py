@@ -8,6 +8,8 @@ estimates per objective).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from models.base import Recommender
@@ -51,3 +53,27 @@ def train_batch(net: torch.nn.Module, batch: Batch, steps: list,
         opt.step()
         out.update({k: v.detach() for k, v in terms.items()})
     return out
+
+
+def phase_optimizers(net: torch.nn.Module, phases: list, phase: int, lr: float
+                     ) -> list[torch.optim.Optimizer]:
+    """The optimizers of ``phase`` (0-based) of a run whose learning rate is ``lr``, at the
+    model's learning rate for that phase (``Recommender.phase_lr``)."""
+    return make_optimizers(net, phases[phase], unwrap(net).phase_lr(phase, lr))
+
+
+def train_epoch(net: torch.nn.Module, batches: Iterable[Batch], steps: list,
+                optimizers: list[torch.optim.Optimizer], bf16: bool = False
+                ) -> tuple[dict[str, torch.Tensor], int]:
+    """The body of an epoch: ``train_batch`` on each batch in turn. Returns each loss term
+    summed over the users (a batch's mean times its users; 0-d tensors on the device, so no
+    host sync per batch) and the number of users: the caller sums them over the ranks and
+    divides."""
+    sums: dict[str, torch.Tensor] = {}
+    users = 0
+    for batch in batches:
+        terms = train_batch(net, batch, steps, optimizers, bf16=bf16)
+        for name, value in terms.items():
+            sums[name] = sums.get(name, 0.0) + value * len(batch)
+        users += len(batch)
+    return sums, users

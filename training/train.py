@@ -40,10 +40,10 @@ from runtime.atomic import write_bytes
 from runtime.runs import (CHECKPOINT_BEST, CHECKPOINT_STATE, MODEL_FILE, RUN_RECORD,
                           finished_record, finished_summary, summary_line)
 from runtime.logs import no_bars_in_logs
-from runtime.cli import add_config_file, add_options, config_yaml, strict_parser, values
+from runtime.cli import config_yaml, stage_parser, values
 from runtime.raycluster import (apply_ray_env, check_fits, join_address, local_cpus, watch_run,
                                 worker_cpus)
-from training.config import TrainConfig, check
+from training.config import TrainConfig, check, resumable_options
 from training.hooks import hook_specs
 from training.hooks import resolve as resolve_hooks
 from models.registry import MODELS, load_weights_only, payload
@@ -56,9 +56,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # options added after runs were first recorded, with what a record without them ran as
 ADDED_OPTIONS = {"valid_by": "fold-in"}
 RESUMABLE_CHANGES = {"data_cache", "num_workers", "cpus_per_worker", "use_gpu", "placement",
-                     "loss_path",
                      "max_failures", "mlflow_wait",
-                     "output", "run_name", "experiment"}
+                     "output", "run_name", "experiment"} | resumable_options()
+
+
+#: the split every data-dependent scale of a hyperparameter (the AutoRec family's omega, the unit
+#: of lambda) is computed on: the one model selection trains on, also for the final retraining on
+#: train+valid, so that the regularisation validation chose is the one the final model gets
+STATISTICS_SPLIT = "train"
 
 
 class TrainingError(RuntimeError):
@@ -66,24 +71,9 @@ class TrainingError(RuntimeError):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Every flag of TrainConfig (its defaults and help live there), and where to connect."""
-    p = strict_parser(prog="training/train.py", description=__doc__.split("\n\n")[0],
-                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                      epilog=__doc__.split("\n\n", 1)[1])
-    add_options(p, TrainConfig)
-    add_config_file(p, TrainConfig)
-    add_connection_flags(p)
-    return p
-
-
-def add_connection_flags(p: argparse.ArgumentParser) -> None:
-    """--mlflow-uri and --ray-address: where to connect, not part of any configuration."""
-    g = p.add_argument_group("connections (not part of the run's configuration)")
-    g.add_argument("--mlflow-uri", default=None,
-                   help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite under "
-                        "./mlflow/state)")
-    g.add_argument("--ray-address", default=None,
-                   help="Ray cluster to join (default: $RAY_ADDRESS, else a local Ray)")
+    """Every flag of TrainConfig (its defaults and help live there), --config FILE, and where
+    to connect: ``runtime.cli.stage_parser``, which experiment/run.py builds its own with."""
+    return stage_parser("training/train.py", __doc__, TrainConfig)
 
 
 def check_job_paths(args: argparse.Namespace) -> None:
@@ -162,16 +152,8 @@ def effective(config: dict) -> dict:
 def check_resume(cfg: TrainConfig, record: dict | None) -> None:
     if record is None:
         return
-    old = record["config"]
-    if ("lam_units" not in old and "lam_units" in MODELS[cfg.model].hyperparameters
-            and cfg.lam_units != "plain"):
-        raise UsageError(
-            f"run {cfg.run_name!r} in {cfg.output} was recorded before lambda's units changed "
-            "(2026-11-25; its lambda multiplies mean(W^2) alone): pass --lam-units plain to "
-            "resume it as it was, or another --run-name for a new run")
-    if "lam_units" not in old and cfg.lam_units == "plain":
-        old = {**old, "lam_units": "plain"}
-    old = {**ADDED_OPTIONS, **old}
+    # what a model changed in its own record since (e.g. the AutoRec family's lambda units)
+    old = {**ADDED_OPTIONS, **MODELS[cfg.model].upgrade_record(record["config"], cfg.to_dict())}
     # compared as resolved (None and the default it stands for are the same setting), shown as
     # recorded and given
     was, now = effective(old), effective(cfg.to_dict())
@@ -182,6 +164,22 @@ def check_resume(cfg: TrainConfig, record: dict | None) -> None:
             f"run {cfg.run_name!r} already exists in {cfg.output} with other settings: " +
             ", ".join(f"{k} was {a!r}, now {b!r}" for k, (a, b) in diff.items()) +
             ". Pass the same flags to resume it, or another --run-name for a new run")
+
+
+def run_statistics(cfg: TrainConfig, prep: Prepared, record: dict | None) -> dict:
+    """The model's ``data_statistics`` for this run and the split they were computed on:
+    ``{"split": ..., "values": {...}}``, what run.json records. A resumed run keeps its record's;
+    one recorded before the rule (2026-11-27, no ``data_statistics``) computed them on the
+    splits it trains on, and keeps doing so: its checkpoints were trained with them."""
+    if record is not None and "data_statistics" in record:
+        return record["data_statistics"]
+    split = STATISTICS_SPLIT if record is None else cfg.train_splits
+    return {"split": split, "values": MODELS[cfg.model].data_statistics(prep, split)}
+
+
+def statistics_params(stats: dict) -> dict:
+    """``run_statistics`` as MLflow params: each value under its name, and the split."""
+    return {**stats["values"], "data_statistics_split": stats["split"]} if stats["values"] else {}
 
 
 # -- Ray -----------------------------------------------------------------------------------------
@@ -206,7 +204,10 @@ def start_ray(cfg: TrainConfig, address: str | None) -> float:
     return cpw
 
 
-def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
+def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float,
+        data: dict | None = None):
+    """Train ``cfg`` on Ray Train; ``data``: the model's data statistics (``run_statistics``'s
+    values; default: computed on ``STATISTICS_SPLIT``)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -225,7 +226,8 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float):
     epoch_hooks = hook_specs()
     resolve_hooks(epoch_hooks)  # a bad NCE_TEST_HOOK is one line here, not a worker's traceback
     worker_plan = WorkerPlan(cfg=cfg, feed=plan, n_items=prep.n_items, n_users=prep.n_users,
-                             data=MODELS[cfg.model].data_statistics(prep, cfg.final_retraining),
+                             data=(run_statistics(cfg, prep, None)["values"] if data is None
+                                   else data),
                              head_items=head_items(prep.pop_train), threads=max(1, int(cpw)),
                              mlflow=mlflow_cfg, run_dir=run_dir, epoch_hooks=tuple(epoch_hooks))
     trainer = TorchTrainer(
@@ -272,15 +274,15 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
                                tags={"dataset": prep.dataset, "model": cfg.model,
                                      "mode": cfg.resolved().get("mode") or "-",
                                      "train_splits": cfg.train_splits, **(tags or {})})
+    # what the model reads from the data (e.g. the AutoRec family's unit of lambda, "overlap"),
+    # and on which split: the selection's, also for the final retraining (STATISTICS_SPLIT)
+    stats = run_statistics(cfg, prep, record)
     tracking.log_params(uri, run_id, {**cfg.to_dict(), **cfg.resolved(), "n_items": prep.n_items,
-                                      "dataset": prep.dataset,
-                                      # what the model reads from the data (e.g. the AutoRec
-                                      # family's unit of lambda, "overlap")
-                                      **MODELS[cfg.model].data_statistics(
-                                          prep, cfg.final_retraining),
+                                      "dataset": prep.dataset, **statistics_params(stats),
                                       "etl_beta": prep.beta(), "etl_negatives": prep.negatives(),
                                       "users": prep.manifest["counts"]["users"]})
-    run_record = {"config": cfg.to_dict(), "mlflow_uri": uri, "mlflow_run_id": run_id}
+    run_record = {"config": cfg.to_dict(), "mlflow_uri": uri, "mlflow_run_id": run_id,
+                  "data_statistics": stats}
     if record and "trained" in record:
         run_record["trained"] = record["trained"]
     write_bytes(join(join(cfg.output, cfg.run_name), RUN_RECORD),
@@ -302,7 +304,8 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
         summary, history = run_record["trained"], saved["history"]
         best, model_args = saved["state_dict"], saved["model_args"]
     else:
-        summary, history, best, model_args = train_run(cfg, prep, uri, run_id, ray_address)
+        summary, history, best, model_args = train_run(cfg, prep, uri, run_id, ray_address,
+                                                       stats["values"])
         buf = io.BytesIO()
         # the layout of models.registry.save, plus what the run learnt
         torch.save(payload(cfg.model, model_args, best,
@@ -339,8 +342,10 @@ def check_saved_files(cfg: TrainConfig) -> None:
             read_model_file(join(run_dir, info.path[len(path):].lstrip("/")))
 
 
-def train_run(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, ray_address: str | None):
-    """Train on Ray; returns (summary, per-epoch history, best weights, model arguments)."""
+def train_run(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, ray_address: str | None,
+              data: dict | None = None):
+    """Train on Ray; returns (summary, per-epoch history, best weights, model arguments).
+    ``data``: the model's data statistics (``run_statistics``)."""
 
     from runtime import tracking
 
@@ -357,7 +362,7 @@ def train_run(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, ray_addre
         return closed_form.fit(cfg, prep, cpus=cpw * cfg.num_workers)
     from ray.train import TrainingFailedError
     try:
-        result = fit(cfg, prep, {"uri": uri, "run_id": run_id}, cpw)
+        result = fit(cfg, prep, {"uri": uri, "run_id": run_id}, cpw, data)
     except TrainingFailedError as e:
         tracking.mark_failed(uri, run_id)
         raise TrainingError(

@@ -45,6 +45,14 @@ spectrum of the user Gram R R', whose leading eigenvalue is about U * omega; mea
 lambda on mean(W^2) alone moved by 100x between ml-100k and citeulike-a
 (benchmarks/results/tune_defaults.md). ``lam_units="plain"`` is the form before 2026-11-25,
 lam * mean(W^2) against the NS head's loss per user, which runs recorded then keep.
+
+omega is computed on the split model selection trains on (train), also for the final retraining
+on train+valid (``data_statistics``; ``training.train.STATISTICS_SPLIT``), and recorded in the
+run (MLflow params ``overlap`` and ``data_statistics_split``; run.json's ``data_statistics``):
+train+valid's omega is larger (about 1.9x on citeulike-a), so recomputing it would give the final
+model a stronger L2 than the lambda validation chose. The model file records its own omega
+(``model_args``), so a trained model scores as it trained; runs recorded before this rule
+(2026-11-27) resume with the omega of the splits they trained on.
 """
 
 from __future__ import annotations
@@ -61,11 +69,15 @@ from models.autorec.losses import linear_mse, linear_ns, mse_loss, ns_loss
 from models.base import NEGATIVES, RSTAR, Recommender
 from models.batch import Batch
 from models.hparams import (HP, LAM_HELP, PAPER_BETAS, PAPER_LAMBDAS, PAPER_NEGATIVES,
-                            PAPER_WIDTHS, WIDTH_HELP)
+                            PAPER_WIDTHS, WIDTH_HELP, Option)
 from models.losses import l2_penalty
+from prepared.errors import UsageError
 
 MODES = ("joint", "alternating", "limited-finetune", "full-finetune")
+FINETUNE_MODES = ("limited-finetune", "full-finetune")  # the modes with a phase 2
 LAM_UNITS = ("overlap", "plain")
+FINETUNE_INITS = ("ridge", "as-is")
+LOSS_PATHS = ("auto", "fast", "dense")
 
 # The named grids. "small" (the default: 45 trials over every model) searches joint mode only:
 # on ml-100k a joint trial takes about 1.5 minutes on 2 cores, a fine-tune one several times that
@@ -85,6 +97,28 @@ LAM_UNITS_HP = HP("overlap", "the AutoRec family's lambda: overlap = times omega
                   "datasets, with every head's loss per (user, item) entry; plain = lambda * "
                   "mean(W^2) with the NS head's loss per user (runs before 2026-11-25)",
                   choices=LAM_UNITS)
+# The family's run-level training flags (``training_options``: training/train.py makes a flag of
+# each and refuses it for other models with ``refused``)
+PHASE_2_ONLY = ("sets phase 2 of --mode limited-finetune or full-finetune; other modes have one "
+                "phase. Drop the flag or pass such a mode")
+LOSS_PATH = {
+    "loss_path": Option("auto", "the AutoRec family's losses: fast = the exact expansion without "
+                        "the (batch, items) scores; dense = through the scores (the reference, "
+                        "same values and gradients); auto = the cheaper per head and batch size",
+                        choices=LOSS_PATHS, resumable=True,
+                        refused="{model} has one way to compute its loss; only {takers} have a "
+                                "fast and a dense one. Drop the flag"),
+}
+FINETUNE = {  # the two-headed models' (their modes with a phase 2)
+    "finetune_lr": Option(None, "Adam learning rate of fine-tune phase 2 (default: --lr's)",
+                          type=float, lo=0, open_lo=True, hi=1, why="a learning rate",
+                          refused=PHASE_2_ONLY, searchable=True),
+    "finetune_init": Option(None, "where fine-tune phase 2's predict head starts: ridge "
+                            "(default) = the exact minimiser of its loss on phase 1's encoder "
+                            "(one pass over the data; limited fine-tune then starts at its "
+                            "optimum), as-is = as phase 1 left it, untrained (the paper's "
+                            "procedure)", type=str, choices=FINETUNE_INITS, refused=PHASE_2_ONLY),
+}
 TWO_HEADED = {  # what NS- and NCE-AutoRec share beyond AutoRec's (lam: its default and grids)
     "lam": LAM.but(default=10.0, search={"paper": PAPER_LAMBDAS, "small": TWO_HEAD_LAMBDAS}),
     "mode": HP("joint", "how the two heads train", choices=MODES, search={"paper": list(MODES)}),
@@ -128,7 +162,9 @@ class AutoRec(Recommender):
     #: whether fine-tune phase 2 starts from the exact predict head (``--finetune-init ridge``,
     #: the default) or from phase 1's untrained one (``as-is``: the paper's way)
     start_from_ridge: bool = True
-    training_options = frozenset({"loss_path", "finetune_init"})
+    training_options = LOSS_PATH
+    #: fine-tune phase 2's own learning rate (``--finetune-lr``; None: the run's)
+    finetune_lr: float | None = None
 
     def __init__(self, n_items: int, width: int, lam: float, mode: str | None = None,
                  embed_weight: float = 1.0, embed_lam: float | None = None,
@@ -167,9 +203,37 @@ class AutoRec(Recommender):
         nn.init.uniform_(self.encoder.weight, -bound, bound)
 
     @classmethod
-    def data_statistics(cls, prep, final_retraining: bool) -> dict:
-        """omega, the unit of lambda (``lam_units`` "overlap"), from the rows trained on."""
-        return {"overlap": prep.user_overlap(final_retraining)}
+    def data_statistics(cls, prep, split: str = "train") -> dict:
+        """omega, the unit of lambda (``lam_units`` "overlap"), of ``split``'s rows: the train
+        split's also in the final retraining (the module's docstring says why)."""
+        return {"overlap": prep.user_overlap(split == "train,valid")}
+
+    @classmethod
+    def takes_option(cls, name: str, hp: dict) -> bool:
+        """The fine-tune flags only in the modes with a phase 2."""
+        return name in cls.training_options and (not name.startswith("finetune_")
+                                                 or hp.get("mode") in FINETUNE_MODES)
+
+    @classmethod
+    def resolved_options(cls, options: dict, hp: dict, lr: float) -> dict:
+        """In the fine-tune modes, phase 2's learning rate and start as the run uses them."""
+        if hp.get("mode") not in FINETUNE_MODES:
+            return {}
+        return {"finetune_lr": lr if options.get("finetune_lr") is None else options["finetune_lr"],
+                "finetune_init": options.get("finetune_init") or "ridge"}
+
+    @classmethod
+    def upgrade_record(cls, config: dict, given: dict) -> dict:
+        """A run recorded before lambda had units (2026-11-25: no ``lam_units``; its lambda
+        multiplies mean(W^2) alone) resumes only as it was, with --lam-units plain."""
+        if "lam_units" in config:
+            return config
+        if given.get("lam_units") != "plain":
+            raise UsageError(
+                f"run {given.get('run_name')!r} in {given.get('output')} was recorded before "
+                "lambda's units changed (2026-11-25; its lambda multiplies mean(W^2) alone): pass "
+                "--lam-units plain to resume it as it was, or another --run-name for a new run")
+        return {**config, "lam_units": "plain"}
 
     @classmethod
     def saved_args(cls, model_args: dict) -> dict:
@@ -178,11 +242,16 @@ class AutoRec(Recommender):
         return model_args
 
     def configure_training(self, options) -> None:
-        """``--loss-path`` (auto leaves ``dense_loss`` to the batch size) and
-        ``--finetune-init``."""
+        """``--loss-path`` (auto leaves ``dense_loss`` to the batch size), ``--finetune-init``
+        and ``--finetune-lr``."""
         if options.loss_path != "auto":
             self.dense_loss = options.loss_path == "dense"
-        self.start_from_ridge = options.phase2_start == "ridge"
+        self.start_from_ridge = (options.finetune_init or "ridge") == "ridge"
+        self.finetune_lr = options.finetune_lr
+
+    def phase_lr(self, phase: int, lr: float) -> float:
+        """Fine-tune phase 2 may have its own (``--finetune-lr``)."""
+        return self.finetune_lr if phase > 0 and self.finetune_lr is not None else lr
 
     def model_args(self) -> dict:
         args = {"n_items": self.n_items, "width": self.width, "lam": self.lam}
@@ -359,6 +428,7 @@ class NSAutoRec(AutoRec):
     embed_head = "ns"
     needs = frozenset({NEGATIVES})
     hyperparameters = {**AutoRec.hyperparameters, **TWO_HEADED}
+    training_options = {**LOSS_PATH, **FINETUNE}
     run_axes = {"paper": {"num_negatives": PAPER_NEGATIVES}}
 
 
@@ -368,4 +438,5 @@ class NCEAutoRec(AutoRec):
     embed_head = "nce"
     needs = frozenset({RSTAR})
     hyperparameters = {**AutoRec.hyperparameters, **TWO_HEADED}
+    training_options = {**LOSS_PATH, **FINETUNE}
     run_axes = {"paper": {"beta": PAPER_BETAS}, "small": {"beta": [0.8, 1.0]}}
