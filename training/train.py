@@ -10,11 +10,14 @@ in a Ray task), tracked in MLflow.
 its whole configuration, resolved, to OUTPUT/RUN_NAME/config.yaml and MLflow, which --config
 reads back for a new run.
 
-Each epoch prints one line (losses, validation NDCG / Recall@50, users/s, time left) and logs
-them to MLflow. Checkpoints go to OUTPUT/RUN_NAME every epoch; rerunning with the same --run-name
-resumes there. The run returns its best epoch by validation NDCG (the last epoch for the final
-retraining, --train-splits train,valid), written to OUTPUT/RUN_NAME/model.pt and logged to MLflow
-as a pyfunc that scores user rows.
+Each epoch prints one line (losses, validation NDCG beside the popularity baseline's on the same
+users, Recall@50, users/s, time left) and logs them to MLflow. A run whose best validation NDCG is
+not above popularity's, or whose code collapses (effective rank < 2), says so in WARNING lines
+and is tagged health=below-popularity / collapsed in MLflow (training/validate.py ``health``).
+Checkpoints go to OUTPUT/RUN_NAME every epoch; rerunning with the same --run-name resumes there.
+The run returns its best epoch by validation NDCG (the last epoch for the final retraining,
+--train-splits train,valid), written to OUTPUT/RUN_NAME/model.pt and logged to MLflow as a
+pyfunc that scores user rows.
 """
 
 from __future__ import annotations
