@@ -183,21 +183,36 @@ def reference_popularity(prepared: Path) -> tuple[float, float]:
     return float(m["NDCG"].mean()), float(m["Recall@50"].mean())
 
 
-def test_a_healthy_run_beats_popularitys_exact_validation_and_is_tagged_ok(two_workers,
-                                                                          mlflow_server,
-                                                                          small_prepared):
+def test_popularity_is_measured_exactly_beside_validation_and_decides_the_health(
+        two_workers, mlflow_server, small_prepared):
     """Every run measures the popularity baseline once, on the same validation users (two ranks'
-    sums all-reduced), equal to a one-process recomputation; this one clears it: health ok."""
+    sums all-reduced), equal to a one-process recomputation. Popularity is strong on MovieLens
+    (0.13 here): four epochs of this small NCE-AutoRec (0.11) stay below it, and the run says so
+    (its code, rank ~8 of 64, is not collapsed)."""
     from mlflow.tracking import MlflowClient
 
     ndcg, recall = reference_popularity(small_prepared)
     assert two_workers["valid_ndcg_popularity"] == pytest.approx(ndcg, abs=1e-5) and ndcg > 0.01
     assert two_workers["valid_recall_at_50_popularity"] == pytest.approx(recall, abs=1e-5)
-    assert two_workers["best_valid_ndcg"] > two_workers["valid_ndcg_popularity"]
-    assert two_workers["best_code_effective_rank"] >= 2.0 and two_workers["health"] == "ok"
+    assert two_workers["best_code_effective_rank"] >= 2.0
+    assert two_workers["best_valid_ndcg"] < two_workers["valid_ndcg_popularity"]
+    assert two_workers["health"] == "below-popularity"
     r = MlflowClient(mlflow_server.url).get_run(two_workers["mlflow_run_id"])
-    assert r.data.tags["health"] == "ok"
+    assert r.data.tags["health"] == "below-popularity"
     assert r.data.metrics["valid_ndcg_popularity"] == pytest.approx(ndcg, abs=1e-5)
+
+
+def test_a_run_that_beats_popularity_is_healthy(small_prepared, ray_head, mlflow_server,
+                                                runs_dir, capsys):
+    from mlflow.tracking import MlflowClient
+
+    result = run(config(small_prepared, runs_dir, num_workers=1, run_name="healthy", lr=3e-3,
+                        epochs=10), mlflow_server.url)
+    assert result["best_valid_ndcg"] > result["valid_ndcg_popularity"] > 0.01
+    assert result["health"] == "ok" and result["best_code_effective_rank"] >= 2.0
+    assert "WARNING: run healthy" not in capsys.readouterr().out
+    assert MlflowClient(mlflow_server.url).get_run(
+        result["mlflow_run_id"]).data.tags["health"] == "ok"
 
 
 def test_a_collapsed_run_is_tagged_warned_and_not_made_champion_silently(
@@ -211,8 +226,9 @@ def test_a_collapsed_run_is_tagged_warned_and_not_made_champion_silently(
 
     result = run(config(small_prepared, runs_dir, num_workers=1, run_name="width1",
                         model="autorec", width=1, epochs=2), mlflow_server.url)
-    assert result["best_code_effective_rank"] == pytest.approx(1.0, abs=1e-6)
-    assert "collapsed" in result["health"].split(",")
+    # one code direction at most (here none: the one unit is dead, every code 0)
+    assert result["best_code_effective_rank"] < 2.0
+    assert result["health"] == "below-popularity,collapsed"
     out = capsys.readouterr().out
     assert f"WARNING: run width1 is unhealthy ({result['health']})" in out
     client = MlflowClient(mlflow_server.url)
