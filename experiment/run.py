@@ -15,7 +15,10 @@ Stages (a rerun with the same --name skips every finished one, trial by trial):
                length of fine-tune phase 1).
   3. retrain   from scratch on train+valid with that configuration for exactly that many epochs
                (``--train-splits train,valid``: the protocol's final model).
-  4. register  the final model in the MLflow Model Registry as DATASET-MODEL, alias @champion.
+  4. register  the final model in the MLflow Model Registry as DATASET-MODEL, alias @champion;
+               not a model whose chosen trial was unhealthy on validation (below popularity or
+               a collapsed code, training/validate.py ``health``): it is scored from its run
+               with a WARNING line, unless --allow-unhealthy.
   5. score     top-50 of every user with ``models:/DATASET-MODEL@champion`` (evaluation/score.py).
   6. evaluate  the paper's metrics on test with 95% CIs, popularity, cold start
                (evaluation/evaluate.py), and the experiment's table (table.md, table.csv).
@@ -63,6 +66,7 @@ from runtime.raycluster import apply_ray_env, check_fits, join_address, local_cp
 from experiment import grids
 from training.config import VALID_BY, TrainConfig, check
 from training.train import ADDED_OPTIONS, check_job_paths
+from training.validate import COLLAPSED_RANK, HEALTHY
 
 ROOT = Path(__file__).resolve().parents[1]
 PARENT = "mlflow.parentRunId"  # MLflow's tag that nests a run under another in the UI
@@ -107,6 +111,11 @@ class ExperimentConfig:
                               help="trials at once; 0 = as many as the cluster's CPUs fit")
     no_register: bool = option(False, help="do not register the final models (score them from "
                                             "their runs)")
+    allow_unhealthy: bool = option(False, help="register a final model as @champion even when "
+                                               "its chosen trial's validation NDCG was not "
+                                               "above popularity's or its code collapsed (by "
+                                               "default such a model is scored from its run, "
+                                               "not registered)")
 
     def model_list(self) -> list[str]:
         return [m.strip() for m in self.models.split(",") if m.strip()]
@@ -242,7 +251,7 @@ def trial(config: dict) -> dict:
     except TrainingError as e:  # diverged, or workers kept failing: a result, not a crash
         return {"valid_ndcg": float("nan"), "failed": str(e).splitlines()[0]}
     return {"valid_ndcg": s["best_valid_ndcg"], "best_epoch": s["best_epoch"],
-            "wall_seconds": s.get("wall_seconds", 0.0)}
+            "wall_seconds": s.get("wall_seconds", 0.0), "health": s.get("health") or ""}
 
 
 def concurrency(cfg: ExperimentConfig) -> int:
@@ -312,8 +321,10 @@ class Progress:
         left = self.total - self.done
         per = (time.perf_counter() - self.t0) / self.ran
         eta = f", about {per * left / self.at_once / 60:.0f} min left" if left else ""
+        unhealthy = result.get("health") not in (None, "", HEALTHY)
         what = (f"failed ({result['failed']})" if result.get("failed") else
-                f"validation NDCG {ndcg:.4f}")
+                f"validation NDCG {ndcg:.4f}"
+                + (f" (WARNING: {result['health']})" if unhealthy else ""))
         best = f"; best {self.best[0]:.4f} ({self.best[1]})" if self.best[1] else ""
         print(f"[{self.model}] trial {self.done}/{self.total} {name}: {what}{best}; "
               f"{left} left{eta}", flush=True)
@@ -374,6 +385,9 @@ def select(root: Path, model: str, points: list[dict]) -> dict:
             "valid_recall_at_50": s.get("best_valid_recall_at_50"),
             "best_epoch": s["best_epoch"], "phase_epochs": s.get("phase_epochs") or [],
             "trial": s["run_name"], "trials": len(points), "finished": len(rows),
+            # None: not checked (a closed-form fit, or a trial run before the check existed)
+            "health": s.get("health"), "valid_ndcg_popularity": s.get("valid_ndcg_popularity"),
+            "code_effective_rank": s.get("best_code_effective_rank"),
             "search_seconds": sum(t.get("wall_seconds", 0.0) for _, t in done),
             "all": [{"point": p, "valid_ndcg": t["best_valid_ndcg"],
                      "best_epoch": t["best_epoch"]} for p, t in rows]}
@@ -431,6 +445,41 @@ def register(uri: str, name: str, model_uri: str, run_id: str) -> str:
     return f"models:/{name}@champion"
 
 
+def unhealthy(chosen: dict) -> str | None:
+    """The chosen trial's health when it is not ok (None when ok or not checked)."""
+    h = chosen.get("health")
+    return h if h not in (None, HEALTHY) else None
+
+
+def register_if_healthy(uri: str, name: str, final: dict, chosen: dict, allow: bool) -> str:
+    """``register`` the final model, unless its chosen trial was unhealthy on validation: then a
+    WARNING line, and its run's model URI (scored and tabled as any other, never @champion
+    silently). ``allow`` (--allow-unhealthy) registers it anyway, with the same warning. The
+    final run (trained on train+valid, no validation of its own) and the model version carry
+    the trial's health as a tag."""
+    from mlflow.tracking import MlflowClient
+
+    h = unhealthy(chosen)
+    if h is None:
+        return register(uri, name, final["model_uri"], final["mlflow_run_id"])
+    client = MlflowClient(uri)
+    client.set_tag(final["mlflow_run_id"], "health", h)
+    num = lambda k: float("nan") if chosen.get(k) is None else chosen[k]
+    why = (f"its chosen trial {chosen.get('trial')} is {h} on validation (NDCG "
+           f"{chosen['valid_ndcg']:.4f}, popularity's {num('valid_ndcg_popularity'):.4f}, code "
+           f"effective rank {num('code_effective_rank'):.2f})")
+    if not allow:
+        print(f"WARNING: {name}: not registered as models:/{name}@champion: {why}; scored "
+              "from its run instead. Pass --allow-unhealthy to register it anyway", flush=True)
+        return final["model_uri"]
+    model_uri = register(uri, name, final["model_uri"], final["mlflow_run_id"])
+    version = client.get_model_version_by_alias(name, "champion")
+    client.set_model_version_tag(name, version.version, "health", h)
+    print(f"WARNING: {name}: registered as {model_uri} although {why} (--allow-unhealthy)",
+          flush=True)
+    return model_uri
+
+
 # -- 6. the table ----------------------------------------------------------------------------------
 
 def fmt_point(p: dict) -> str:
@@ -464,6 +513,8 @@ def table_rows(state: dict, rows: list[dict], pop: dict | None = None,
                     "search_minutes": s["chosen"]["search_seconds"] / 60,
                     "final_minutes": s["final"].get("wall_seconds", 0.0) / 60,
                     "users": next(iter(mine.values()))["users"] if mine else 0,
+                    # the chosen trial's (training/validate.py health); "" where unchecked
+                    "health": s["chosen"].get("health") or "",
                     "median_popularity": (pop or {}).get(s["evaluation_label"], {}).get(
                         "median_popularity", float("nan")),
                     "share_top10pct": (pop or {}).get(s["evaluation_label"], {}).get(
@@ -491,7 +542,8 @@ def table_md(rows: list[dict], title: str) -> str:
     against_best = [f"NDCG − {best}, paired", f"p vs {best} (t / Wilcoxon)"] if best else []
     head = ["model", *TABLE, f"NDCG − {first}, paired", f"p vs {first} (t / Wilcoxon)",
             *against_best, "median pop.", "top-10% share",
-            "chosen (validation)", "valid NDCG", "epochs", "trials", "search min", "final min"]
+            "chosen (validation)", "valid NDCG", "epochs", "trials", "search min", "final min",
+            "health"]
     lines = [f"# {title}", "", "Test metrics of warm users, mean ± 95% CI; models chosen by "
              "validation NDCG and retrained on train+valid. NDCG − first, paired: the mean over "
              "users of (this model's NDCG − the first model's) with its 95% CI; where the CI "
@@ -502,7 +554,11 @@ def table_md(rows: list[dict], title: str) -> str:
                 if best else "") + "; paired.csv has them uncorrected too, and for Recall@50. "
              "Median pop.: the median training "
              "popularity of the recommended items; top-10% share: the share of recommendations "
-             "from the 10% most popular items.", "",
+             "from the 10% most popular items. Health: the chosen trial's on validation: ok, "
+             "below-popularity (its best validation NDCG not above the popularity baseline's "
+             "on the same users) or collapsed (its code's effective rank below "
+             f"{COLLAPSED_RANK:g}); an unhealthy model is not registered as @champion unless "
+             "--allow-unhealthy; – where not checked (closed-form fits).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [f"{r[m][0]:.4f} ± {r[m][1]:.4f}" if m in r else "–" for m in TABLE]
@@ -515,7 +571,9 @@ def table_md(rows: list[dict], title: str) -> str:
         lines.append(f"| {r['model']} | " + " | ".join(cells) + f" | {r['median_popularity']:,.0f}"
                      f" | {r['share_top10pct']:.3f} | {r['chosen']} | "
                      f"{r['valid_ndcg']:.4f} | {r['epochs']} | {r['trials']} | "
-                     f"{r['search_minutes']:.1f} | {r['final_minutes']:.1f} |")
+                     f"{r['search_minutes']:.1f} | {r['final_minutes']:.1f} | "
+                     + (f"**{r['health']}**" if r.get("health") not in ("", None, HEALTHY)
+                        else r.get("health") or "–") + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -527,7 +585,8 @@ def table_csv(rows: list[dict]) -> str:
                 "paired_wilcoxon_p_holm", "best_after_first", "paired_ndcg_minus_best", "best_ci95",
                 "best_t_p_holm", "best_wilcoxon_p_holm",
                 "median_popularity", "share_top10pct", "chosen",
-                "valid_ndcg", "epochs", "trials", "search_minutes", "final_minutes", "users"])
+                "valid_ndcg", "epochs", "trials", "search_minutes", "final_minutes", "users",
+                "health"])
     for r in rows:
         d, p, b = r.get("paired_ndcg"), r.get("paired_p"), r.get("best")
         w.writerow([r["model"], *[f"{r[m][i]:.6f}" if m in r else "" for m in TABLE
@@ -540,7 +599,7 @@ def table_csv(rows: list[dict]) -> str:
                     f"{r['median_popularity']:.1f}",
                     f"{r['share_top10pct']:.4f}", r["chosen"], f"{r['valid_ndcg']:.6f}",
                     r["epochs"], r["trials"], f"{r['search_minutes']:.2f}",
-                    f"{r['final_minutes']:.2f}", r["users"]])
+                    f"{r['final_minutes']:.2f}", r["users"], r.get("health", "")])
     return buf.getvalue()
 
 
@@ -672,8 +731,8 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
     for model in points:  # 4-5: register, score
         s = state["models"][model]
         f = s["final"]
-        s["model_uri"] = f["model_uri"] if cfg.no_register else register(
-            uri, f"{prep.dataset}-{model}", f["model_uri"], f["mlflow_run_id"])
+        s["model_uri"] = f["model_uri"] if cfg.no_register else register_if_healthy(
+            uri, f"{prep.dataset}-{model}", f, s["chosen"], cfg.allow_unhealthy)
         out = root / "recs" / model
         current = (read_json(out / "_manifest.json") or {}).get("mlflow_run_id") == \
             f["mlflow_run_id"] and s.get("scored") == s["model_uri"]

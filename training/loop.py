@@ -32,7 +32,8 @@ from models.registry import MODELS, load_weights_only
 from runtime.runs import CHECKPOINT_BEST, CHECKPOINT_STATE
 from training.step import phase_optimizers, train_epoch, unwrap
 from prepared.protocol import TOP_K
-from training.validate import head_mask, head_share_sum, top_metrics
+from training.validate import (COLLAPSED_RANK, head_mask, head_share_sum, popularity_metrics,
+                               popularity_order, top_metrics)
 
 STATE, BEST = CHECKPOINT_STATE, CHECKPOINT_BEST
 CONVERGED = 1e-3  # fine-tune phase 1 ends when its loss improves by less than this (relative)
@@ -150,6 +151,8 @@ class WorkerPlan:
     n_users: int
     data: dict  # the model's data_statistics of the rows it trains on (e.g. a unit of lambda)
     head_items: np.ndarray  # the 10% most popular items, whose share of the lists validation reports
+    # (n_items,) training positives per item: the popularity baseline validation compares with
+    popularity: np.ndarray | None = None
     threads: int = 1  # torch threads per worker
     mlflow: dict | None = None  # rank 0's per-epoch logger (runtime.tracking.EpochLogger's kwargs)
     run_dir: str = ""
@@ -205,6 +208,8 @@ def train_loop(config: dict) -> None:
         say(f"DDP: {per_worker} users per worker per step; each step all-reduces "
             f"{allreduce_bytes(model, all_phases) / 2**20:,.1f} MiB of gradients")
     head = head_mask(n_items, plan.head_items, device)  # the 10% most popular items
+    pop_order = popularity_order(plan.popularity).to(device) if plan.popularity is not None \
+        else None
     train_shard = ray.train.get_dataset_shard("train")
     valid_rows = ray.train.get_dataset_shard("valid") if not cfg.final_retraining else None
     times: list[float] = []
@@ -245,7 +250,12 @@ def train_loop(config: dict) -> None:
         if valid_rows is not None and last_phase and not diverged:
             (ndcg, recall), valid_share, valid_users, diagnostics = evaluate(
                 net, valid_rows, device, batch_size=max(per_worker, 256), head=head,
-                trained_users=cfg.valid_by == "trained")
+                trained_users=cfg.valid_by == "trained",
+                # once a run (the users and the counts never change between epochs)
+                popularity=pop_order if "popularity" not in progress else None)
+            pop = diagnostics.pop("popularity", None)
+            if pop is not None:
+                progress["popularity"] = {"ndcg": pop[0], "recall_at_50": pop[1]}
         valid_s = time.perf_counter() - t_valid
         phase_loss = None if last_phase else unwrap(net).monitor(phase, loss)
         record = {"epoch": epoch + 1, "phase": phase + 1, "train_seconds": train_s,
@@ -274,11 +284,14 @@ def train_loop(config: dict) -> None:
                 say(f"{done}, {time.perf_counter() - t_hook:.1f}s)")
             optimizers = optimizers_for(progress["phase"])
 
+        warnings = health_warnings(record, progress)
         metrics = {**record, "best_epoch": progress["best_epoch"],
                    "best_valid_ndcg": progress["best_ndcg"], "done": progress["done"],
                    "diverged_epoch": progress["diverged"] or 0}
         if rank == 0:
             say(progress_line(record, progress, cfg, len(all_phases), times))
+            for line in warnings:
+                say(line)
             if logger is not None:
                 logger.log(record, step=epoch + 1)
             with tempfile.TemporaryDirectory() as d:
@@ -295,16 +308,18 @@ def train_loop(config: dict) -> None:
 
 @torch.no_grad()
 def evaluate(net, valid_rows, device: torch.device, batch_size: int, head: torch.Tensor,
-             trained_users: bool = False
-             ) -> tuple[tuple[float, float], float, int, dict[str, float]]:
+             trained_users: bool = False, popularity: torch.Tensor | None = None
+             ) -> tuple[tuple[float, float], float, int, dict]:
     """(mean validation NDCG, Recall@50) over all validation users (all ranks together), the
     largest share of them one rank scored, how many there were, and what else the lists and
     codes say (``diagnostics``): the share of the recommendations from the ``head`` items (the
     10% most popular), and the effective rank of the user codes where the model has them.
-    ``trained_users``: a per-user model scores from its trained user vectors (``--valid-by``)."""
+    ``trained_users``: a per-user model scores from its trained user vectors (``--valid-by``).
+    ``popularity`` (``popularity_order``): also the popularity baseline's (NDCG, Recall@50) on
+    the same users with the same metric code, as ``diagnostics["popularity"]``."""
     net.eval()
     model = unwrap(net)
-    ndcg_sum = recall_sum = head_sum = 0.0
+    ndcg_sum = recall_sum = head_sum = pop_ndcg = pop_recall = 0.0
     count = 0
     codes, sampled = None, False
     for rows in valid_rows.iter_batches(batch_size=batch_size, batch_format="pyarrow"):
@@ -320,6 +335,10 @@ def evaluate(net, valid_rows, device: torch.device, batch_size: int, head: torch
         ndcg_sum += float(ndcg.sum())
         recall_sum += float(recall.sum())
         head_sum += head_share_sum(head, top)
+        if popularity is not None:
+            p_ndcg, p_recall = popularity_metrics(popularity, vb)
+            pop_ndcg += float(p_ndcg.sum())
+            pop_recall += float(p_recall.sum())
         count += len(vb)
         if not sampled:  # a sample: this rank's first batch (None: the model has no codes)
             sampled = True
@@ -327,9 +346,9 @@ def evaluate(net, valid_rows, device: torch.device, batch_size: int, head: torch
                 codes = model.user_codes(vb.train_items, vb.train_offsets)
     mine = count
     erank = effective_rank(codes) if codes is not None else float("nan")
-    ndcg_sum, recall_sum, head_sum, count, erank_sum, ranks = all_sum(
+    ndcg_sum, recall_sum, head_sum, count, erank_sum, ranks, pop_ndcg, pop_recall = all_sum(
         [ndcg_sum, recall_sum, head_sum, count, 0.0 if math.isnan(erank) else erank,
-         0.0 if math.isnan(erank) else 1.0], device)
+         0.0 if math.isnan(erank) else 1.0, pop_ndcg, pop_recall], device)
     # the largest rank's share of the users (1 / world when balanced): validation runs at the
     # pace of the rank with the most
     share, = all_sum([mine / count if count else 0.0], device, op=dist.ReduceOp.MAX)
@@ -337,6 +356,9 @@ def evaluate(net, valid_rows, device: torch.device, batch_size: int, head: torch
     diagnostics = {"valid_head_share": head_sum / count if count else float("nan")}
     if ranks:
         diagnostics["code_effective_rank"] = erank_sum / ranks
+    if popularity is not None:
+        diagnostics["popularity"] = ((pop_ndcg / count, pop_recall / count) if count
+                                     else (float("nan"), float("nan")))
     return means, share, int(count), diagnostics
 
 
@@ -352,12 +374,37 @@ def effective_rank(codes: torch.Tensor) -> float:
     return float(torch.exp(-(p * p.log()).sum()))
 
 
+def health_warnings(record: dict, p: dict) -> list[str]:
+    """The WARNING lines of this epoch: each problem of ``training.validate.health`` the first
+    time it shows (noted in ``p["warned"]``, which the checkpoint keeps): the best validation
+    NDCG so far not above popularity's, and the code's effective rank below ``COLLAPSED_RANK``.
+    The run's verdict, at its best epoch, is the driver's (``training.train``)."""
+    warned = p.setdefault("warned", [])
+    pop = p.get("popularity")
+    out = []
+    if ("valid_ndcg" in record and pop is not None and "below-popularity" not in warned
+            and not p["best_ndcg"] > pop["ndcg"]):
+        warned.append("below-popularity")
+        out.append(f"WARNING: epoch {record['epoch']}: below popularity: the best validation "
+                   f"NDCG so far, {p['best_ndcg']:.4f}, is not above the popularity baseline's "
+                   f"{pop['ndcg']:.4f} on the same users")
+    rank = record.get("code_effective_rank")
+    if rank is not None and rank < COLLAPSED_RANK and "collapsed" not in warned:
+        warned.append("collapsed")
+        out.append(f"WARNING: epoch {record['epoch']}: code collapsed: the encoder's code has "
+                   f"effective rank {rank:.2f} (< {COLLAPSED_RANK:g}): every user gets nearly "
+                   "the same list")
+    return out
+
+
 def progress_line(record: dict, p: dict, cfg: TrainConfig, n_phases: int, times: list[float]) -> str:
     losses = " ".join(f"{k[5:]} {v:.5g}" for k, v in record.items() if k.startswith("loss_"))
     parts = [f"epoch {record['epoch']:>3}", f"phase {record['phase']}/{n_phases}" if n_phases > 1
              else "", f"loss {losses}"]
     if "valid_ndcg" in record:
-        parts.append(f"valid NDCG {record['valid_ndcg']:.4f} Recall@50 "
+        pop = p.get("popularity")
+        parts.append(f"valid NDCG {record['valid_ndcg']:.4f}"
+                     + (f" (pop {pop['ndcg']:.4f})" if pop is not None else "") + " Recall@50 "
                      f"{record['valid_recall_at_50']:.4f} (best {p['best_ndcg']:.4f} @ "
                      f"{p['best_epoch']}) top-10% share {record['valid_head_share']:.2f}"
                      + (f" code rank {record['code_effective_rank']:.1f}"

@@ -10,11 +10,14 @@ in a Ray task), tracked in MLflow.
 its whole configuration, resolved, to OUTPUT/RUN_NAME/config.yaml and MLflow, which --config
 reads back for a new run.
 
-Each epoch prints one line (losses, validation NDCG / Recall@50, users/s, time left) and logs
-them to MLflow. Checkpoints go to OUTPUT/RUN_NAME every epoch; rerunning with the same --run-name
-resumes there. The run returns its best epoch by validation NDCG (the last epoch for the final
-retraining, --train-splits train,valid), written to OUTPUT/RUN_NAME/model.pt and logged to MLflow
-as a pyfunc that scores user rows.
+Each epoch prints one line (losses, validation NDCG beside the popularity baseline's on the same
+users, Recall@50, users/s, time left) and logs them to MLflow. A run whose best validation NDCG is
+not above popularity's, or whose code collapses (effective rank < 2), says so in WARNING lines
+and is tagged health=below-popularity / collapsed in MLflow (training/validate.py ``health``).
+Checkpoints go to OUTPUT/RUN_NAME every epoch; rerunning with the same --run-name resumes there.
+The run returns its best epoch by validation NDCG (the last epoch for the final retraining,
+--train-splits train,valid), written to OUTPUT/RUN_NAME/model.pt and logged to MLflow as a
+pyfunc that scores user rows.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from runtime.raycluster import (apply_ray_env, check_fits, join_address, local_c
 from training.config import TrainConfig, check, resumable_options
 from training.hooks import hook_specs
 from training.hooks import resolve as resolve_hooks
+from training.validate import COLLAPSED_RANK, HEALTHY, health
 from models.registry import MODELS, load_weights_only, payload
 from prepared.protocol import head_items
 from prepared.reader import Prepared, filesystem, join, open_prepared
@@ -228,7 +232,8 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float,
     worker_plan = WorkerPlan(cfg=cfg, feed=plan, n_items=prep.n_items, n_users=prep.n_users,
                              data=(run_statistics(cfg, prep, None)["values"] if data is None
                                    else data),
-                             head_items=head_items(prep.pop_train), threads=max(1, int(cpw)),
+                             head_items=head_items(prep.pop_train), popularity=prep.pop_train,
+                             threads=max(1, int(cpw)),
                              mlflow=mlflow_cfg, run_dir=run_dir, epoch_hooks=tuple(epoch_hooks))
     trainer = TorchTrainer(
         train_loop,
@@ -315,6 +320,9 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
         write_bytes(join(join(cfg.output, cfg.run_name), RUN_RECORD),
                     json.dumps(run_record, indent=2).encode())
     model_uri = log_results(cfg, prep, uri, run_id, summary, history, best, model_args, model_path)
+    warning = health_warning(summary, cfg.run_name)
+    if warning:
+        print(warning, flush=True)
     summary = {**summary, "model_path": model_path, "model_uri": model_uri,
                "mlflow_run_id": run_id, "mlflow_uri": uri, "run_name": cfg.run_name}
     # written last: a run directory with a summary is a finished run
@@ -386,14 +394,43 @@ def train_run(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, ray_addre
             f"checkpoints up to "
             f"epoch {progress['diverged'] - 1} are in {join(cfg.output, cfg.run_name)}")
     valid_hist = [r for r in history if "valid_ndcg" in r]
+    pop = progress.get("popularity") or {}
+    best_rec = next((r for r in valid_hist if r["epoch"] == progress["best_epoch"]), {})
     summary = {"best_epoch": progress["best_epoch"], "epochs_run": progress["epoch"],
                "phase_epochs": progress["phase_epochs"],
                "best_valid_ndcg": progress["best_ndcg"] if valid_hist else None,
                "best_valid_recall_at_50": next((r["valid_recall_at_50"] for r in valid_hist
                                                 if r["epoch"] == progress["best_epoch"]), None),
                "mean_users_per_second": sum(r["users_per_second"] for r in history) / len(history),
-               "wall_seconds": time.perf_counter() - t0}
+               "wall_seconds": time.perf_counter() - t0,
+               # the floor the run must clear, on the same validation users (training.validate)
+               "valid_ndcg_popularity": pop.get("ndcg"),
+               "valid_recall_at_50_popularity": pop.get("recall_at_50"),
+               "best_code_effective_rank": best_rec.get("code_effective_rank")}
+    if valid_hist:
+        summary["health"] = health(summary["best_valid_ndcg"], summary["valid_ndcg_popularity"],
+                                   summary["best_code_effective_rank"])
     return summary, history, best, state["model_args"]
+
+
+def health_warning(summary: dict, run_name: str) -> str | None:
+    """The driver's one WARNING line about a run whose ``health`` is not ok (None if it is, or
+    was not checked: a final retraining has no validation)."""
+    h = summary.get("health")
+    if h in (None, HEALTHY):
+        return None
+    said = []
+    if "below-popularity" in h:
+        said.append(f"its best validation NDCG {summary['best_valid_ndcg']:.4f} is not above the "
+                    f"popularity baseline's {summary['valid_ndcg_popularity']:.4f} on the same "
+                    "users")
+    if "collapsed" in h:
+        said.append(f"its encoder's code collapsed (effective rank "
+                    f"{summary['best_code_effective_rank']:.2f} at the best epoch, below "
+                    f"{COLLAPSED_RANK:g}: every user gets nearly the same list)")
+    return (f"WARNING: run {run_name} is unhealthy ({h}): " + "; ".join(said)
+            + ". It finished and is saved, tagged health=" + h + " in MLflow; try another "
+            "--lr, --lam or --width")
 
 
 def log_results(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, summary: dict,
@@ -413,6 +450,10 @@ def log_results(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, summary
             f"but the MLflow server {uri} does not answer, so the run's results are not logged "
             f"yet. Start it again and rerun the same command (--run-name {cfg.run_name}): it logs "
             "them without training again")
+    if summary.get("health"):  # filter runs by it: tags.health != 'ok'
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(uri).set_tag(run_id, "health", summary["health"])
     added = tracking.backfill(uri, run_id, history)
     if added and MODELS[cfg.model].kind == "gradient":  # a closed-form fit logs its one record here
         print(f"MLflow: logged {added} epoch(s) missed while the server was down", flush=True)
@@ -446,9 +487,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1
     best = summary["best_valid_ndcg"]
+    pop = summary.get("valid_ndcg_popularity")
     print(f"\nbest epoch {summary['best_epoch']} of {summary['epochs_run']}"
           + (f": validation NDCG {best:.4f}, Recall@50 {summary['best_valid_recall_at_50']:.4f}"
-             if best is not None else " (final retraining: the last epoch)"))
+             if best is not None else " (final retraining: the last epoch)")
+          + (f" (popularity: NDCG {pop:.4f})" if pop is not None else "")
+          + (f"; health {summary['health']}" if summary.get("health") else ""))
     print(f"model: {summary['model_path']}\nMLflow: {summary['model_uri']} "
           f"(run {summary['mlflow_run_id']} in {summary['mlflow_uri']})")
     print(summary_line(summary), flush=True)

@@ -8,6 +8,9 @@ Training items are removed from the ranking; NDCG's ideal DCG runs over all |T| 
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 from models.batch import row_ids
@@ -15,6 +18,14 @@ from prepared.metrics import ndcg_recall
 from prepared.protocol import TOP_K
 from training.feed import ValidBatch
 
+# a run's health (``health``): its code is "collapsed" below this effective rank. Under 2 the
+# users' codes lie close to one line, so every user's scores are nearly one vector scaled: the
+# same list for everyone, popularity's kind of model however wide the code (the collapse seen on
+# a 30k x 41k sparse set was 1.0 from the first epoch). An absolute floor, not a share of the
+# width: a healthy, strongly regularised wide code may use few of its directions and still rank
+# per user; a width-1 code is always collapsed, and is flagged so.
+COLLAPSED_RANK = 2.0
+HEALTHY = "ok"
 
 
 @torch.no_grad()
@@ -68,3 +79,56 @@ def head_mask(n_items: int, head, device: torch.device | str = "cpu") -> torch.T
 def head_share_sum(mask: torch.Tensor, top: torch.Tensor) -> float:
     """Summed over the users of ``top`` (B, k), each list's share of items in ``mask``."""
     return float(mask[top].float().mean(1).sum()) if top.numel() else 0.0
+
+
+def popularity_order(popularity) -> torch.Tensor:
+    """(n_items,) int64: the items by training count, most popular first; ties go to the lower
+    item index (a stable sort, as ``prepared.protocol.head_items``), so the lists are
+    deterministic."""
+    return torch.from_numpy(np.argsort(-np.asarray(popularity), kind="stable").astype(np.int64))
+
+
+@torch.no_grad()
+def popularity_top(order: torch.Tensor, batch: ValidBatch, k: int = TOP_K) -> torch.Tensor:
+    """(B, k) int64: the popularity baseline's top k of each user of ``batch``: the most popular
+    items that are not among her training items, removed as a model's scores remove them. A
+    user with fewer than k unseen items gets training items in her last slots, never a hit, as
+    ``model.recommend`` does. Costs O(B (k + longest history) log nnz): counts, no model."""
+    b, device = len(batch), batch.train_offsets.device
+    k = min(k, len(order))
+    lengths = torch.diff(batch.train_offsets, append=torch.tensor(
+        [len(batch.train_items)], device=device))
+    # the first k + |train| popular items always hold k unseen ones (or every item)
+    m = min(len(order), k + (int(lengths.max()) if b else 0))
+    cand = order[:m].to(device).unsqueeze(0).expand(b, m)
+    span = len(order)
+    keys = (row_ids(batch.train_offsets, len(batch.train_items)) * span + batch.train_items).sort().values
+    query = torch.arange(b, device=device).unsqueeze(1) * span + cand
+    at = torch.searchsorted(keys, query).clamp(max=max(len(keys) - 1, 0))
+    seen = (keys[at] == query) if len(keys) else torch.zeros_like(query, dtype=torch.bool)
+    # the unseen candidates first, each group in popularity order (a stable sort)
+    pick = torch.sort(seen.to(torch.int8), dim=1, stable=True).indices[:, :k]
+    return cand.gather(1, pick)
+
+
+@torch.no_grad()
+def popularity_metrics(order: torch.Tensor, batch: ValidBatch, k: int = TOP_K
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-user (NDCG, Recall@k), each (B,) float64, of the popularity baseline (``order``:
+    ``popularity_order`` of the training counts): the floor a trained model must beat, measured
+    with the model's own metric code on the same users."""
+    return top_metrics(popularity_top(order, batch, k), batch)
+
+
+def health(best_ndcg: float | None, popularity_ndcg: float | None,
+           code_rank: float | None) -> str:
+    """"ok", or what is wrong with a run, comma-separated: "below-popularity" when its best
+    validation NDCG is not above the popularity baseline's on the same users (a NaN counts as
+    not above), "collapsed" when its code's effective rank at that epoch is below
+    ``COLLAPSED_RANK``. An unknown value (None, or a model without codes) is not a finding."""
+    problems = []
+    if best_ndcg is not None and popularity_ndcg is not None and not best_ndcg > popularity_ndcg:
+        problems.append("below-popularity")
+    if code_rank is not None and not math.isnan(code_rank) and code_rank < COLLAPSED_RANK:
+        problems.append("collapsed")
+    return ",".join(problems) or HEALTHY
