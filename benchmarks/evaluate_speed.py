@@ -230,11 +230,15 @@ def main(argv: list[str] | None = None) -> int:
                            "ml-latest-small through the real ETL, 3 lists")
 
     results = {}
+    previous = Path(a.out).with_suffix(".json")
+    if previous.exists():  # a run of some sizes keeps the others' last results, marked as such
+        results = {size: {**e, "from_an_earlier_run": True} for size, e in
+                   json.loads(previous.read_text()).get("results", {}).items() if size not in sizes}
     for size, (name, data, labels, what) in inputs.items():
         recs = [work / name / f"recs-{label}" for label in labels]
         for seed, (label, r) in enumerate(zip(labels, recs)):
             write_lists(data, r, label, seed)
-        entry = {"input": what}
+        entry = {"input": what, "date": stamp["date"], "commit": head}
         trees = ([("baseline", base[0])] if base else []) + [("new", ROOT)]
         for which, tree in trees:
             out = work / name / f"eval-{which}"
@@ -261,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         b, n = e.get("baseline", {}), e["new"]
         parity = (f"{e['parity']['max_abs_difference']:.2g} over {e['parity']['numbers']} "
                   "numbers" if "parity" in e else "-")
-        lines.append(f"| {e['input']} | {b.get('wall_s', '-')} | {n['wall_s']} | "
+        earlier = f" (run {e['date']}, commit {e['commit'][:12]})" if e.get("from_an_earlier_run") \
+            else ""
+        lines.append(f"| {e['input']}{earlier} | {b.get('wall_s', '-')} | {n['wall_s']} | "
                      f"{str(e['ratio']) + 'x' if 'ratio' in e else '-'} | "
                      f"{b.get('evaluate_seconds', '-')} | {n['evaluate_seconds']} | {parity} |")
     for size, e in results.items():
