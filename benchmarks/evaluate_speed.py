@@ -194,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="yahoo,small", help="comma-separated: yahoo, small")
     p.add_argument("--baseline", default="main",
                    help="commit whose evaluate.py is the baseline ('' to time this tree only)")
+    p.add_argument("--only", choices=["baseline", "new"], default=None,
+                   help="time one side only, keeping the other's last time on the same input "
+                        "(each side then fits its own turn of a shared lock)")
     p.add_argument("--work", default="/tmp/evaluate-speed", help="cached inputs and outputs")
     p.add_argument("--driver-memory", default="6g", help="Spark driver memory (local[2])")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "evaluate_speed"))
@@ -210,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                                 cwd=ROOT, capture_output=True, text=True).stdout.strip())
     base = baseline_tree(work, a.baseline) if a.baseline else None
     mlflow_uri = f"sqlite:///{work / 'mlflow.db'}"
+    from mlflow.tracking import MlflowClient  # the store's tables exist before any timed run
+    MlflowClient(mlflow_uri).search_experiments()
 
     inputs = {}
     if "yahoo" in sizes:
@@ -229,26 +234,33 @@ def main(argv: list[str] | None = None) -> int:
         inputs["small"] = ("ml-latest-small", data, ["NCE-AutoRec", "AutoRec", "PureSVD"],
                            "ml-latest-small through the real ETL, 3 lists")
 
-    results = {}
+    results, before = {}, {}
     previous = Path(a.out).with_suffix(".json")
     if previous.exists():  # a run of some sizes keeps the others' last results, marked as such
-        results = {size: {**e, "from_an_earlier_run": True} for size, e in
-                   json.loads(previous.read_text()).get("results", {}).items() if size not in sizes}
+        before = json.loads(previous.read_text()).get("results", {})
+        results = {name: {**e, "from_an_earlier_run": True} for name, e in before.items()
+                   if name not in {n for n, *_ in inputs.values()}}
     for size, (name, data, labels, what) in inputs.items():
         recs = [work / name / f"recs-{label}" for label in labels]
         for seed, (label, r) in enumerate(zip(labels, recs)):
             write_lists(data, r, label, seed)
         entry = {"input": what, "date": stamp["date"], "commit": head}
         trees = ([("baseline", base[0])] if base else []) + [("new", ROOT)]
+        if a.only:  # the other side's time from the last run on the same input (one lock each)
+            trees = [t for t in trees if t[0] == a.only]
+            old = before.get(name, {})
+            if old.get("input") == what:
+                entry.update({k: old[k] for k in ("baseline", "new") if k in old and k != a.only})
+                entry[f"{'new' if a.only == 'baseline' else 'baseline'}_run"] = old.get("date")
         for which, tree in trees:
             out = work / name / f"eval-{which}"
             print(f"{size}: evaluating with the {which} code ...", flush=True)
             entry[which] = evaluate(tree, data, recs, labels, out, mlflow_uri, a.driver_memory)
             print(f"   {entry[which]}", flush=True)
-        if base:
+        if base and "baseline" in entry and "new" in entry:
             entry["ratio"] = round(entry["baseline"]["wall_s"] / entry["new"]["wall_s"], 2)
             entry["parity"] = compare(work / name / "eval-baseline", work / name / "eval-new")
-        results[size] = entry
+        results[name] = entry
 
     lines = ["# evaluation/evaluate.py: wall time against its baseline, same run", "",
              f"Command: `{stamp['command']}`  ",
@@ -262,17 +274,18 @@ def main(argv: list[str] | None = None) -> int:
              "new evaluate s | max abs difference of the numbers |",
              "|---|---|---|---|---|---|---|"]
     for e in results.values():
-        b, n = e.get("baseline", {}), e["new"]
+        b, n = e.get("baseline", {}), e.get("new", {})
         parity = (f"{e['parity']['max_abs_difference']:.2g} over {e['parity']['numbers']} "
                   "numbers" if "parity" in e else "-")
         earlier = f" (run {e['date']}, commit {e['commit'][:12]})" if e.get("from_an_earlier_run") \
             else ""
-        lines.append(f"| {e['input']}{earlier} | {b.get('wall_s', '-')} | {n['wall_s']} | "
+        lines.append(f"| {e['input']}{earlier} | {b.get('wall_s', '-')} | {n.get('wall_s', '-')} | "
                      f"{str(e['ratio']) + 'x' if 'ratio' in e else '-'} | "
-                     f"{b.get('evaluate_seconds', '-')} | {n['evaluate_seconds']} | {parity} |")
-    for size, e in results.items():
-        if "phases_s" in e["new"]:
-            lines += ["", f"New code's phases on {size} (seconds): "
+                     f"{b.get('evaluate_seconds', '-')} | {n.get('evaluate_seconds', '-')} | "
+                     f"{parity} |")
+    for name, e in results.items():
+        if "phases_s" in e.get("new", {}):
+            lines += ["", f"New code's phases on {name} (seconds): "
                       + ", ".join(f"{k} {v}" for k, v in e["new"]["phases_s"].items())]
     report.publish(Path(a.out), {**stamp, "commit": head, "dirty": dirty,
                                  "baseline": base[1] if base else None, "results": results},
