@@ -52,8 +52,8 @@ from prepared.errors import UsageError
 from evaluation import plots
 from evaluation.popularity import summary_from_counts
 from evaluation.score import MARKER as RECS_MARKER
-from evaluation.spark_metrics import (METRICS, encode_lists, metric_key, metrics_for,
-                                      per_user_arrow, split_name, summarise)
+from evaluation.spark_metrics import (METRICS, encode_lists, inverse_logs, metric_key,
+                                      metrics_for, per_user_arrow, split_name, summarise)
 from prepared.protocol import KS, TOP_K
 from runtime.cli import add_options, option, strict_parser, values
 from runtime.progress import EVERY, info_lines, spark_progress
@@ -603,7 +603,11 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
 
     progress.phase("truth sets")
     truth = truth_table(spark, prep, target).cache()
-    n_truth = {bool(r[S.COLD]): r["count"] for r in truth.groupBy(S.COLD).count().collect()}
+    counts = truth.groupBy(S.COLD).agg(F.count(F.lit(1)).alias("count"),
+                                       F.max(F.size("truth")).alias("largest")).collect()
+    n_truth = {bool(r[S.COLD]): r["count"] for r in counts}
+    # the NDCG discounts as Spark SQL computes them (the numpy metrics then equal the SQL's)
+    inverse_log = inverse_logs(spark, max([TOP_K + 1] + [r["largest"] for r in counts]))
     if not n_truth.get(False):
         raise UsageError(f"--data {data}: no warm user has a {target} item, so there is nothing to "
                          f"evaluate (was it prepared with --holdout-fraction 0?)")
@@ -618,7 +622,7 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
     per_file = []
     for f in files:
         joined = truth.join(encoded[f.label].select("user_id", "_items"), "user_id", "left")
-        per_file.append(per_user_arrow(joined, k=f.k).select(
+        per_file.append(per_user_arrow(joined, k=f.k, inverse_log=inverse_log).select(
             F.lit(f.label).alias("label"),
             F.when(F.col(S.COLD), "cold").otherwise("warm").alias("group"), "user_id",
             *[metric_key(m) for m in metrics_for(f.k)], "_items", "_listed"))

@@ -138,16 +138,23 @@ def _sequential_sum(x: np.ndarray) -> np.ndarray:
     return np.cumsum(x, axis=1)[:, -1]
 
 
-def metric_arrays(hits: np.ndarray, n: np.ndarray, k: int) -> dict[str, np.ndarray]:
+def metric_arrays(hits: np.ndarray, n: np.ndarray, k: int,
+                  inverse_log: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Every metric of ``metrics_for(k)`` per user, as ``per_user``'s SQL computes it: ``hits``
     (U, L) float64 (L = the largest K <= k; 1 where the list's item at that rank is in the truth
-    set, 0 past the list's end), ``n`` (U,) float64 truth set sizes, all >= 1."""
+    set, 0 past the list's end), ``n`` (U,) float64 truth set sizes, all >= 1.
+
+    ``inverse_log[j]`` = 1 / log2(j + 1) for j = 0.. at least max(L, max(n)), as Spark computes
+    it (``inverse_logs``): the SQL's log2 and numpy's can differ in the last bit, and a last bit
+    decides which users' differences tie in the Wilcoxon test. None: numpy's."""
     ks = [K for K in KS if K <= k]
     length = hits.shape[1]
     ranks = np.arange(1, length + 1, dtype=np.float64)
-    gains = hits / np.log2(ranks + 1)  # x / log2(i + 2) with i 0-based
     top = int(n.max(initial=1))
-    ideal = np.cumsum(1.0 / np.log2(np.arange(1, top + 1, dtype=np.float64) + 1))  # idcg(1..top)
+    if inverse_log is None:
+        inverse_log = 1.0 / np.log2(np.arange(0, max(top, length) + 1, dtype=np.float64) + 1)
+    gains = hits * inverse_log[1:length + 1]  # x / log2(i + 2), x 0 or 1, i 0-based
+    ideal = np.cumsum(inverse_log[1:top + 1])  # idcg(1..top), added in order
     cum = np.cumsum(hits, axis=1)  # hits@i, exact integers
     rows = np.arange(len(n))
     found = hits.any(axis=1)
@@ -229,8 +236,21 @@ def encode_lists(df, item_ids: list[str], recs_col: str = "item_ids"):
     return df.select("user_id", recs_col).mapInArrow(run, schema)
 
 
+def inverse_logs(spark, top: int) -> np.ndarray:
+    """1 / log2(j + 1) for j = 0..``top`` computed by Spark SQL (``per_user``'s expression), so
+    that the numpy metrics equal the SQL ones to the last bit. One small job."""
+    from pyspark.sql import functions as F
+
+    rows = spark.range(0, top + 1).select(
+        "id", (F.lit(1.0) / F.log2(F.col("id") + 1)).alias("v")).collect()
+    out = np.empty(top + 1)
+    for r in rows:
+        out[r["id"]] = r["v"]
+    return out
+
+
 def batch_metrics(batch, k: int, recs_col: str = "_items", truth_col: str = "truth",
-                  keep: tuple[str, ...] = ("user_id", "cold")):
+                  keep: tuple[str, ...] = ("user_id", "cold"), inverse_log: np.ndarray | None = None):
     """One Arrow batch of (``keep`` columns, ``recs_col`` item indices best first, ``truth_col``
     item indices) rows -> ``keep``, ``recs_col`` as it came, whether the user has a list
     (``_listed``; a row without one has null metrics) and the metrics of ``metrics_for(k)``.
@@ -260,7 +280,7 @@ def batch_metrics(batch, k: int, recs_col: str = "_items", truth_col: str = "tru
     hits = np.zeros((n_rows, length))
     inside = position < length
     hits[owner[inside], position[inside]] = hit[inside]
-    metrics = metric_arrays(hits, t_lengths.astype(np.float64), k)
+    metrics = metric_arrays(hits, t_lengths.astype(np.float64), k, inverse_log)
     columns = {c: batch.column(c) for c in keep}
     columns[recs_col] = lists
     columns["_listed"] = pa.array(listed)
@@ -270,7 +290,8 @@ def batch_metrics(batch, k: int, recs_col: str = "_items", truth_col: str = "tru
 
 
 def per_user_arrow(df, k: int = TOP_K, recs_col: str = "_items", truth_col: str = "truth",
-                   keep: tuple[str, ...] = ("user_id", "cold")):
+                   keep: tuple[str, ...] = ("user_id", "cold"),
+                   inverse_log: np.ndarray | None = None):
     """``per_user``'s metrics by numpy on Arrow batches (``mapInArrow``) of item indices
     (``encode_lists``' lists, truth sets of item indices): ``df``'s ``keep`` columns,
     ``recs_col``, ``_listed`` (false where ``recs_col`` is null: a user with a truth set and no
@@ -283,6 +304,6 @@ def per_user_arrow(df, k: int = TOP_K, recs_col: str = "_items", truth_col: str 
 
     def run(batches):
         for b in batches:
-            yield batch_metrics(b, k, recs_col, truth_col, keep)
+            yield batch_metrics(b, k, recs_col, truth_col, keep, inverse_log)
 
     return df.select(*keep, recs_col, truth_col).mapInArrow(run, schema)
