@@ -241,9 +241,9 @@ def inverse_logs(spark, top: int) -> np.ndarray:
     that the numpy metrics equal the SQL ones to the last bit. One small job."""
     from pyspark.sql import functions as F
 
-    rows = spark.range(0, top + 1).select(
+    rows = spark.range(1, top + 1).select(  # from 1: 1 / log2(1) divides by zero (ANSI: fails)
         "id", (F.lit(1.0) / F.log2(F.col("id") + 1)).alias("v")).collect()
-    out = np.empty(top + 1)
+    out = np.full(top + 1, np.inf)  # j = 0 is never read
     for r in rows:
         out[r["id"]] = r["v"]
     return out
