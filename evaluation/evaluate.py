@@ -52,8 +52,8 @@ from prepared.errors import UsageError
 from evaluation import plots
 from evaluation.popularity import summary_from_counts
 from evaluation.score import MARKER as RECS_MARKER
-from evaluation.spark_metrics import (METRICS, metric_key, metrics_for, per_user, split_name,
-                                      summarise)
+from evaluation.spark_metrics import (METRICS, encode_lists, inverse_logs, metric_key,
+                                      metrics_for, per_user_arrow, split_name, summarise)
 from prepared.protocol import KS, TOP_K
 from runtime.cli import add_options, option, strict_parser, values
 from runtime.progress import EVERY, info_lines, spark_progress
@@ -129,53 +129,48 @@ def read_recs(spark, path: str, label: str | None) -> Recs:
 
 
 def truth_table(spark, prep, target: str):
-    """user_id, cold, truth (distinct raw item ids): a warm user's ``target`` split, a cold-start
-    user's valid and test splits."""
+    """user_id, cold, truth (distinct item indices): a warm user's ``target`` split, a cold-start
+    user's valid and test splits. Indices, not raw ids: the per-user metrics compare them with
+    the lists ``encode_lists`` turns into indices of the same catalogue."""
     from pyspark.sql import functions as F
 
     layout = prep.manifest["layout"]
-    split = spark.read.parquet(f"{prep.uri}/{layout['split']}").select(S.USER_ID, S.ITEM_ID, S.SPLIT)
+    # the training rows (most of them) are never truth: dropped before the join moves any row
+    split = spark.read.parquet(f"{prep.uri}/{layout['split']}").select(S.USER_ID, S.ITEM_ID, S.SPLIT) \
+        .filter(F.col(S.SPLIT).isin("valid", "test"))
     users = spark.read.parquet(f"{prep.uri}/{layout['users']}").select(S.USER_ID, S.COLD)
+    items = spark.read.parquet(f"{prep.uri}/{layout['items']}").select(S.ITEM_ID, S.ITEM_INDEX)
     wanted = F.when(F.col(S.COLD), F.col(S.SPLIT).isin("valid", "test")) \
         .otherwise(F.col(S.SPLIT) == target)
-    return (split.join(users, S.USER_ID).filter(wanted)
-            .groupBy(S.USER_ID, S.COLD).agg(F.collect_set(S.ITEM_ID).alias("truth")))
+    return (split.join(users, S.USER_ID).filter(wanted).join(F.broadcast(items), S.ITEM_ID)
+            .groupBy(S.USER_ID, S.COLD).agg(F.collect_set(S.ITEM_INDEX).alias("truth")))
 
 
-def check_recs(spark, prep, recs: Recs) -> None:
+def check_recs(spark, prep, recs: Recs, encoded) -> None:
     """Refuse lists whose metrics would be wrong without showing it, naming the first offending
     user (in user_id order) and the fix: a user not in ``prep`` (lists for another dataset), an
     item outside its catalogue, a user on more than one row (counted once per row in every mean),
     a list that repeats an item (a repeated true item is a hit at each of its positions: one can
-    give NDCG and Recall@50 far above 1). One aggregation over the lists as evaluated (their top
-    TOP_K): a shuffle by user_id of the file's rows beside the dataset's users, fed also by the
-    exploded lists anti-joined to the broadcast catalogue (map-side; only strays survive it). One
-    row of counts and first offenders reaches the driver, whatever the number of users."""
+    give NDCG and Recall@50 far above 1). ``encoded``: the lists as evaluated (their top TOP_K)
+    as ``encode_lists`` gives them, with each list's first repeat and smallest stray id found
+    as it encoded them. One aggregation: a shuffle by user_id of the file's rows (user_id and
+    those two) beside the dataset's users. One row of counts and first offenders reaches the
+    driver, whatever the number of users."""
     from pyspark.sql import functions as F
 
     layout = prep.manifest["layout"]
     users = spark.read.parquet(f"{prep.uri}/{layout['users']}") \
         .select(F.col(S.USER_ID).cast("string").alias("user_id"))
-    catalogue = spark.read.parquet(f"{prep.uri}/{layout['items']}") \
-        .select(F.col(S.ITEM_ID).cast("string").alias("item"))
     none = F.lit(None).cast("string")
 
-    def facts(df, rows, known, repeats, repeated, strays, stray):
+    def facts(df, rows, known, repeated, stray):
         """One input of the per-user union: what ``df``'s rows tell about their user."""
         return df.select("user_id", F.lit(rows).alias("_rows"), F.lit(known).alias("_known"),
-                         repeats.alias("_repeats"), repeated.alias("_repeated"),
-                         F.lit(strays).alias("_strays"), stray.alias("_stray"))
+                         repeated.isNotNull().alias("_repeats"), repeated.alias("_repeated"),
+                         stray.isNotNull().alias("_strays"), stray.alias("_stray"))
 
-    repeats = F.size(F.array_distinct("item_ids")) != F.size("item_ids")
-    # the first item its list holds again later; CASE WHEN evaluates it only for the lists that
-    # repeat one, so this O(L^2) scan costs nothing on a well-formed file
-    first_repeat = F.expr("try_element_at(filter(item_ids, (x, i) -> "
-                          "array_position(item_ids, x) != i + 1), 1)")
-    strays = (recs.df.select("user_id", F.explode("item_ids").alias("item"))
-              .join(F.broadcast(catalogue), "item", "left_anti"))
-    by_user = (facts(recs.df, 1, False, repeats, F.when(repeats, first_repeat), False, none)
-               .unionByName(facts(strays, 0, False, F.lit(False), none, True, F.col("item")))
-               .unionByName(facts(users, 0, True, F.lit(False), none, False, none))
+    by_user = (facts(encoded, 1, False, F.col("_repeat"), F.col("_stray"))
+               .unionByName(facts(users, 0, True, none, none))
                .groupBy("user_id")
                .agg(F.sum("_rows").alias("rows"), F.max("_known").alias("known"),
                     F.max("_repeats").alias("repeats"), F.min("_repeated").alias("repeated"),
@@ -215,18 +210,60 @@ def check_recs(spark, prep, recs: Recs) -> None:
                          "re-run evaluation/score.py, or deduplicate the lists")
 
 
-def popularity_counts(recs: Recs, truth, items) -> tuple[np.ndarray, np.ndarray]:
-    """(popularity, times recommended) per item, over the warm users with a truth set."""
+def popularity_counts(evaluated, labels: list[str], items) -> dict[str, tuple[np.ndarray,
+                                                                               np.ndarray]]:
+    """label -> (popularity, times recommended) per item, over the warm users with a truth set
+    and a list: counted from ``evaluated``'s lists as item indices (``_items``, positions in
+    ``items``' item-index order), all files in one aggregation; at most one row per file and
+    item reaches the driver."""
     from pyspark.sql import functions as F
 
-    warm = truth.filter(~F.col(S.COLD)).select(S.USER_ID)
-    counts = (recs.df.join(warm, "user_id", "left_semi")
-              .select(F.explode("item_ids").alias(S.ITEM_ID)).groupBy(S.ITEM_ID).count()
-              .toPandas())  # at most one row per item
-    index = dict(zip(items[S.ITEM_ID], items[S.ITEM_INDEX]))
-    times = np.zeros(len(items), np.int64)
-    times[counts[S.ITEM_ID].map(index).to_numpy(np.int64)] = counts["count"].to_numpy()
-    return items[S.POP_TRAIN_VALID].to_numpy(), times
+    counts = (evaluated.filter((F.col("group") == "warm") & F.col("_listed"))
+              .select("label", F.explode("_items").alias("_i")).groupBy("label", "_i").count()
+              .collect())
+    times = {label: np.zeros(len(items), np.int64) for label in labels}
+    for r in counts:
+        times[r["label"]][r["_i"]] = r["count"]
+    popularity = items[S.POP_TRAIN_VALID].to_numpy()
+    return {label: (popularity, times[label]) for label in labels}
+
+
+COLD_GRID = 1000  # the cold-start plot's points: NDCG rounded to 1/COLD_GRID (below a pixel)
+
+
+def cold_start(users_df, labels: list[str]):
+    """The cold-start comparison of NDCG, each of ``labels[1:]`` against ``labels[0]``, over the
+    cold-start users every one of them evaluated: (users, {label: (x, y) distinct points on a
+    1/COLD_GRID grid}, {label: (better, worse, tied) users}), or None without such a user. One
+    aggregation in Spark: what reaches the driver is bounded by the grid, not by the users."""
+    from pyspark.sql import functions as F
+
+    values = [F.max(F.when(F.col("label") == label, F.col("ndcg"))).alias(f"_v{i}")
+              for i, label in enumerate(labels)]
+    wide = (users_df.filter((F.col("group") == "cold") & F.col("label").isin(labels))
+            .groupBy("user_id").agg(*values).dropna())
+    x = F.col("_v0")
+    panels = F.array(*[F.struct(F.lit(i).alias("panel"), F.col(f"_v{i}").alias("y"))
+                       for i in range(1, len(labels))])
+    bins = (wide.select(x.alias("x"), F.explode(panels).alias("_p"))
+            .select("x", "_p.panel", "_p.y")
+            .groupBy("panel", F.round(F.col("x") * COLD_GRID).alias("bx"),
+                     F.round(F.col("y") * COLD_GRID).alias("by"))
+            .agg(F.count(F.lit(1)).alias("n"),
+                 F.sum((F.col("y") > F.col("x")).cast("long")).alias("better"),
+                 F.sum((F.col("y") < F.col("x")).cast("long")).alias("worse"),
+                 F.sum((F.col("y") == F.col("x")).cast("long")).alias("tied"))
+            .collect())
+    if not bins:
+        return None
+    points, tallies, users = {}, {}, 0
+    for i, label in enumerate(labels[1:], start=1):
+        mine = [r for r in bins if r["panel"] == i]
+        points[label] = (np.array([r["bx"] for r in mine], np.float64) / COLD_GRID,
+                         np.array([r["by"] for r in mine], np.float64) / COLD_GRID)
+        tallies[label] = tuple(int(sum(r[c] for r in mine)) for c in ("better", "worse", "tied"))
+        users = int(sum(r["n"] for r in mine))
+    return users, points, tallies
 
 
 PAIRED = ("NDCG", "Recall@50")
@@ -243,22 +280,29 @@ def best_other(rows: list[dict], labels: list[str]) -> str | None:
     return max(others, key=lambda label: ndcg[label]) if len(labels) > 2 and others else None
 
 
-def differences(warm, reference: str, others: list[str], comparison: str):
-    """Long DataFrame (comparison, reference, label, metric, d) of the per-user differences
-    ``reference`` minus each of ``others``, over the users both evaluated, for each of PAIRED."""
+def differences(warm, plan: list[tuple[str, str, list[str]]]):
+    """Long DataFrame (comparison, reference, label, metric, d) of the per-user differences of
+    each ``plan`` entry (comparison, reference, others): ``reference`` minus each of ``others``,
+    over the users both evaluated, for each of PAIRED. One shuffle of the warm rows by user
+    (each label's values side by side), however many comparisons."""
     from pyspark.sql import functions as F
 
     keys = [metric_key(m) for m in PAIRED]
-    ref = warm.filter(F.col("label") == reference).select(
-        "user_id", *[F.col(k).alias(f"_ref_{k}") for k in keys])
-    per_metric = F.array(*[F.struct(F.lit(m).alias("metric"),
-                                    (F.col(f"_ref_{k}") - F.col(k)).alias("d"))
-                           for m, k in zip(PAIRED, keys)])
-    return (warm.filter(F.col("label").isin(others)).join(ref, "user_id")
-            .select(F.lit(comparison).alias("comparison"), F.lit(reference).alias("reference"),
-                    "label", F.explode(per_metric).alias("_x"))
-            .select("comparison", "reference", "label", "_x.metric", "_x.d")
-            .filter(F.col("d").isNotNull()))  # a metric a file's lists are too short for
+    labels = list(dict.fromkeys(label for _, ref, rest in plan for label in [ref, *rest]))
+    column = {(label, k): f"_v{i}_{j}" for i, label in enumerate(labels)
+              for j, k in enumerate(keys)}
+    wide = (warm.filter(F.col("label").isin(labels)).groupBy("user_id")
+            .agg(*[F.max(F.when(F.col("label") == label, F.col(k))).alias(column[label, k])
+                   for label in labels for k in keys]))
+    entries = F.array(*[F.struct(F.lit(comparison).alias("comparison"),
+                                 F.lit(reference).alias("reference"), F.lit(label).alias("label"),
+                                 F.lit(m).alias("metric"),
+                                 (F.col(column[reference, k]) - F.col(column[label, k])).alias("d"))
+                        for comparison, reference, rest in plan for label in rest
+                        for m, k in zip(PAIRED, keys)])
+    return (wide.select(F.explode(entries).alias("_x"))
+            .select("_x.comparison", "_x.reference", "_x.label", "_x.metric", "_x.d")
+            .filter(F.col("d").isNotNull()))  # a user one of them lacks, or lists too short
 
 
 def paired(users_df, labels: list[str], best: str | None = None) -> list[dict]:
@@ -285,11 +329,10 @@ def paired(users_df, labels: list[str], best: str | None = None) -> list[dict]:
     others = [label for label in labels[1:] if label != best]
     if best is not None and others:
         plan.append(("best", best, others))
-    parts = [differences(warm, reference, rest, comparison) for comparison, reference, rest in plan]
-    diffs = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+    diffs = differences(warm, plan)
     keys = ["comparison", "reference", "label", "metric"]
     d = F.col("d")
-    diffs = diffs.persist()  # two aggregations read it: the joins behind it run once
+    diffs = diffs.persist()  # two aggregations read it: the shuffle behind it runs once
     try:
         moments = {tuple(r[k] for k in keys): r for r in diffs.groupBy(*keys).agg(
             F.count(F.lit(1)).alias("n"), F.avg(d).alias("mean"), F.stddev_pop(d).alias("std"),
@@ -477,10 +520,37 @@ def evaluate(spark, progress_every: float = EVERY, **kwargs) -> dict:
     cfg = EvaluateConfig(**{**kwargs, "recs": tuple(kwargs.get("recs", ())),
                             **({"labels": tuple(kwargs["labels"])} if kwargs.get("labels") else {})})
     with spark_progress(spark, "evaluation", every=progress_every, log=info_lines(log)) as progress:
-        return evaluate_steps(spark, cfg, progress)
+        timed = PhaseTimes(progress)
+        try:
+            return evaluate_steps(spark, cfg, timed)
+        finally:
+            log.info("evaluation phase seconds: %s", json.dumps(timed.done()))
 
 
-def evaluate_steps(spark, cfg: EvaluateConfig, progress: spark_progress) -> dict:
+class PhaseTimes:
+    """``spark_progress`` whose ``phase`` also records each phase's wall seconds, logged at the
+    end (benchmarks/evaluate_speed.py reads the line) so that a slow evaluation shows its step."""
+
+    def __init__(self, progress: spark_progress):
+        self.progress, self.seconds = progress, {}
+        self._name, self._t0 = "start", time.perf_counter()
+
+    def phase(self, name: str, total_users: int | None = None) -> None:
+        self._close()
+        self._name = name
+        self.progress.phase(name, total_users)
+
+    def _close(self) -> None:
+        now = time.perf_counter()
+        self.seconds[self._name] = round(self.seconds.get(self._name, 0.0) + now - self._t0, 2)
+        self._t0 = now
+
+    def done(self) -> dict[str, float]:
+        self._close()
+        return self.seconds
+
+
+def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
     """``evaluate``'s work; each step with Spark jobs a ``progress`` phase of its own."""
     recs, data, output, target = list(cfg.recs), cfg.data, cfg.output, cfg.target
     labels, overwrite, mlflow_uri = cfg.labels, cfg.overwrite, cfg.mlflow_uri
@@ -512,45 +582,66 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: spark_progress) -> dict
         seen[f.label] = seen.get(f.label, 0) + 1
         if seen[f.label] > 1:
             f.label = f"{f.label} #{seen[f.label]}"
+    items = spark.read.parquet(f"{prep.uri}/{prep.manifest['layout']['items']}") \
+        .select(S.ITEM_INDEX, S.ITEM_ID, S.POP_TRAIN_VALID).toPandas().sort_values(S.ITEM_INDEX)
+    catalogue = items[S.ITEM_ID].astype(str).tolist()  # position = item index
+    encoded = {}
     for f in files:  # the manifest's word first: it explains unknown users and items at once
         if f.manifest.get("data") and f.manifest.get("dataset") != prep.dataset:
             raise UsageError(f"--recs {f.path} was scored on dataset {f.manifest['dataset']}, "
                              f"but --data {data} is {prep.dataset}")
         log.info("checking the users and lists of %s (%s)", f.path, f.label)
         progress.phase(f"checking {f.label}")
-        check_recs(spark, prep, f)
+        # the lists as item indices, read and encoded once: the check and the metrics read them
+        encoded[f.label] = encode_lists(f.df, catalogue).cache()
+        try:
+            check_recs(spark, prep, f, encoded[f.label])
+        except UsageError:
+            for df in encoded.values():
+                df.unpersist()
+            raise
 
     progress.phase("truth sets")
     truth = truth_table(spark, prep, target).cache()
-    n_truth = {bool(r[S.COLD]): r["count"] for r in truth.groupBy(S.COLD).count().collect()}
+    counts = truth.groupBy(S.COLD).agg(F.count(F.lit(1)).alias("count"),
+                                       F.max(F.size("truth")).alias("largest")).collect()
+    n_truth = {bool(r[S.COLD]): r["count"] for r in counts}
+    # the NDCG discounts as Spark SQL computes them (the numpy metrics then equal the SQL's)
+    inverse_log = inverse_logs(spark, max([TOP_K + 1] + [r["largest"] for r in counts]))
     if not n_truth.get(False):
         raise UsageError(f"--data {data}: no warm user has a {target} item, so there is nothing to "
                          f"evaluate (was it prepared with --holdout-fraction 0?)")
-    items = spark.read.parquet(f"{prep.uri}/{prep.manifest['layout']['items']}") \
-        .select(S.ITEM_INDEX, S.ITEM_ID, S.POP_TRAIN_VALID).toPandas().sort_values(S.ITEM_INDEX)
     log.info("evaluating %d file(s) on %s: %s warm users with a %s item, %s cold-start users",
              len(files), prep.dataset, f"{n_truth.get(False, 0):,}", target,
              f"{n_truth.get(True, 0):,}")
 
-    progress.phase("users without recommendations")
-    per_user_dfs, missing = [], {}
+    progress.phase("per-user metrics")
+    # one join per file, of every user with a truth set with their list (null: none), and one
+    # pass of numpy over it gives every metric, the users without a list and the lists as item
+    # indices (for the popularity analysis): cached, it is read again, never recomputed
+    per_file = []
     for f in files:
-        joined = f.df.join(truth, "user_id")
-        per_user_dfs.append(per_user(joined, k=f.k).select(
+        joined = truth.join(encoded[f.label].select("user_id", "_items"), "user_id", "left")
+        per_file.append(per_user_arrow(joined, k=f.k, inverse_log=inverse_log).select(
             F.lit(f.label).alias("label"),
             F.when(F.col(S.COLD), "cold").otherwise("warm").alias("group"), "user_id",
-            *[metric_key(m) for m in metrics_for(f.k)]))
-        lacking = truth.join(f.df.select("user_id"), "user_id", "left_anti").groupBy(S.COLD).count()
-        missing[f.label] = {("cold" if r[S.COLD] else "warm"): r["count"] for r in lacking.collect()}
+            *[metric_key(m) for m in metrics_for(f.k)], "_items", "_listed"))
+    evaluated = per_file[0]
+    for df in per_file[1:]:  # a file of shorter lists lacks some metric columns: null
+        evaluated = evaluated.unionByName(df, allowMissingColumns=True)
+    evaluated = evaluated.cache()
+    missing = {f.label: {} for f in files}
+    for r in (evaluated.filter(~F.col("_listed")).groupBy("label", "group").count().collect()):
+        missing[r["label"]][r["group"]] = r["count"]
+    for df in encoded.values():  # the lists live on in ``evaluated``
+        df.unpersist()
+    for f in files:
         for group, n in missing[f.label].items():
             log.warning("%s: %s %s users with a truth set have no recommendations in %s and are "
                         "not evaluated", f.label, f"{n:,}", group, f.path)
-    users_df = per_user_dfs[0]
-    for df in per_user_dfs[1:]:  # a file of shorter lists lacks some metric columns: null
-        users_df = users_df.unionByName(df, allowMissingColumns=True)
-    users_df = users_df.cache()
+    users_df = evaluated.filter(F.col("_listed")).select(
+        *[c for c in evaluated.columns if not c.startswith("_")])
 
-    progress.phase("per-user metrics")
     rows = [{**r, "target": target if r["group"] == "warm" else "valid+test"}
             for r in summarise(users_df, ["label", "group"])]
     order = {f.label: i for i, f in enumerate(files)}
@@ -563,7 +654,7 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: spark_progress) -> dict
     long_enough = [f.label for f in files if f.k >= TOP_K]
     pairs = paired(users_df, long_enough, best_other(rows, long_enough))
     progress.phase("popularity")
-    pop_counts = {f.label: popularity_counts(f, truth, items) for f in files}
+    pop_counts = popularity_counts(evaluated, [f.label for f in files], items)
     pop = {label: summary_from_counts(c, p) for label, (p, c) in pop_counts.items()}
     title = f"{prep.dataset}, {target} users"
     out_files = {"metrics.csv": metrics_csv(rows).encode(),
@@ -575,20 +666,19 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: spark_progress) -> dict
     # the cold-start plot compares NDCG, which files of lists shorter than TOP_K do not have
     labels_in = [f.label for f in files if f.k >= TOP_K]
     progress.phase("cold-start plot")
-    cold = (users_df.filter(F.col("group") == "cold")
-            .filter(F.col("label").isin(labels_in)).select("label", "user_id", "ndcg").toPandas()
-            if len(labels_in) > 1 else [])
-    if len(cold):
-        wide = cold.pivot(index="user_id", columns="label", values="ndcg").dropna()
+    cold = cold_start(users_df, labels_in) if len(labels_in) > 1 else None
+    if cold is not None:
+        n_cold, points, tallies = cold
         out_files["cold_start.png"] = plots.png_bytes(plots.cold_start_scatter(
-            labels_in[0], {k: wide[k].to_numpy() for k in labels_in},
-            f"Cold-start users of {prep.dataset}: per-user NDCG ({len(wide):,} users)"))
+            labels_in[0], points,
+            f"Cold-start users of {prep.dataset}: per-user NDCG ({n_cold:,} users)",
+            tallies=tallies))
 
     log.info("popularity and plots done (%.0fs so far); writing the per-user metrics",
              time.perf_counter() - t0)
     with publisher.staging() as tmp:
         progress.phase("writing the per-user metrics")
-        users_df.write.parquet(f"{tmp}/per_user")
+        users_df.write.parquet(f"{tmp}/per_user")  # from the cache
         for name, data_bytes in out_files.items():
             publisher.write_bytes(f"{tmp}/{name}", data_bytes)
         if not cfg.no_mlflow:
@@ -604,8 +694,9 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: spark_progress) -> dict
                     "seconds": round(time.perf_counter() - t0, 1),
                     "labels": [f.label for f in files], "rows": rows, "paired": pairs}
         manifest = publisher.write_manifest(manifest)  # last: lists every file
+        progress.phase("published")
     truth.unpersist()
-    users_df.unpersist()
+    evaluated.unpersist()
     return manifest
 
 

@@ -64,9 +64,15 @@ def popularity_density(models: dict[str, tuple[np.ndarray, np.ndarray]],
     return fig
 
 
-def cold_start_scatter(reference: str, ndcg: dict[str, np.ndarray], title: str):
+def cold_start_scatter(reference: str, ndcg: dict[str, np.ndarray], title: str,
+                       tallies: dict[str, tuple[int, int, int]] | None = None):
     """Per-user NDCG of the cold-start users: each other model (y) against ``reference`` (x), one
-    panel each; points above the diagonal are users the other model serves better."""
+    panel each; points above the diagonal are users the other model serves better.
+
+    ``ndcg[label]``: the users' values, aligned with ``ndcg[reference]``; or, given ``tallies``
+    ({label: (better, worse, tied) users}, counted where the values are, e.g. in Spark), the
+    panel's points as an (x, y) pair, e.g. the distinct ones of a fine grid: the driver then
+    holds no per-user array."""
     plt = _plt()
     others = [k for k in ndcg if k != reference]
     cols = min(len(others), 4)  # many models wrap into rows rather than one very wide strip
@@ -75,15 +81,18 @@ def cold_start_scatter(reference: str, ndcg: dict[str, np.ndarray], title: str):
                              squeeze=False)
     for ax in axes.flat[len(others):]:
         ax.set_visible(False)
-    x = ndcg[reference]
     for ax, label in zip(axes.flat, others):
-        y = ndcg[label]
+        if tallies is None:
+            x, y = ndcg[reference], ndcg[label]
+            better, worse, tied = (y > x).sum(), (y < x).sum(), (y == x).sum()
+        else:
+            (x, y), (better, worse, tied) = ndcg[label], tallies[label]
         ax.scatter(x, y, s=8, alpha=0.5)
         ax.plot([0, 1], [0, 1], color="grey", lw=1)
         ax.set(xlim=(-0.02, 1.02), ylim=(-0.02, 1.02), xlabel=f"{reference} NDCG",
                ylabel=f"{label} NDCG", aspect="equal")
-        ax.set_title(f"{label} better for {(y > x).sum()} users, worse for {(y < x).sum()}, "
-                     f"tied {(y == x).sum()}", fontsize=9)
+        ax.set_title(f"{label} better for {better} users, worse for {worse}, tied {tied}",
+                     fontsize=9)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from prepared.protocol import KS, TOP_K
 
 # one order for tables and files: R-Precision, NDCG, then per K; the common conventions last
@@ -105,3 +107,203 @@ def summarise(per_user_df, group_cols: list[str]) -> list[dict]:
                         "mean": float(row[f"{metric_key(m)}__mean"]),
                         "ci95": float(1.96 * std / n ** 0.5), "users": int(n)})
     return out
+
+
+# ---- the same metrics on Arrow batches (mapInArrow): one pass, numpy on the executors ---------
+#
+# Spark's higher-order functions are interpreted row by row (no code generation): at millions of
+# users the O(L^2) hit counts and the forty metric expressions above cost minutes of CPU. The
+# functions below compute the same values from the same arrays with numpy, a batch of users at a
+# time, summing in the same (sequential) order as the SQL ``aggregate`` does. They also map the
+# lists' raw item ids to item indices (Arrow's hash lookup, no Python strings), which the
+# popularity analysis counts from the cached result instead of joining the lists again.
+
+def _flat(col) -> tuple[object, np.ndarray, np.ndarray]:
+    """(values Arrow array, lengths, owner row of each value) of an Arrow list column; a null
+    list is empty. flatten() honours slices (apache/arrow#37733)."""
+    import pyarrow as pa
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    lengths = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    owner = np.repeat(np.arange(len(col)), lengths)
+    return col.flatten(), lengths, owner
+
+
+def _sequential_sum(x: np.ndarray) -> np.ndarray:
+    """Row sums of (U, n) ``x`` added left to right, as SQL ``aggregate(..., 0D, acc + v)`` does
+    (numpy's ``sum`` adds pairwise: a different rounding)."""
+    if x.shape[1] == 0:
+        return np.zeros(x.shape[0])
+    return np.cumsum(x, axis=1)[:, -1]
+
+
+def metric_arrays(hits: np.ndarray, n: np.ndarray, k: int,
+                  inverse_log: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Every metric of ``metrics_for(k)`` per user, as ``per_user``'s SQL computes it: ``hits``
+    (U, L) float64 (L = the largest K <= k; 1 where the list's item at that rank is in the truth
+    set, 0 past the list's end), ``n`` (U,) float64 truth set sizes, all >= 1.
+
+    ``inverse_log[j]`` = 1 / log2(j + 1) for j = 0.. at least max(L, max(n)), as Spark computes
+    it (``inverse_logs``): the SQL's log2 and numpy's can differ in the last bit, and a last bit
+    decides which users' differences tie in the Wilcoxon test. None: numpy's."""
+    ks = [K for K in KS if K <= k]
+    length = hits.shape[1]
+    ranks = np.arange(1, length + 1, dtype=np.float64)
+    top = int(n.max(initial=1))
+    if inverse_log is None:
+        inverse_log = 1.0 / np.log2(np.arange(0, max(top, length) + 1, dtype=np.float64) + 1)
+    gains = hits * inverse_log[1:length + 1]  # x / log2(i + 2), x 0 or 1, i 0-based
+    ideal = np.cumsum(inverse_log[1:top + 1])  # idcg(1..top), added in order
+    cum = np.cumsum(hits, axis=1)  # hits@i, exact integers
+    rows = np.arange(len(n))
+    found = hits.any(axis=1)
+    first = np.where(found, hits.argmax(axis=1) + 1, 0)  # array_position: 0 when none
+    out = {"NDCG": _sequential_sum(gains) / ideal[n.astype(np.int64) - 1],
+           "R-Precision": cum[rows, np.minimum(n, length).astype(np.int64) - 1] / n}
+    for K in ks:
+        h = cum[:, K - 1]
+        p, r = h / K, h / n
+        out[f"Precision@{K}"] = p
+        out[f"Recall@{K}"] = r
+        out[f"MAP@{K}"] = _sequential_sum(cum[:, :K] / ranks[:K]) / K
+        s = p + r
+        out[f"F1@{K}"] = np.where(s > 0, 2 * p * r / np.where(s > 0, s, 1.0), 0.0)
+        out[f"NDCG@{K} (truncated)"] = (_sequential_sum(gains[:, :K])
+                                        / ideal[np.minimum(n, K).astype(np.int64) - 1])
+        out[f"HR@{K}"] = (h > 0).astype(np.float64)
+        out[f"MRR@{K}"] = np.where((first > 0) & (first <= K), 1.0 / np.maximum(first, 1), 0.0)
+    return {m: out[m] for m in metrics_for(k)}
+
+
+def encode_batch(batch, catalogue, recs_col: str = "item_ids"):
+    """One Arrow batch of (user_id, ``recs_col`` raw ids best first) -> user_id, ``_items`` (the
+    ids as item indices: positions in ``catalogue``, -1 for an id outside it), ``_stray`` (the
+    smallest id of the list outside the catalogue, else null) and ``_repeat`` (the first item,
+    in list order, that the list already held, else null): what ``check_recs`` refuses, found
+    in the same pass that encodes the lists."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lists = batch.column(recs_col)
+    n_rows = batch.num_rows
+    values, lengths, owner = _flat(lists)
+    values = values.cast(pa.string())
+    index = pc.index_in(values, value_set=catalogue).fill_null(-1) \
+        .to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets = np.zeros(n_rows + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    items = pa.ListArray.from_arrays(pa.array(offsets), pa.array(index, pa.int32()),
+                                     mask=pc.invert(lists.is_valid()))
+    stray = [None] * n_rows
+    for i in np.flatnonzero((index < 0) & values.is_valid().to_numpy(zero_copy_only=False)):
+        u, v = owner[i], values[i].as_py()
+        stray[u] = v if stray[u] is None else min(stray[u], v)
+    repeat = [None] * n_rows
+    if len(index):  # a repeat: a (row, id) key seen at an earlier position of its row
+        code = pc.dictionary_encode(values).indices.fill_null(-1) \
+            .to_numpy(zero_copy_only=False).astype(np.int64)
+        keys = owner * (int(code.max()) + 2) + code
+        order = np.argsort(keys, kind="stable")  # equal keys keep their list order
+        later = np.zeros(len(keys), bool)
+        later[order[1:]] = keys[order[1:]] == keys[order[:-1]]
+        for i in np.flatnonzero(later):
+            if repeat[owner[i]] is None or i < repeat[owner[i]][0]:
+                repeat[owner[i]] = (i, values[i].as_py())
+        repeat = [None if r is None else r[1] for r in repeat]
+    return pa.RecordBatch.from_pydict({"user_id": batch.column("user_id"), "_items": items,
+                                       "_stray": pa.array(stray, pa.string()),
+                                       "_repeat": pa.array(repeat, pa.string())})
+
+
+def encode_lists(df, item_ids: list[str], recs_col: str = "item_ids"):
+    """``df``'s (user_id, ``recs_col``) as (user_id, ``_items`` array<int> item indices into
+    ``item_ids`` (the catalogue in item-index order; -1 outside it), ``_stray``, ``_repeat``),
+    by ``encode_batch`` in a mapInArrow: integer lists are what the joins then move, a quarter
+    of the bytes of the raw ids and no string hashing."""
+    import pyarrow as pa
+    from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
+
+    schema = StructType([df.schema["user_id"], StructField("_items", ArrayType(IntegerType())),
+                         StructField("_stray", StringType()), StructField("_repeat", StringType())])
+    ids = list(item_ids)
+
+    def run(batches):
+        catalogue = pa.array(ids, pa.string())
+        for b in batches:
+            yield encode_batch(b, catalogue, recs_col)
+
+    return df.select("user_id", recs_col).mapInArrow(run, schema)
+
+
+def inverse_logs(spark, top: int) -> np.ndarray:
+    """1 / log2(j + 1) for j = 0..``top`` computed by Spark SQL (``per_user``'s expression), so
+    that the numpy metrics equal the SQL ones to the last bit. One small job."""
+    from pyspark.sql import functions as F
+
+    rows = spark.range(1, top + 1).select(  # from 1: 1 / log2(1) divides by zero (ANSI: fails)
+        "id", (F.lit(1.0) / F.log2(F.col("id") + 1)).alias("v")).collect()
+    out = np.full(top + 1, np.inf)  # j = 0 is never read
+    for r in rows:
+        out[r["id"]] = r["v"]
+    return out
+
+
+def batch_metrics(batch, k: int, recs_col: str = "_items", truth_col: str = "truth",
+                  keep: tuple[str, ...] = ("user_id", "cold"), inverse_log: np.ndarray | None = None):
+    """One Arrow batch of (``keep`` columns, ``recs_col`` item indices best first, ``truth_col``
+    item indices) rows -> ``keep``, ``recs_col`` as it came, whether the user has a list
+    (``_listed``; a row without one has null metrics) and the metrics of ``metrics_for(k)``.
+    Rows whose truth set is empty are dropped (``per_user`` drops them too); a negative index
+    (an id outside the catalogue) is never a hit."""
+    import pyarrow as pa
+
+    truth_len = batch.column(truth_col).value_lengths().fill_null(0) \
+        .to_numpy(zero_copy_only=False)
+    if not (truth_len > 0).all():
+        batch = batch.filter(pa.array(truth_len > 0))
+    lists = batch.column(recs_col)
+    listed = lists.is_valid().to_numpy(zero_copy_only=False)
+    length = max(K for K in KS if K <= k)
+    n_rows = batch.num_rows
+    values, lengths, owner = _flat(lists)
+    index = values.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    starts = np.zeros(n_rows, np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    position = np.arange(len(index)) - starts[owner]
+    t_values, t_lengths, t_owner = _flat(batch.column(truth_col))
+    t_index = t_values.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    # (row, item) keys: a recommended item is a hit where its key is among its row's truth keys
+    width = int(max(index.max(initial=0), t_index.max(initial=0))) + 1
+    truth_keys = (t_owner * width + t_index)[t_index >= 0]
+    hit = (index >= 0) & np.isin(owner * width + index, truth_keys)
+    hits = np.zeros((n_rows, length))
+    inside = position < length
+    hits[owner[inside], position[inside]] = hit[inside]
+    metrics = metric_arrays(hits, t_lengths.astype(np.float64), k, inverse_log)
+    columns = {c: batch.column(c) for c in keep}
+    columns[recs_col] = lists
+    columns["_listed"] = pa.array(listed)
+    for m, v in metrics.items():
+        columns[metric_key(m)] = pa.array(v, pa.float64(), mask=~listed)
+    return pa.RecordBatch.from_pydict(columns)
+
+
+def per_user_arrow(df, k: int = TOP_K, recs_col: str = "_items", truth_col: str = "truth",
+                   keep: tuple[str, ...] = ("user_id", "cold"),
+                   inverse_log: np.ndarray | None = None):
+    """``per_user``'s metrics by numpy on Arrow batches (``mapInArrow``) of item indices
+    (``encode_lists``' lists, truth sets of item indices): ``df``'s ``keep`` columns,
+    ``recs_col``, ``_listed`` (false where ``recs_col`` is null: a user with a truth set and no
+    list, whose metrics are null) and one column per metric of ``metrics_for(k)``."""
+    from pyspark.sql.types import BooleanType, DoubleType, StructField, StructType
+
+    schema = StructType([df.schema[c] for c in keep] + [df.schema[recs_col],
+                                                          StructField("_listed", BooleanType())]
+                        + [StructField(metric_key(m), DoubleType()) for m in metrics_for(k)])
+
+    def run(batches):
+        for b in batches:
+            yield batch_metrics(b, k, recs_col, truth_col, keep, inverse_log)
+
+    return df.select(*keep, recs_col, truth_col).mapInArrow(run, schema)
