@@ -176,6 +176,9 @@ def metric_arrays(hits: np.ndarray, n: np.ndarray, k: int,
     return {m: out[m] for m in metrics_for(k)}
 
 
+NULL_ID = "<null>"  # how a null id inside a list is named where it is refused
+
+
 def encode_batch(batch, catalogue, recs_col: str = "item_ids"):
     """One Arrow batch of (user_id, ``recs_col`` raw ids best first) -> user_id, ``_items`` (the
     ids as item indices: positions in ``catalogue``, -1 for an id outside it), ``_stray`` (the
@@ -196,8 +199,9 @@ def encode_batch(batch, catalogue, recs_col: str = "item_ids"):
     items = pa.ListArray.from_arrays(pa.array(offsets), pa.array(index, pa.int32()),
                                      mask=pc.invert(lists.is_valid()))
     stray = [None] * n_rows
-    for i in np.flatnonzero((index < 0) & values.is_valid().to_numpy(zero_copy_only=False)):
+    for i in np.flatnonzero(index < 0):  # a null id is no item of the catalogue either
         u, v = owner[i], values[i].as_py()
+        v = NULL_ID if v is None else v
         stray[u] = v if stray[u] is None else min(stray[u], v)
     repeat = [None] * n_rows
     if len(index):  # a repeat: a (row, id) key seen at an earlier position of its row

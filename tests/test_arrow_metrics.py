@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from evaluation.spark_metrics import batch_metrics, encode_batch, metric_key, metrics_for
+from evaluation.spark_metrics import NULL_ID, batch_metrics, encode_batch, metric_key, metrics_for
 from prepared import metrics as M
 
 
@@ -91,3 +91,12 @@ def test_encoding_finds_each_lists_first_repeat_and_smallest_stray():
     assert out.column("_items").to_pylist() == [[0, 1, 0, 2, 1], [-1, 0, -1], None, [1, 2]]
     assert out.column("_repeat").to_pylist() == ["x", None, None, None]  # x comes back first
     assert out.column("_stray").to_pylist() == [None, "p", None, None]  # the smallest of q, p
+
+
+def test_a_null_id_inside_a_list_is_refused_as_outside_the_catalogue():
+    batch = pa.RecordBatch.from_pydict({
+        "user_id": pa.array(["a", "b"]),
+        "item_ids": pa.array([["x", None, "y"], ["y"]], pa.list_(pa.string()))})
+    out = encode_batch(batch, pa.array(["x", "y", "z"]))
+    assert out.column("_items").to_pylist() == [[0, -1, 1], [1]]  # never a hit
+    assert out.column("_stray").to_pylist() == [NULL_ID, None]
