@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             "--epochs", str(a.epochs), "--patience", str(a.epochs), "--batch-size",
             str(a.batch_size), "--lr", str(a.lr), "--num-workers", "2", "--cpus-per-worker", "1",
             "--valid-sample", str(a.valid_sample),
-            "--output", str(runs), "--run-name", "yahoo-nce", "--mlflow-uri", mlflow_uri])
+            "--runs-dir", str(runs), "--run-name", "yahoo-nce", "--mlflow-uri", mlflow_uri])
         results["train"]["epochs"] = epoch_times(mlflow_uri, results["train"]["summary"])
     if "score" in stages:
         results["score"] = run_stage("score", *spark(

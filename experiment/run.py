@@ -4,7 +4,7 @@ validation with Ray Tune, retrained on train+valid, scored and evaluated on test
     python experiment/run.py --data var/data/ml-100k --models nce-autorec,autorec,puresvd
     ray job submit --address http://127.0.0.1:8265 --working-dir . -- \\
         python experiment/run.py --data /abs/var/data/ml-100k --models nce-autorec,autorec \\
-        --grid paper --output /abs/var/experiments --mlflow-uri http://127.0.0.1:5000
+        --grid paper --experiments-dir /abs/var/experiments --mlflow-uri http://127.0.0.1:5000
 
 Stages (a rerun with the same --name skips every finished one, trial by trial):
   1. search    per model, a Ray Tune grid search (``--grid small|paper|FILE``, experiment/grids.py)
@@ -24,12 +24,12 @@ Stages (a rerun with the same --name skips every finished one, trial by trial):
                (evaluation/evaluate.py), and the experiment's table (table.md, table.csv).
 
 ``--config FILE`` takes the options from a YAML file (flags beside it win); the experiment
-writes its configuration, resolved, to OUTPUT/NAME/config.yaml and its MLflow run: --config
+writes its configuration, resolved, to EXPERIMENTS_DIR/NAME/config.yaml and its MLflow run: --config
 reads it back (the same name: it resumes that experiment).
 
 MLflow: one run per experiment (experiment NAME), one child per model, whose children are the
 trials and the final retraining; the table and plots are artifacts of the experiment's run.
-Everything lands under OUTPUT/NAME: trials/, final/, recs/, evaluation/, experiment.json, and
+Everything lands under EXPERIMENTS_DIR/NAME: trials/, final/, recs/, evaluation/, experiment.json, and
 the results: table.md, table.csv, paired.csv, figures/, published together with their manifest
 results.json written last (a reader checks it: ``read_results``).
 """
@@ -88,11 +88,16 @@ class ExperimentConfig:
                                      "(the paper's settings), or a YAML/JSON file {model: "
                                      "{flag: [values]}} or a list of those (experiment/grids.py)")
     name: str = option("", show_default=False,
-                       help="the experiment: its folder under --output and its MLflow experiment; "
+                       help="the experiment: its folder under --experiments-dir and its MLflow "
+                            "experiment; "
                             "an existing name resumes it (default: DATASET-GRID)")
-    output: str = option("", show_default=False,
-                         help="parent folder: the experiment goes to OUTPUT/NAME (--name); "
-                              "absolute path (default: ./var/experiments, made absolute)")
+    # --experiments-dir, not --output: in the Spark stages --output is the output folder
+    # itself (issue 29); --output is still taken, with a note
+    output: str = option("", show_default=False, flag="experiments-dir", renamed_from="output",
+                         metavar="EXPERIMENTS_DIR",
+                         help="the folder of experiments: this one goes to "
+                              "EXPERIMENTS_DIR/NAME (--name); absolute path (default: "
+                              "./var/experiments, made absolute)")
     epochs: int = option(200, help="most epochs a trial trains (early stopping ends sooner)")
     patience: int | None = option(None, help="epochs without a better validation NDCG before a "
                                              "trial stops (default: each model's own)")
@@ -171,7 +176,7 @@ def check_trial_record(cfg: ExperimentConfig, root: str, model: str, point: dict
                          ) from None
 
 
-# -- the experiment's state: OUTPUT/NAME/experiment.json, rewritten after every stage -------------
+# -- the experiment's state: EXPERIMENTS_DIR/NAME/experiment.json, rewritten after every stage -------------
 
 def read_json(path: Path) -> dict | None:
     try:
@@ -675,7 +680,7 @@ def figures(root: Path, points: dict[str, list[dict]]) -> dict[str, bytes]:
 def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
                    ray_address: str | None = None) -> dict:
     """Every stage, skipping what finished; returns the experiment's state (also
-    OUTPUT/NAME/experiment.json)."""
+    EXPERIMENTS_DIR/NAME/experiment.json)."""
     import ray
 
     from runtime import tracking
@@ -841,7 +846,7 @@ def main(argv: list[str] | None = None) -> int:
     no_bars_in_logs()
     try:
         args = build_parser().parse_args(argv)  # --config FILE's errors are UsageErrors
-        check_job_paths(args)  # under ray job submit, defaults would land in a throw-away copy
+        check_job_paths(args, "--experiments-dir")  # under ray job submit: see check_job_paths
         join_address(args.ray_address)  # a job server's http address fails here, not mid-run
         state = run_experiment(ExperimentConfig(**values(args, ExperimentConfig)),
                                args.mlflow_uri, args.ray_address)

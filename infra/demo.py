@@ -111,7 +111,7 @@ def train(model: str, prepared: Path, var: Path, seed: int, redo: bool, ray: sta
         print(f"   {name} finished already (best epoch {done['best_epoch']}); --redo to retrain")
         return done
     args = ["python", "training/train.py", "--data", str(prepared), "--model", model,
-            "--seed", str(seed), "--run-name", name, "--output", str(var / "runs"),
+            "--seed", str(seed), "--run-name", name, "--runs-dir", str(var / "runs"),
             "--mlflow-uri", mlflow_url] + (["--epochs", str(epochs)] if epochs else [])
     cmd, env = ray_job_submit(ray.url, args, stack.client_env({"ray": ray}))
     print("$ ray job submit --address " + ray.url + " --working-dir . -- " + " ".join(args),

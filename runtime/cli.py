@@ -38,10 +38,14 @@ _TYPES = {"int": int, "float": float, "str": str}
 
 
 def option(default=MISSING, *, help: str, group: str = "", choices=None, metavar: str | None = None,
-           short: str | None = None, hidden: bool = False, show_default: bool = True):
-    """A dataclass field that is also a command-line flag."""
+           short: str | None = None, hidden: bool = False, show_default: bool = True,
+           flag: str | None = None, renamed_from: str | None = None):
+    """A dataclass field that is also a command-line flag: ``--FIELD-NAME``, or ``--FLAG`` when
+    ``flag`` names it otherwise. ``renamed_from``: the flag's former name, still taken (off
+    --help) with a note saying the new one, so that scripts keep working while they change."""
     meta = {"help": help, "group": group, "choices": choices, "metavar": metavar, "short": short,
-            "hidden": hidden, "show_default": show_default}
+            "hidden": hidden, "show_default": show_default, "flag": flag,
+            "renamed_from": renamed_from}
     if isinstance(default, list | tuple):
         return dataclasses.field(default_factory=lambda: tuple(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -139,7 +143,7 @@ def add_options(parser: argparse.ArgumentParser, cls) -> None:
         if meta["group"]:
             where = groups.get(meta["group"]) or groups.setdefault(
                 meta["group"], parser.add_argument_group(meta["group"]))
-        names = [f"--{f.name.replace('_', '-')}"] + ([meta["short"]] if meta["short"] else [])
+        names = [flag_of(f)] + ([meta["short"]] if meta["short"] else [])
         element, optional, many = _kind(f.type if isinstance(f.type, str) else f.type.__name__)
         default = (f.default_factory() if f.default_factory is not MISSING else f.default)
         required = default is MISSING
@@ -167,6 +171,29 @@ def add_options(parser: argparse.ArgumentParser, cls) -> None:
             else:
                 kwargs["default"] = default
         where.add_argument(*names, **kwargs)
+        if meta.get("renamed_from"):
+            where.add_argument(f"--{meta['renamed_from']}", **{
+                **{k: v for k, v in kwargs.items() if k not in ("required", "default", "action")},
+                **({"nargs": 0} if element is None else {}),
+                "help": argparse.SUPPRESS, "action": _renamed(names[0]),
+                "default": argparse.SUPPRESS})
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    """The command-line flag of an ``option`` field."""
+    return "--" + (f.metadata.get("flag") or f.name.replace("_", "-"))
+
+
+def _renamed(new: str) -> type[argparse.Action]:
+    """An action for a flag's former name: stores as the new one does, and says the new name."""
+
+    class Renamed(argparse.Action):
+        def __call__(self, parser, namespace, value, option_string=None):
+            print(f"note: {option_string} is now {new} (same meaning); {option_string} will "
+                  "go", file=sys.stderr)
+            setattr(namespace, self.dest, True if self.nargs == 0 else value)  # 0: a switch
+
+    return Renamed
 
 
 def choices_metavar(choices) -> str | None:
@@ -281,11 +308,14 @@ def read_config(path: str, cls, parser: argparse.ArgumentParser | None = None) -
     finally:
         loader.dispose()
     fields = {f.name: f for f in dataclasses.fields(cls) if "help" in f.metadata}
+    # a key may be the field's name or its flag's (``runs_dir`` / ``runs-dir`` for ``output``)
+    aliases = {flag_of(f)[2:].replace("-", "_"): name for name, f in fields.items()}
     other_flags = {a.dest for a in parser._actions} - set(fields) if parser else set()
     out, lines = {}, {}
     for line, key, value in pairs:
         at = f"{where}, line {line}"
         name = key.replace("-", "_") if isinstance(key, str) else key
+        name = aliases.get(name, name)
         if name in other_flags:
             raise UsageError(f"{at}: {key} is not part of a configuration file; pass "
                              f"--{name.replace('_', '-')} on the command line instead")
@@ -373,7 +403,8 @@ def config_yaml(settings: dict, cls, header: str = "", leave_out=()) -> str:
     for f in dataclasses.fields(cls):
         if "help" in f.metadata and not f.metadata["hidden"] and f.name not in leave_out:
             v = settings[f.name]
-            groups.setdefault(f.metadata["group"], {})[f.name] = list(v) if isinstance(v, tuple) \
+            key = flag_of(f)[2:].replace("-", "_")  # as --help names it
+            groups.setdefault(f.metadata["group"], {})[key] = list(v) if isinstance(v, tuple) \
                 else v
     parts = ["".join(f"# {line}\n".replace("# \n", "#\n") for line in header.splitlines())]
     for group, items in groups.items():

@@ -240,7 +240,12 @@ def test_an_unreachable_tracking_server_names_a_real_make_target():
 
 
 def _actions(parser) -> dict:
-    return {a.dest: a for a in parser._actions}
+    """Each destination's flag as --help shows it (a renamed flag's old name, also stored there,
+    is off --help)."""
+    out: dict = {}
+    for a in parser._actions:
+        out.setdefault(a.dest, a)
+    return out
 
 
 @pytest.mark.parametrize("cli, cls_name, where, required", CLIS)
@@ -298,14 +303,19 @@ def test_per_model_defaults_in_help_name_each_model(flag, field):
         assert "AutoRec family 3" not in text
 
 
-@pytest.mark.parametrize("cli, says", [
-    ("etl.prepare", "itself"), ("evaluation.score", "itself"), ("evaluation.evaluate", "itself"),
-    ("training.train", "parent folder: the run goes to OUTPUT/RUN_NAME"),
-    ("experiment.run", "parent folder: the experiment goes to OUTPUT/NAME")])
-def test_each_output_help_says_whether_it_is_the_target_or_its_parent(cli, says):
+@pytest.mark.parametrize("cli, flag, says", [
+    ("etl.prepare", "--output", "itself"), ("evaluation.score", "--output", "itself"),
+    ("evaluation.evaluate", "--output", "itself"),
+    ("training.train", "--runs-dir", "the folder of runs: this one goes to RUNS_DIR/RUN_NAME"),
+    ("experiment.run", "--experiments-dir",
+     "the folder of experiments: this one goes to EXPERIMENTS_DIR/NAME")])
+def test_output_is_always_the_folder_itself_and_a_folder_of_many_says_so(cli, flag, says):
+    """--output means the output folder itself wherever it appears; training and the experiment,
+    which put each run under a folder of many, name that flag for what it is."""
     import importlib
 
-    assert says in _actions(importlib.import_module(cli).build_parser())["output"].help
+    action = _actions(importlib.import_module(cli).build_parser())["output"]
+    assert action.option_strings[0] == flag and says in action.help
 
 
 def test_score_pairs_each_model_with_its_output_and_refuses_a_mismatch():

@@ -61,7 +61,7 @@ class Streamed:
 
 def train_cmd(data: Path, out: Path, name: str, mlflow_uri: str, *extra: str) -> list[str]:
     return ["python", "training/train.py", "--data", str(data), "--model", "autorec", "--width",
-            "32", "--epochs", str(EPOCHS), "--patience", str(EPOCHS), "--output", str(out),
+            "32", "--epochs", str(EPOCHS), "--patience", str(EPOCHS), "--runs-dir", str(out),
             "--run-name", name, "--mlflow-uri", mlflow_uri, *extra]
 
 

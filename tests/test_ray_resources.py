@@ -71,7 +71,7 @@ def test_train_refuses_an_impossible_request_in_one_line(small_prepared, ray_hea
     from training.train import main
 
     code = main(["--data", str(small_prepared), "--model", "autorec", "--num-workers", "4",
-                 "--cpus-per-worker", "2", "--output", str(tmp_path), "--run-name", "too-big",
+                 "--cpus-per-worker", "2", "--runs-dir", str(tmp_path), "--run-name", "too-big",
                  "--mlflow-uri", mlflow_server.url, "--epochs", "1"])
     err = capsys.readouterr().err
     assert code == 2 and err == f"error: {IMPOSSIBLE}\n", err

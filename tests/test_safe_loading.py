@@ -51,7 +51,7 @@ def test_score_refuses_a_model_file_that_would_run_code(spark, small_prepared, t
 def test_a_resume_refuses_a_tampered_file(small_prepared, tmp_path, capsys, trained):
     """An interrupted run (a checkpoint) and a trained one whose logging is pending (model.pt):
     both are refused before Ray or MLflow start."""
-    argv = ["--data", str(small_prepared), "--model", "autorec", "--output", str(tmp_path / "runs"),
+    argv = ["--data", str(small_prepared), "--model", "autorec", "--runs-dir", str(tmp_path / "runs"),
             "--run-name", "r", "--mlflow-uri", "http://127.0.0.1:9"]
     cfg = train.config_from_args(train.build_parser().parse_args(argv),
                                  train.open_prepared(str(small_prepared)))

@@ -359,11 +359,33 @@ def test_under_ray_job_submit_paths_must_be_absolute(monkeypatch):
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     args = build_parser().parse_args(["--data", "var/data/x"])
-    with pytest.raises(UsageError, match="pass --output and --mlflow-uri; --data var/data/x must be "
-                                         "absolute"):
+    with pytest.raises(UsageError, match="pass --runs-dir and --mlflow-uri; --data var/data/x must "
+                                         "be absolute"):
         check_job_paths(args)
-    check_job_paths(build_parser().parse_args(["--data", "/abs/x", "--output", "/abs/runs",
+    check_job_paths(build_parser().parse_args(["--data", "/abs/x", "--runs-dir", "/abs/runs",
                                                "--mlflow-uri", "http://127.0.0.1:5000"]))
+
+
+def test_the_folder_of_runs_is_runs_dir_and_the_old_output_flag_still_works(capsys, tmp_path):
+    """--output is the output folder itself in the Spark stages; training's is a folder of runs,
+    so its flag says so. The old spelling is still taken, with a note naming the new one."""
+    from experiment.run import build_parser as experiment_parser
+    from training.train import build_parser
+
+    assert build_parser().parse_args(["--data", "d", "--runs-dir", "/r"]).output == "/r"
+    assert capsys.readouterr().err == ""
+    assert build_parser().parse_args(["--data", "d", "--output", "/r"]).output == "/r"
+    assert "--output is now --runs-dir (same meaning)" in capsys.readouterr().err
+    assert experiment_parser().parse_args(["--data", "d", "--output", "/e"]).output == "/e"
+    assert "--output is now --experiments-dir" in capsys.readouterr().err
+    text = build_parser().format_help()
+    assert "--runs-dir RUNS_DIR" in text and "\n  --output" not in text
+    # a --config file may name it either way; the file a run writes uses the flag's name
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("runs_dir: /from/file\n")
+    assert build_parser().parse_args(["--data", "d", "--config", str(cfg)]).output == "/from/file"
+    cfg.write_text("output: /old/file\n")
+    assert build_parser().parse_args(["--data", "d", "--config", str(cfg)]).output == "/old/file"
 
 
 @pytest.mark.parametrize("path,dense", [("auto", None), ("fast", False), ("dense", True)])
@@ -457,7 +479,7 @@ def test_the_experiment_under_ray_job_submit_needs_absolute_paths_and_a_tracking
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert main(["--data", "/abs/x"]) == 2
     err = capsys.readouterr().err
-    assert "pass --output and --mlflow-uri" in err
+    assert "pass --experiments-dir and --mlflow-uri" in err
 
 
 def test_the_epoch_body_sums_each_term_over_the_users_and_the_phase_has_its_learning_rate():

@@ -91,7 +91,7 @@ def test_spark_submit_trains_wrmf_into_mlflow(small_prepared, mlflow_server, tmp
 
     cmd, env = spark_submit("training/train.py", "--data", str(small_prepared), "--model", "wrmf",
                             "--rank", "8", "--iterations", "3", "--run-name", "wrmf-submitted",
-                            "--output", str(tmp_path / "runs"), "--mlflow-uri", mlflow_server.url,
+                            "--runs-dir", str(tmp_path / "runs"), "--mlflow-uri", mlflow_server.url,
                             master="local[2]", driver_memory="1g")
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     log = out.stdout + out.stderr

@@ -116,10 +116,13 @@ class RunConfig:
                                 "resumes (default: MODEL-MODE-DATASET-TIME)")
     experiment: str = option("", group=CLUSTER, show_default=False,
                              help="MLflow experiment (default: the dataset)")
-    output: str = option("", group=CLUSTER, show_default=False,
-                         help="parent folder: the run goes to OUTPUT/RUN_NAME (checkpoints, "
-                              "model.pt); absolute path or URI (default: ./var/runs, made "
-                              "absolute)")
+    # --runs-dir, not --output: in the Spark stages --output is the output folder itself, here
+    # it would be the folder of many runs (issue 29); --output is still taken, with a note
+    output: str = option("", group=CLUSTER, show_default=False, flag="runs-dir",
+                         renamed_from="output",
+                         help="the folder of runs: this one goes to RUNS_DIR/RUN_NAME "
+                              "(checkpoints, model.pt); absolute path or URI (default: "
+                              "./var/runs, made absolute)", metavar="RUNS_DIR")
     mlflow_wait: float = option(60.0, group=CLUSTER,
                                 help="seconds the end of a run waits for a tracking server that "
                                      "stopped answering; then it stops, with the model saved, and "

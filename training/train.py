@@ -4,19 +4,19 @@ in a Ray task), tracked in MLflow.
     python training/train.py --data var/data/ml-latest-small --model nce-autorec
     ray job submit --address http://127.0.0.1:8265 --working-dir . -- \\
         python training/train.py --data /abs/prepared --model nce-autorec --num-workers 4 --use-gpu \\
-        --output /abs/or/s3/runs --mlflow-uri http://mlflow-host:5000
+        --runs-dir /abs/or/s3/runs --mlflow-uri http://mlflow-host:5000
 
 ``--config FILE`` takes the options from a YAML file (flags beside it win); every run writes
-its whole configuration, resolved, to OUTPUT/RUN_NAME/config.yaml and MLflow, which --config
+its whole configuration, resolved, to RUNS_DIR/RUN_NAME/config.yaml and MLflow, which --config
 reads back for a new run.
 
 Each epoch prints one line (losses, validation NDCG beside the popularity baseline's on the same
 users, Recall@50, users/s, time left) and logs them to MLflow. A run whose best validation NDCG is
 not above popularity's, or whose code collapses (effective rank < 2), says so in WARNING lines
 and is tagged health=below-popularity / collapsed in MLflow (training/validate.py ``health``).
-Checkpoints go to OUTPUT/RUN_NAME every epoch; rerunning with the same --run-name resumes there.
+Checkpoints go to RUNS_DIR/RUN_NAME every epoch; rerunning with the same --run-name resumes there.
 The run returns its best epoch by validation NDCG (the last epoch for the final retraining,
---train-splits train,valid), written to OUTPUT/RUN_NAME/model.pt and logged to MLflow as a
+--train-splits train,valid), written to RUNS_DIR/RUN_NAME/model.pt and logged to MLflow as a
 pyfunc that scores user rows.
 """
 
@@ -80,15 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
     return stage_parser("training/train.py", __doc__, TrainConfig)
 
 
-def check_job_paths(args: argparse.Namespace) -> None:
+def check_job_paths(args: argparse.Namespace, output_flag: str = "--runs-dir") -> None:
     """Under ``ray job submit`` the entry point runs in a throw-away copy of --working-dir: the
-    defaults (./var/runs, ./mlflow/state) and relative paths would land there and be lost."""
+    defaults (./var/runs, ./mlflow/state) and relative paths would land there and be lost.
+    ``output_flag``: how the caller's command line names ``args.output``."""
     if "RAY_JOB_CONFIG_JSON_ENV_VAR" not in os.environ:
         return
-    missing = [f for f, v in (("--output", args.output), ("--mlflow-uri", args.mlflow_uri or
-                                                          os.environ.get("MLFLOW_TRACKING_URI")))
+    missing = [f for f, v in ((output_flag, args.output), ("--mlflow-uri", args.mlflow_uri or
+                                                           os.environ.get("MLFLOW_TRACKING_URI")))
                if not v]
-    relative = [f"{f} {v}" for f, v in (("--data", args.data), ("--output", args.output))
+    relative = [f"{f} {v}" for f, v in (("--data", args.data), (output_flag, args.output))
                 if v and "://" not in v and not Path(v).is_absolute()]
     if missing or relative:
         raise UsageError(
@@ -96,7 +97,8 @@ def check_job_paths(args: argparse.Namespace) -> None:
             + ("pass " + " and ".join(missing) if missing else "")
             + ("; " if missing and relative else "")
             + (", ".join(relative) + " must be absolute" if relative else "")
-            + " (e.g. --output /abs/runs --mlflow-uri http://127.0.0.1:5000 or sqlite:////abs/mlflow.db)")
+            + f" (e.g. {output_flag} /abs/runs --mlflow-uri http://127.0.0.1:5000 or "
+              "sqlite:////abs/mlflow.db)")
 
 
 def config_from_args(args: argparse.Namespace, prep: Prepared) -> TrainConfig:
@@ -113,7 +115,7 @@ def config_from_args(args: argparse.Namespace, prep: Prepared) -> TrainConfig:
                           "experiment": given["experiment"] or prep.dataset})
 
 
-# -- run directory: OUTPUT/RUN_NAME/run.json records the configuration and the MLflow run ----------
+# -- run directory: RUNS_DIR/RUN_NAME/run.json records the configuration and the MLflow run ----------
 
 def read_run_record(cfg: TrainConfig) -> dict | None:
     fs, path = filesystem(join(cfg.output, cfg.run_name))

@@ -162,7 +162,7 @@ def main() -> int:
         (work / "mlflow").mkdir()
         args = ["python", str(ROOT / "training" / "train.py"), "--data", str(prepared), "--model",
                 "autorec", "--epochs", "3", "--num-workers", "2", "--placement", "SPREAD",
-                "--output", str(runs), "--run-name", "two-nodes", "--mlflow-uri", mlflow_uri]
+                "--runs-dir", str(runs), "--run-name", "two-nodes", "--mlflow-uri", mlflow_uri]
         # The code reaches both nodes as installed code (PYTHONPATH; the cluster image does the
         # same), not --working-dir: two nodes on one machine share Ray's session directory, and
         # the second node's runtime-env agent deletes the shared working_dir copy when its
