@@ -22,7 +22,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
@@ -132,54 +131,30 @@ def start(*, ray_port: int = 6379, dashboard_port: int = 8265, num_cpus: int | N
             del record[name]
     write_record(record, state)
     started: list[str] = []
-
-    def start_mlflow() -> Running:
-        cfg = mlflow_settings(mlflow_config)
-        log(f"mlflow: starting on 127.0.0.1:{cfg['port']} (state in {cfg['state_dir']}) ...")
-        svc = services.start_mlflow(Path(cfg["state_dir"]), int(cfg["port"]), owner=owner)
-        log(f"mlflow: up at {svc.url}")
-        return Running("mlflow", os.getpgid(svc.proc.pid), svc.url, svc.address, str(svc.log),
-                       owner=owner, watchdog=svc.watchdog)
-
-    def start_ray() -> Running:
-        cpus = num_cpus or max(3, (os.cpu_count() or 1) + 1)  # +1: Ray Data beside 2 workers
-        auth = services.ray_token(state)
-        log(f"ray: starting a head on 127.0.0.1:{ray_port}, job server on :{dashboard_port}, "
-            f"{cpus} logical CPUs, token authentication "
-            f"({auth.get('RAY_AUTH_TOKEN_PATH', 'RAY_AUTH_TOKEN of this environment')}) ...")
-        svc = services.start_ray_head(ray_temp_dir(state), ray_port, dashboard_port, cpus, auth,
-                                      owner=owner)
-        log(f"ray: up at {svc.url} (GCS {svc.address})")
-        return Running("ray", os.getpgid(svc.proc.pid), svc.url, svc.address, str(svc.log),
-                       {k: v for k, v in auth.items() if k != "RAY_AUTH_TOKEN"}, owner,
-                       svc.watchdog)
-
     try:
-        # both at once: each start is mostly waiting for its server to answer. Daemon threads:
-        # an interrupted start does not wait for them (a watchdog stops what an owner started)
-        todo = {name: fn for name, fn in (("mlflow", start_mlflow), ("ray", start_ray))
-                if name not in record}
-        results: dict[str, Running | BaseException] = {}
-
-        def run(name: str) -> None:
-            try:
-                results[name] = todo[name]()
-            except BaseException as e:  # noqa: BLE001 - re-raised below, in the caller's thread
-                results[name] = e
-
-        threads = [threading.Thread(target=run, args=(name,), daemon=True) for name in todo]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for name in todo:
-            if isinstance(results[name], Running):
-                record[name] = results[name]
-                started.append(name)
-        write_record(record, state)
-        for name in todo:
-            if not isinstance(results[name], Running):
-                raise results[name]
+        if "mlflow" not in record:
+            cfg = mlflow_settings(mlflow_config)
+            log(f"mlflow: starting on 127.0.0.1:{cfg['port']} (state in {cfg['state_dir']}) ...")
+            svc = services.start_mlflow(Path(cfg["state_dir"]), int(cfg["port"]), owner=owner)
+            record["mlflow"] = Running("mlflow", os.getpgid(svc.proc.pid), svc.url, svc.address,
+                                       str(svc.log), owner=owner, watchdog=svc.watchdog)
+            started.append("mlflow")
+            write_record(record, state)
+            log(f"mlflow: up at {svc.url}")
+        if "ray" not in record:
+            cpus = num_cpus or max(3, (os.cpu_count() or 1) + 1)  # +1: Ray Data beside 2 workers
+            auth = services.ray_token(state)
+            log(f"ray: starting a head on 127.0.0.1:{ray_port}, job server on :{dashboard_port}, "
+                f"{cpus} logical CPUs, token authentication "
+                f"({auth.get('RAY_AUTH_TOKEN_PATH', 'RAY_AUTH_TOKEN of this environment')}) ...")
+            svc = services.start_ray_head(ray_temp_dir(state), ray_port, dashboard_port, cpus, auth,
+                                          owner=owner)
+            record["ray"] = Running("ray", os.getpgid(svc.proc.pid), svc.url, svc.address,
+                                    str(svc.log), {k: v for k, v in auth.items()
+                                                   if k != "RAY_AUTH_TOKEN"}, owner, svc.watchdog)
+            started.append("ray")
+            write_record(record, state)
+            log(f"ray: up at {svc.url} (GCS {svc.address})")
     except BaseException:
         for name in started:  # nothing this call started is left running after it failed
             services.stop_group(record.pop(name).pgid, 5)
