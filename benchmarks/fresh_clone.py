@@ -1,0 +1,122 @@
+"""The README's two commands as a newcomer runs them: a fresh clone, an empty home directory, no
+RAY_* or MLFLOW_* variables; each command's wall time.
+
+    .venv/bin/python benchmarks/fresh_clone.py [--steps venv,demo,test] [--work DIR]
+
+    venv   make venv    the install (uv; torch's CPU or CUDA build as the Makefile picks)
+    demo   make demo    the main job on the shipped ml-latest-small (after the install)
+    test   make test    the whole suite (after the install)
+
+The clone is of this repository's HEAD (committed work only), into ``--work`` (default a new
+folder under /tmp); ``../shared`` beside it is linked when this checkout has one, as CI has it.
+Each step runs after the previous one in the same clone, so ``demo`` and ``test`` exclude the
+install. A demo leaves its stack running for the MLflow UI: it is stopped before the next step.
+Results: ``benchmarks/results/fresh_clone.{json,md}`` (merged per step with a previous run's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import report  # noqa: E402
+
+STEPS = {"venv": ["make", "venv"], "demo": ["make", "demo"], "test": ["make", "test"]}
+
+
+def newcomer_env(home: Path) -> dict[str, str]:
+    """This machine's environment less what a newcomer would not have: an empty home and no
+    Ray or MLflow settings (the package index settings stay: they are the machine's, not ours)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
+    env["HOME"] = str(home)
+    return env
+
+
+def clone(work: Path) -> Path:
+    repo = work / "main"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
+    shared = ROOT.parent / "shared"
+    if shared.exists() and not (work / "shared").exists():
+        (work / "shared").symlink_to(shared)
+    return repo
+
+
+def run_step(name: str, repo: Path, env: dict[str, str], log: Path) -> dict:
+    print(f"\n== {name}: {' '.join(STEPS[name])} (log: {log})", flush=True)
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        code = subprocess.run(STEPS[name], cwd=repo, env=env, stdout=f,
+                              stderr=subprocess.STDOUT).returncode
+    seconds = time.perf_counter() - t0
+    tail = log.read_text().splitlines()[-3:]
+    print(f"   exit {code} in {seconds:.0f} s; last lines:\n   " + "\n   ".join(tail), flush=True)
+    if name == "demo":  # its stack stays up for the UI; the next step wants the ports
+        subprocess.run([str(repo / ".venv" / "bin" / "python"), "-m", "infra.stack", "stop"],
+                       cwd=repo, env=env, capture_output=True)
+    return {"command": " ".join(STEPS[name]), "exit": code, "seconds": round(seconds, 1),
+            "summary": tail[-1] if tail else ""}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--steps", default="venv,demo,test",
+                   help="which of venv, demo, test, in that order (default all)")
+    p.add_argument("--work", default=None, help="where the clone goes (default a new /tmp folder)")
+    args = p.parse_args(argv)
+    steps = [s for s in args.steps.split(",") if s]
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown:
+        p.error(f"--steps: unknown {', '.join(unknown)}; choose from {', '.join(STEPS)}")
+    work = Path(args.work or tempfile.mkdtemp(prefix="fresh-clone-"))
+    work.mkdir(parents=True, exist_ok=True)
+    repo = clone(work)
+    home = work / "home"
+    home.mkdir(exist_ok=True)
+    env = newcomer_env(home)
+    results = {name: run_step(name, repo, env, work / f"{name}.log")
+               for name in (s for s in STEPS if s in steps)}
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    for r in results.values():
+        r["commit"] = commit
+    out = ROOT / "benchmarks" / "results" / "fresh_clone"
+    try:  # merged per step: a run of some steps keeps the others' last results
+        previous = json.loads(out.with_suffix(".json").read_text()).get("steps", {})
+    except (OSError, ValueError):
+        previous = {}
+    payload = {**report.stamp("fresh_clone.py", argv), "steps": {**previous, **results}}
+    report.publish(out, payload, markdown(payload))
+    print(f"\nresults: {out}.md")
+    return 0 if all(r["exit"] == 0 for r in results.values()) else 1
+
+
+def markdown(payload: dict) -> list[str]:
+    lines = ["# The README's two commands from a fresh clone", "",
+             f"Command: `{payload['command']}`  ", f"Machine: {payload['machine']}; "
+             f"{payload['date']}. A fresh clone of the commit named, an empty home directory, "
+             "no RAY_* or MLFLOW_* variables; the machine's package index settings as they are "
+             "(here a local wheel cache beside PyPI). Each step after the one before in the same "
+             "clone: `demo` and `test` exclude the install.", "",
+             "| step | command | exit | seconds | minutes | commit |", "|---|---|---|---|---|---|"]
+    for name in STEPS:
+        r = payload["steps"].get(name)
+        if r:
+            lines.append(f"| {name} | `{r['command']}` | {r['exit']} | {r['seconds']:.0f} | "
+                         f"{r['seconds'] / 60:.1f} | {r['commit']} |")
+    lines += ["", "Last line of each step's output:", ""]
+    lines += [f"- {name}: `{r['summary'][:200]}`" for name, r in payload["steps"].items()]
+    return lines + [""]
+
+if __name__ == "__main__":
+    sys.exit(main())
