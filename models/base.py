@@ -121,6 +121,13 @@ class Recommender(nn.Module):
         return {}
 
     @classmethod
+    def converges_a_phase(cls, hp: dict[str, Any]) -> bool:
+        """Whether, with hyperparameters ``hp`` (defaults filled in), a training phase runs until
+        its loss converges (``--pretrain-epochs 0``) rather than for a set number of epochs: the
+        final retraining, which has no validation split, then needs the count. Default: no."""
+        return False
+
+    @classmethod
     def upgrade_record(cls, config: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
         """A run's recorded configuration (run.json's ``config``) from an older version, brought
         to what this code would record for the same run, before a resume compares it with the

@@ -62,3 +62,16 @@ def test_every_file_layout_has_a_reader_and_every_dataset_a_registered_layout():
     assert [n for n, layout in LAYOUTS.items() if layout.generated] == ["synthetic"]
     assert DATASETS["yahoo-r1"].layout.rating_255 and DATASETS["citeulike"].layout.one_file
     assert DATASETS["csv"].layout.named_columns and not DATASETS["ml-100k"].layout.named_columns
+
+
+def test_a_final_retraining_needs_phase_ones_length_where_the_model_converges_it():
+    """The rule is the model's (``Recommender.converges_a_phase``): the AutoRec family's
+    fine-tune modes run phase 1 until its loss converges, which needs a validation split."""
+    from training.config import TrainConfig, check
+
+    final = dict(data="d", train_splits="train,valid")
+    with pytest.raises(UsageError, match="pretrain-epochs.*no validation set to detect convergence"):
+        check(TrainConfig(model="nce-autorec", mode="limited-finetune", **final))
+    check(TrainConfig(model="nce-autorec", mode="limited-finetune", pretrain_epochs=40, **final))
+    check(TrainConfig(model="nce-autorec", mode="joint", **final))  # one phase, fixed --epochs
+    check(TrainConfig(model="puresvd", **final))

@@ -295,8 +295,8 @@ def check(cfg: TrainConfig) -> None:
     if cfg.train_splits not in TRAIN_SPLITS:
         bad("train-splits", cfg.train_splits, "choose train (model selection) or train,valid "
             "(the final retraining with a fixed --epochs)")
-    if cfg.final_retraining and cfg.mode in ("limited-finetune", "full-finetune") \
-            and cfg.pretrain_epochs == 0:
+    if cfg.final_retraining and cfg.pretrain_epochs == 0 \
+            and cls.converges_a_phase(hp):
         bad("pretrain-epochs", 0, "the final retraining has no validation set to detect "
             "convergence: pass phase 1's epoch count from the selection run")
     if cfg.num_workers < 1:

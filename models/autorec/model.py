@@ -223,6 +223,11 @@ class AutoRec(Recommender):
                 "finetune_init": options.get("finetune_init") or "ridge"}
 
     @classmethod
+    def converges_a_phase(cls, hp: dict) -> bool:
+        """The fine-tune modes' phase 1 runs until its loss converges (``--pretrain-epochs 0``)."""
+        return hp.get("mode") in FINETUNE_MODES
+
+    @classmethod
     def upgrade_record(cls, config: dict, given: dict) -> dict:
         """A run recorded before lambda had units (2026-11-25: no ``lam_units``; its lambda
         multiplies mean(W^2) alone) resumes only as it was, with --lam-units plain."""
