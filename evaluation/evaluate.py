@@ -54,14 +54,12 @@ from evaluation.popularity import summary_from_counts
 from evaluation.score import MARKER as RECS_MARKER
 from evaluation.spark_metrics import (METRICS, encode_lists, inverse_logs, metric_key,
                                       metrics_for, per_user_arrow, split_name, summarise)
-from prepared.protocol import KS, TOP_K
+from prepared.protocol import KS, TABLE, TOP_K
 from runtime.cli import add_options, option, strict_parser, values
 from runtime.progress import EVERY, info_lines, spark_progress
 
 log = logging.getLogger("evaluation")
 
-TABLE = ("R-Precision", "NDCG", "MAP@5", "MAP@50", "Precision@5", "Precision@50", "Recall@5",
-         "Recall@50")  # the paper's table columns
 POPULARITY_KEYS = ("median_popularity", "mean_popularity", "share_top10pct", "coverage", "gini")
 
 

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 from models.registry import MODELS
 from prepared.errors import UsageError
-from prepared.protocol import TOP_K
+from prepared.protocol import TABLE, TOP_K
 from prepared.reader import Prepared, open_prepared
 from runtime.atomic import write_text
 from runtime.runs import RUN_RECORD, finished_summary
@@ -70,8 +70,6 @@ from training.validate import COLLAPSED_RANK, HEALTHY
 
 ROOT = Path(__file__).resolve().parents[1]
 PARENT = "mlflow.parentRunId"  # MLflow's tag that nests a run under another in the UI
-TABLE = ("R-Precision", "NDCG", "MAP@5", "MAP@50", "Precision@5", "Precision@50", "Recall@5",
-         "Recall@50")
 # what a trial changes in the experiment's configuration: never where or how it runs
 FIXED = ("data", "grid", "epochs", "patience", "seed", "valid_sample", "valid_by", "batch_size")
 

@@ -16,6 +16,9 @@ import numpy as np
 # Evaluation (protocol.md): every stage ranks a top list of TOP_K items, and the metrics' cut-offs
 TOP_K = 50
 KS = (5, 10, 15, 20, 50)
+# the paper's table columns, in its order: what the evaluation and the experiment tabulate
+TABLE = ("R-Precision", "NDCG", "MAP@5", "MAP@50", "Precision@5", "Precision@50", "Recall@5",
+         "Recall@50")
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
