@@ -96,6 +96,10 @@ def test_each_problem_is_warned_once_when_it_first_shows_and_the_line_shows_popu
     assert "below popularity" in first[0] and "0.0110" in first[0] and "0.0190" in first[0]
     assert "code collapsed" in first[1] and "1.00" in first[1]
     assert health_warnings(rec(3, 0.0100, 1.0), p) == []  # said once
+    # a run gets its patience to rise above popularity: none of its first epochs cries wolf
+    q = {**new_progress(), "popularity": {"ndcg": 0.0190, "recall_at_50": 0.08}, "best_ndcg": 0.01}
+    assert health_warnings(rec(5, 0.0100, 12.0), q, grace=5) == []
+    assert "below popularity" in health_warnings(rec(6, 0.0100, 12.0), q, grace=5)[0]
     line = progress_line(rec(3, 0.0100, 1.0), p, TrainConfig(data="d", model="autorec"), 1, [1.0])
     assert "valid NDCG 0.0100 (pop 0.0190) Recall@50" in line
 

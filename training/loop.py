@@ -284,7 +284,7 @@ def train_loop(config: dict) -> None:
                 say(f"{done}, {time.perf_counter() - t_hook:.1f}s)")
             optimizers = optimizers_for(progress["phase"])
 
-        warnings = health_warnings(record, progress)
+        warnings = health_warnings(record, progress, grace=cfg.stop_patience)
         metrics = {**record, "best_epoch": progress["best_epoch"],
                    "best_valid_ndcg": progress["best_ndcg"], "done": progress["done"],
                    "diverged_epoch": progress["diverged"] or 0}
@@ -374,16 +374,18 @@ def effective_rank(codes: torch.Tensor) -> float:
     return float(torch.exp(-(p * p.log()).sum()))
 
 
-def health_warnings(record: dict, p: dict) -> list[str]:
+def health_warnings(record: dict, p: dict, grace: int = 0) -> list[str]:
     """The WARNING lines of this epoch: each problem of ``training.validate.health`` the first
     time it shows (noted in ``p["warned"]``, which the checkpoint keeps): the best validation
-    NDCG so far not above popularity's, and the code's effective rank below ``COLLAPSED_RANK``.
-    The run's verdict, at its best epoch, is the driver's (``training.train``)."""
+    NDCG so far not above popularity's once ``grace`` epochs have run (every run starts below
+    it: the early stopping's patience is the window a run gets to improve), and the code's
+    effective rank below ``COLLAPSED_RANK``. The run's verdict, at its best epoch, is the
+    driver's (``training.train``)."""
     warned = p.setdefault("warned", [])
     pop = p.get("popularity")
     out = []
     if ("valid_ndcg" in record and pop is not None and "below-popularity" not in warned
-            and not p["best_ndcg"] > pop["ndcg"]):
+            and record["epoch"] > grace and not p["best_ndcg"] > pop["ndcg"]):
         warned.append("below-popularity")
         out.append(f"WARNING: epoch {record['epoch']}: below popularity: the best validation "
                    f"NDCG so far, {p['best_ndcg']:.4f}, is not above the popularity baseline's "
