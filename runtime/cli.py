@@ -184,6 +184,12 @@ def flag_of(f: dataclasses.Field) -> str:
     return "--" + (f.metadata.get("flag") or f.name.replace("_", "-"))
 
 
+def config_key(f: dataclasses.Field) -> str:
+    """The key of an ``option`` field in a --config file: its flag as --help names it, without
+    the dashes, ``_`` for ``-`` (``runs_dir`` for the field ``output``)."""
+    return flag_of(f)[2:].replace("-", "_")
+
+
 def _renamed(new: str) -> type[argparse.Action]:
     """An action for a flag's former name: stores as the new one does, and says the new name."""
 
@@ -309,7 +315,7 @@ def read_config(path: str, cls, parser: argparse.ArgumentParser | None = None) -
         loader.dispose()
     fields = {f.name: f for f in dataclasses.fields(cls) if "help" in f.metadata}
     # a key may be the field's name or its flag's (``runs_dir`` / ``runs-dir`` for ``output``)
-    aliases = {flag_of(f)[2:].replace("-", "_"): name for name, f in fields.items()}
+    aliases = {config_key(f): name for name, f in fields.items()}
     other_flags = {a.dest for a in parser._actions} - set(fields) if parser else set()
     out, lines = {}, {}
     for line, key, value in pairs:
@@ -403,9 +409,8 @@ def config_yaml(settings: dict, cls, header: str = "", leave_out=()) -> str:
     for f in dataclasses.fields(cls):
         if "help" in f.metadata and not f.metadata["hidden"] and f.name not in leave_out:
             v = settings[f.name]
-            key = flag_of(f)[2:].replace("-", "_")  # as --help names it
-            groups.setdefault(f.metadata["group"], {})[key] = list(v) if isinstance(v, tuple) \
-                else v
+            groups.setdefault(f.metadata["group"], {})[config_key(f)] = \
+                list(v) if isinstance(v, tuple) else v
     parts = ["".join(f"# {line}\n".replace("# \n", "#\n") for line in header.splitlines())]
     for group, items in groups.items():
         parts.append((f"\n# -- {group}\n" if group else "")

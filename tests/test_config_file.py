@@ -13,7 +13,7 @@ import yaml
 
 from models.registry import MODELS
 from prepared.errors import UsageError
-from runtime.cli import add_config_file, add_options, flag_of, option, strict_parser, values
+from runtime.cli import add_config_file, add_options, config_key, option, strict_parser, values
 import experiment.run
 from training import train
 from training.config import TrainConfig, check
@@ -183,8 +183,7 @@ def test_an_experiments_config_yaml_reads_back_to_its_configuration(tmp_path):
     assert got == cfg
     assert "configuration of experiment mine (MLflow run r1)" in text.splitlines()[0]
     # keyed as --help names the flags (--experiments-dir holds the field ``output``)
-    assert set(yaml.safe_load(text)) == {
-        flag_of(f)[2:].replace("-", "_") for f in dataclasses.fields(ExperimentConfig)}
+    assert set(yaml.safe_load(text)) == {config_key(f) for f in dataclasses.fields(ExperimentConfig)}
 
 
 def test_the_experiments_run_logs_its_config_yaml(tmp_path):
