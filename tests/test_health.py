@@ -90,15 +90,18 @@ def test_each_problem_is_warned_once_when_it_first_shows_and_the_line_shows_popu
                                  "epoch_seconds": 1.0, "valid_seconds": 0.1, "valid_users": 9}
     p["best_ndcg"] = 0.0300
     assert health_warnings(rec(1, 0.0300, 12.0), p) == []
-    p["best_ndcg"] = 0.0110  # (as a resumed run's best would be)
+    p["best_ndcg"], p["bad_epochs"] = 0.0110, 1  # (a resumed run's best, not bettered since)
     first = health_warnings(rec(2, 0.0110, 1.0), p)
     assert len(first) == 2 and all(w.startswith("WARNING: epoch 2: ") for w in first)
     assert "below popularity" in first[0] and "0.0110" in first[0] and "0.0190" in first[0]
     assert "code collapsed" in first[1] and "1.00" in first[1]
     assert health_warnings(rec(3, 0.0100, 1.0), p) == []  # said once
     # a run gets its patience to rise above popularity: none of its first epochs cries wolf
-    q = {**new_progress(), "popularity": {"ndcg": 0.0190, "recall_at_50": 0.08}, "best_ndcg": 0.01}
+    q = {**new_progress(), "popularity": {"ndcg": 0.0190, "recall_at_50": 0.08}, "best_ndcg": 0.01,
+         "bad_epochs": 1}
     assert health_warnings(rec(5, 0.0100, 12.0), q, grace=5) == []
+    # ... nor one that still climbs (its last epoch was its best)
+    assert health_warnings(rec(6, 0.0100, 12.0), {**q, "bad_epochs": 0}, grace=5) == []
     assert "below popularity" in health_warnings(rec(6, 0.0100, 12.0), q, grace=5)[0]
     line = progress_line(rec(3, 0.0100, 1.0), p, TrainConfig(data="d", model="autorec"), 1, [1.0])
     assert "valid NDCG 0.0100 (pop 0.0190) Recall@50" in line

@@ -377,15 +377,17 @@ def effective_rank(codes: torch.Tensor) -> float:
 def health_warnings(record: dict, p: dict, grace: int = 0) -> list[str]:
     """The WARNING lines of this epoch: each problem of ``training.validate.health`` the first
     time it shows (noted in ``p["warned"]``, which the checkpoint keeps): the best validation
-    NDCG so far not above popularity's once ``grace`` epochs have run (every run starts below
-    it: the early stopping's patience is the window a run gets to improve), and the code's
+    NDCG so far not above popularity's once ``grace`` epochs have run and it has stopped
+    rising (every run starts below popularity and a healthy one climbs past it, on MovieLens after
+    about a dozen epochs; a warning while it still climbs would cry wolf), and the code's
     effective rank below ``COLLAPSED_RANK``. The run's verdict, at its best epoch, is the
     driver's (``training.train``)."""
     warned = p.setdefault("warned", [])
     pop = p.get("popularity")
     out = []
     if ("valid_ndcg" in record and pop is not None and "below-popularity" not in warned
-            and record["epoch"] > grace and not p["best_ndcg"] > pop["ndcg"]):
+            and record["epoch"] > grace and p.get("bad_epochs", 0) > 0
+            and not p["best_ndcg"] > pop["ndcg"]):
         warned.append("below-popularity")
         out.append(f"WARNING: epoch {record['epoch']}: below popularity: the best validation "
                    f"NDCG so far, {p['best_ndcg']:.4f}, is not above the popularity baseline's "
