@@ -44,8 +44,10 @@ def read_csv(path: Path) -> list[dict]:
 def summarise(folder: Path) -> dict:
     """The comparison of one experiment's NCE-AutoRec with AutoRec and the best baseline."""
     table = {r["model"]: r for r in read_csv(folder / "table.csv")}
+    # with --seeds, paired.csv has each seed's rows beside the pooled one: the verdicts read
+    # the pooled (an older paired.csv has no seed column: its rows are the only seed's)
     paired = {(r["label"], r["metric"]): r for r in read_csv(folder / "paired.csv")
-              if r["reference"] == "nce-autorec"}
+              if r["reference"] == "nce-autorec" and r.get("seed", "pooled") == "pooled"}
     missing = [m for m in ("nce-autorec", "autorec") if m not in table]
     baselines = [m for m in table if m not in FAMILY and m != FLOOR]
     if missing or not baselines:

@@ -269,6 +269,17 @@ COMPARISONS = ("first", "best")  # paired.csv's comparison column: against the f
 # against the best of the others
 
 
+def compared_labels(compare: tuple[str, ...] | None, labels: list[str]) -> list[str]:
+    """The labels ``--compare`` names (every label without it), checked against the files'."""
+    if not compare:
+        return labels
+    unknown = [c for c in compare if c not in labels]
+    if unknown:
+        raise UsageError(f"--compare {' '.join(compare)}: no file is labelled "
+                         f"{', '.join(unknown)}; the labels are {', '.join(labels)} (--labels)")
+    return list(compare)
+
+
 def best_other(rows: list[dict], labels: list[str]) -> str | None:
     """The label other than the first with the highest mean NDCG of the warm users in ``rows``
     (``summarise``'s), the reference of the "best" comparisons; None with fewer than 3 labels,
@@ -504,6 +515,12 @@ class EvaluateConfig:
     target: str = option("test", choices=["test", "valid"], help="the warm users' truth split")
     labels: tuple[str, ...] | None = option(None, help="names for the files in tables and plots "
                                                        "(default: the scored model's)")
+    compare: tuple[str, ...] | None = option(None, metavar="LABEL",
+                                             help="the labels paired.csv and the cold-start plot "
+                                                  "compare, the first the reference (default: "
+                                                  "every file's, in order); experiment/run.py "
+                                                  "--seeds compares one seed per model here and "
+                                                  "pools the seeds itself")
     mlflow_uri: str | None = option(None, help="tracking server (default: the one each file's "
                                                "training run used)")
     no_mlflow: bool = option(False, help="do not log to MLflow")
@@ -516,7 +533,9 @@ def evaluate(spark, progress_every: float = EVERY, **kwargs) -> dict:
     ``output/manifest.json``). Every ``progress_every`` seconds a progress line of the step
     running (tasks done, rate, time left) on the INFO log: at millions of users it takes minutes."""
     cfg = EvaluateConfig(**{**kwargs, "recs": tuple(kwargs.get("recs", ())),
-                            **({"labels": tuple(kwargs["labels"])} if kwargs.get("labels") else {})})
+                            **({"labels": tuple(kwargs["labels"])} if kwargs.get("labels") else {}),
+                            **({"compare": tuple(kwargs["compare"])} if kwargs.get("compare")
+                               else {})})
     with spark_progress(spark, "evaluation", every=progress_every, log=info_lines(log)) as progress:
         timed = PhaseTimes(progress)
         try:
@@ -580,6 +599,7 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
         seen[f.label] = seen.get(f.label, 0) + 1
         if seen[f.label] > 1:
             f.label = f"{f.label} #{seen[f.label]}"
+    compared = compared_labels(cfg.compare, [f.label for f in files])  # before any Spark job
     items = spark.read.parquet(f"{prep.uri}/{prep.manifest['layout']['items']}") \
         .select(S.ITEM_INDEX, S.ITEM_ID, S.POP_TRAIN_VALID).toPandas().sort_values(S.ITEM_INDEX)
     catalogue = items[S.ITEM_ID].astype(str).tolist()  # position = item index
@@ -649,7 +669,8 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
              time.perf_counter() - t0)
 
     progress.phase("paired differences")
-    long_enough = [f.label for f in files if f.k >= TOP_K]
+    long_enough = [f.label for f in files if f.k >= TOP_K and f.label in compared]
+    long_enough.sort(key=compared.index)
     pairs = paired(users_df, long_enough, best_other(rows, long_enough))
     progress.phase("popularity")
     pop_counts = popularity_counts(evaluated, [f.label for f in files], items)
@@ -662,7 +683,7 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
                  "popularity.png": plots.png_bytes(plots.popularity_density(
                      pop_counts, pop, f"Popularity of recommended items ({title})"))}
     # the cold-start plot compares NDCG, which files of lists shorter than TOP_K do not have
-    labels_in = [f.label for f in files if f.k >= TOP_K]
+    labels_in = long_enough
     progress.phase("cold-start plot")
     cold = cold_start(users_df, labels_in) if len(labels_in) > 1 else None
     if cold is not None:

@@ -12,16 +12,25 @@ Stages (a rerun with the same --name skips every finished one, trial by trial):
                NDCG, DDP inside a trial (--num-workers), as many trials at once as the cluster
                fits. An interrupted trial resumes from its last checkpoint.
   2. select    per model, the trial with the best validation NDCG, and its best epoch (and the
-               length of fine-tune phase 1).
+               length of fine-tune phase 1); with --seeds N > 1 the best point is rerun with
+               the other seeds, and where the runner-up is within that seed spread it is too,
+               and the higher mean over the seeds is chosen (``reseed_choice``).
   3. retrain   from scratch on train+valid with that configuration for exactly that many epochs
-               (``--train-splits train,valid``: the protocol's final model).
-  4. register  the final model in the MLflow Model Registry as DATASET-MODEL, alias @champion;
+               (``--train-splits train,valid``: the protocol's final model), once per seed of
+               --seeds N (seeds --seed .. --seed + N - 1; a resume with more runs only the new
+               ones, with fewer uses the first N).
+  4. register  the first seed's final model in the MLflow Model Registry as DATASET-MODEL,
+               alias @champion (the other seeds are scored from their runs);
                not a model whose chosen trial was unhealthy on validation (below popularity or
                a collapsed code, training/validate.py ``health``): it is scored from its run
                with a WARNING line, unless --allow-unhealthy.
-  5. score     top-50 of every user with ``models:/DATASET-MODEL@champion`` (evaluation/score.py).
+  5. score     top-50 of every user with ``models:/DATASET-MODEL@champion`` (evaluation/score.py),
+               and with each other seed's model.
   6. evaluate  the paper's metrics on test with 95% CIs, popularity, cold start
-               (evaluation/evaluate.py), and the experiment's table (table.md, table.csv).
+               (evaluation/evaluate.py, every seed's lists in one Spark application), and the
+               experiment's table (table.md, table.csv): with several seeds each metric and
+               paired difference pooled over them (evaluation/seeds.py: the mean over seeds, a
+               CI over users and seeds, the seed spread; paired.csv per seed and pooled).
 
 ``--config FILE`` takes the options from a YAML file (flags beside it win); the experiment
 writes its configuration, resolved, to EXPERIMENTS_DIR/NAME/config.yaml and its MLflow run: --config
@@ -29,7 +38,9 @@ reads it back (the same name: it resumes that experiment).
 
 MLflow: one run per experiment (experiment NAME), one child per model, whose children are the
 trials and the final retraining; the table and plots are artifacts of the experiment's run.
-Everything lands under EXPERIMENTS_DIR/NAME: trials/, final/, recs/, evaluation/, experiment.json, and
+Everything lands under EXPERIMENTS_DIR/NAME: trials/, final/ (MODEL-final: the first seed, as
+before --seeds; MODEL-final-seedS the others), recs/ (MODEL, MODEL-seedS), evaluation/,
+experiment.json, and
 the results: table.md, table.csv, paired.csv, figures/, published together with their manifest
 results.json written last (a reader checks it: ``read_results``).
 """
@@ -107,6 +118,10 @@ class ExperimentConfig:
                                 "(training/train.py --valid-by): trained is about 100x cheaper "
                                 "on sparse catalogues; the others ignore it")
     seed: int = option(0, help="every trial's and the final runs' seed")
+    seeds: int = option(3, help="final retrainings per model, seeds --seed .. --seed + N - 1: "
+                                "the table pools them (mean over seeds, a CI over users and "
+                                "seeds, the seed spread); a resume with more runs only the new "
+                                "ones, with fewer uses the first N")
     num_workers: int = option(2, help="Ray Train workers per trial (DDP ranks)")
     cpus_per_worker: float = option(0.0,
                                     help="CPUs per worker; 0 = share the cluster's out")
@@ -139,6 +154,10 @@ def plan(cfg: ExperimentConfig, prep: Prepared, root: str) -> dict[str, list[dic
     """Per model, its points; every point's TrainConfig checked (a bad grid fails here)."""
     if not cfg.model_list():
         raise UsageError("--models: name at least one model, e.g. --models nce-autorec,autorec")
+    if cfg.seeds < 1:
+        raise UsageError(f"--seeds {cfg.seeds}: the final retraining needs at least one seed; "
+                         "pass --seeds 1 for one run per model, 3 (the default) or more for a "
+                         "seed spread")
     if int(prep.manifest["counts"].get("positives", {}).get("valid", 0)) == 0:
         raise UsageError(f"--data {cfg.data}: the dataset has no validation split, so nothing can "
                          "be selected; prepare it with a --holdout-fraction larger than "
@@ -250,7 +269,8 @@ def trial(config: dict) -> dict:
 
     cfg = TrainConfig.from_dict(config["train"])
     try:
-        s = run(cfg, config["mlflow_uri"], tags={PARENT: config["parent"], "kind": "trial"})
+        s = run(cfg, config["mlflow_uri"], tags={PARENT: config["parent"],
+                                                  "kind": config.get("kind", "trial")})
     except TrainingError as e:  # diverged, or workers kept failing: a result, not a crash
         return {"valid_ndcg": float("nan"), "failed": str(e).splitlines()[0]}
     return {"valid_ndcg": s["best_valid_ndcg"], "best_epoch": s["best_epoch"],
@@ -336,8 +356,6 @@ class Progress:
 def search(cfg: ExperimentConfig, root: Path, model: str, points: list[dict],
            state: dict, n_items: int) -> None:
     """Run the points of ``model`` whose run has not finished, as one Tune grid search."""
-    from ray import tune
-
     done = finished_trials(root, model, points)  # each run record read once
     pending = [p for p in points if p not in [q for q, _ in done]]
     at_once = memory_bound(model, n_items, concurrency(cfg))
@@ -348,14 +366,23 @@ def search(cfg: ExperimentConfig, root: Path, model: str, points: list[dict],
     progress = Progress(model, len(points), len(done), at_once,
                         max(((t["best_valid_ndcg"], t["run_name"]) for _, t in with_ndcg(done)),
                             default=(-1.0, "")))
+    tune_trials(model, root, [trial_config(cfg, str(root), model, p) for p in pending], state,
+                at_once, progress)
+
+
+def tune_trials(model: str, root: Path, configs: list[TrainConfig], state: dict, at_once: int,
+                progress: Progress, kind: str = "trial") -> None:
+    """Run ``configs`` (trials of ``model``) as one Tune grid search, ``at_once`` at a time;
+    ``kind``: their MLflow runs' tag (``seed-trial``: a point rerun with another seed)."""
+    from ray import tune
 
     class Report(tune.Callback):
         def on_trial_result(self, iteration, trials, trial, result, **info):
             progress.trial_done(trial.config["train"]["run_name"], result)
 
-    base = {"mlflow_uri": state["mlflow_uri"], "parent": state["models"][model]["run_id"]}
-    space = {**base, "train": tune.grid_search(
-        [trial_config(cfg, str(root), model, p).to_dict() for p in pending])}
+    base = {"mlflow_uri": state["mlflow_uri"], "parent": state["models"][model]["run_id"],
+            "kind": kind}
+    space = {**base, "train": tune.grid_search([c.to_dict() for c in configs])}
     tuner = tune.Tuner(
         # the trial itself only waits on its Ray Train run, whose workers hold the CPUs: no CPU
         # (a CPU per trial would starve Ray Data's reads on small clusters), and one byte of
@@ -363,7 +390,8 @@ def search(cfg: ExperimentConfig, root: Path, model: str, points: list[dict],
         tune.with_resources(trial, {"CPU": 0, "memory": 1}),
         param_space=space,
         tune_config=tune.TuneConfig(max_concurrent_trials=at_once),
-        run_config=tune.RunConfig(name=f"{model}-{time.strftime('%Y%m%d-%H%M%S')}",
+        run_config=tune.RunConfig(name=f"{progress.model.replace(' ', '-')}-"
+                                       f"{time.strftime('%Y%m%d-%H%M%S')}",
                                   storage_path=str(root / "tune"), verbose=0,
                                   callbacks=[Report()]))
     grid = tuner.fit()
@@ -376,14 +404,16 @@ def search(cfg: ExperimentConfig, root: Path, model: str, points: list[dict],
 
 # -- 2. select, 3. retrain -------------------------------------------------------------------------
 
-def select(root: Path, model: str, points: list[dict]) -> dict:
-    """The finished point with the best validation NDCG (the first of equals)."""
+def select(root: Path, model: str, points: list[dict], point: dict | None = None) -> dict:
+    """The finished point with the best validation NDCG (the first of equals), or ``point``'s
+    trial (the choice the seeds settled: ``reseed_choice``)."""
     done = finished_trials(root, model, points)
     rows = with_ndcg(done)
     if not rows:
         raise RuntimeError(f"no trial of {model} finished with a validation NDCG; see the trials' "
                            f"logs above and their runs in {root / 'trials'}")
-    point, s = max(rows, key=lambda r: r[1]["best_valid_ndcg"])
+    point, s = (max(rows, key=lambda r: r[1]["best_valid_ndcg"]) if point is None else
+                next(r for r in rows if r[0] == point))
     return {"point": point, "valid_ndcg": s["best_valid_ndcg"],
             "valid_recall_at_50": s.get("best_valid_recall_at_50"),
             "best_epoch": s["best_epoch"], "phase_epochs": s.get("phase_epochs") or [],
@@ -396,16 +426,132 @@ def select(root: Path, model: str, points: list[dict]) -> dict:
                      "best_epoch": t["best_epoch"]} for p, t in rows]}
 
 
-def final_config(cfg: ExperimentConfig, root: Path, model: str, chosen: dict) -> TrainConfig:
-    """The chosen point on train+valid for the chosen epochs: phase 1 as long as the selection
-    run's, phase 2 (or the only phase) up to its best epoch."""
+# -- 2b. the two best, re-run with the seeds when validation cannot tell them apart ---------------
+
+def seed_trial_config(cfg: ExperimentConfig, root: str, model: str, point: dict,
+                      seed: int) -> TrainConfig:
+    """A trial of ``point`` with another seed than the search's: ``POINT-seedS`` in trials/."""
+    base = trial_config(cfg, root, model, point)
+    return dataclasses.replace(base, seed=seed, run_name=f"{base.run_name}-seed{seed}")
+
+
+def within_spread(best: list[float], second: float) -> bool:
+    """Whether the runner-up's validation NDCG (the search's seed) is within the seed spread of
+    the best's: the gap between the two single-seed values at most the standard deviation of a
+    difference of two single-seed values, sqrt(2) x the sd (ddof 1) of the best point's values
+    over the seeds (``best``, the search's seed first). A gap inside it is what reseeding alone
+    could give, so the choice needs the seeds."""
+    import statistics
+
+    sd = statistics.stdev(best) if len(best) > 1 else 0.0
+    return best[0] - second <= math.sqrt(2) * sd
+
+
+def seed_mean(values: list[float]) -> float:
+    """The mean validation NDCG over the seeds that ended with one (a diverged seed is left out;
+    NaN when none did)."""
+    ok = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(ok) / len(ok) if ok else math.nan
+
+
+def reseed_choice(cfg: ExperimentConfig, root: Path, model: str, points: list[dict],
+                  chosen: dict, state: dict, n_items: int) -> dict:
+    """The choice, settled with the seeds where the two best points are within the seed spread.
+
+    With --seeds N > 1 the best point's trial is rerun with the other seeds (N - 1 more trials,
+    resumed as any trial); where the runner-up is within its spread (``within_spread``) the
+    runner-up is rerun too and the point with the higher mean validation NDCG over the N seeds is
+    chosen (its search-seed trial gives the final run's epochs). ``seed_check`` in the choice
+    records the values. Closed-form fits are left as chosen: their fit does not depend on the
+    training seed, and a refit of a large one costs minutes of memory-bound work for nothing."""
+    ranked = sorted(chosen["all"], key=lambda r: -r["valid_ndcg"])
+    if cfg.seeds < 2 or len(ranked) < 2 or MODELS[model].kind == "closed-form":
+        return chosen
+    best, second = ranked[:2]
+    extra = final_seeds(cfg)[1:]
+
+    def values(point: dict, v0: float) -> list[float]:
+        configs = [seed_trial_config(cfg, str(root), model, point, s) for s in extra]
+        run_trials(cfg, root, model, configs, state, n_items)
+        got = [(finished(root / "trials" / c.run_name) or {}).get("best_valid_ndcg")
+               for c in configs]
+        return [v0, *[math.nan if v is None else v for v in got]]
+
+    b = values(best["point"], best["valid_ndcg"])
+    check = {"best": fmt_point(best["point"]), "best_seeds": b, "second": fmt_point(second["point"]),
+             "second_valid_ndcg": second["valid_ndcg"], "rerun": False}
+    if not within_spread([v for v in b if not math.isnan(v)], second["valid_ndcg"]):
+        return {**chosen, "seed_check": check}
+    s = values(second["point"], second["valid_ndcg"])
+    check.update(rerun=True, second_seeds=s)
+    winner = second["point"] if seed_mean(s) > seed_mean(b) else best["point"]
+    print(f"== {model}: {check['second']} within the seed spread of {check['best']} on "
+          f"validation: mean over {len(b)} seeds {seed_mean(s):.4f} against "
+          f"{seed_mean(b):.4f}; chose {fmt_point(winner)}", flush=True)
+    return {**select(root, model, points, winner), "seed_check": check}
+
+
+def run_trials(cfg: ExperimentConfig, root: Path, model: str, configs: list[TrainConfig],
+               state: dict, n_items: int) -> None:
+    """The trials of ``configs`` that have not finished, as the search runs its points; their
+    progress lines say ``[MODEL seeds]``."""
+    pending = [c for c in configs if finished(root / "trials" / c.run_name) is None]
+    if not pending:
+        return
+    at_once = memory_bound(model, n_items, concurrency(cfg))
+    print(f"\n== {model}: {len(pending)} trial(s) with other seeds: "
+          f"{', '.join(c.run_name for c in pending)}", flush=True)
+    tune_trials(model, root, pending, state, at_once,
+                Progress(f"{model} seeds", len(configs), len(configs) - len(pending), at_once),
+                kind="seed-trial")
+
+
+def final_seeds(cfg: ExperimentConfig) -> list[int]:
+    """The final retrainings' seeds: --seed, --seed + 1, ..., --seed + --seeds - 1. The first is
+    the trials' seed, so one seed is exactly the experiment before --seeds existed."""
+    return [cfg.seed + i for i in range(cfg.seeds)]
+
+
+def final_name(model: str, seed: int, first: int) -> str:
+    """The final run of ``model`` with ``seed``: ``MODEL-final`` for the first seed (the name an
+    experiment from before --seeds gave its only final run: resuming one reuses that run as its
+    first seed), ``MODEL-final-seedS`` for the others."""
+    return f"{model}-final" if seed == first else f"{model}-final-seed{seed}"
+
+
+def final_config(cfg: ExperimentConfig, root: Path, model: str, chosen: dict,
+                 seed: int | None = None) -> TrainConfig:
+    """The chosen point on train+valid for the chosen epochs, with ``seed`` (default --seed):
+    phase 1 as long as the selection run's, phase 2 (or the only phase) up to its best epoch."""
+    seed = cfg.seed if seed is None else seed
     two_phase = len(chosen["phase_epochs"]) > 1
     pre = chosen["phase_epochs"][0] if two_phase else 0
     base = trial_config(cfg, str(root), model, chosen["point"])
     return dataclasses.replace(base, train_splits="train,valid", pretrain_epochs=pre,
                                epochs=max(1, chosen["best_epoch"] - pre), patience=None,
-                               valid_sample=1.0, run_name=f"{model}-final",
+                               valid_sample=1.0, seed=seed,
+                               run_name=final_name(model, seed, cfg.seed),
                                output=str(root / "final"))
+
+
+def seeds_to_run(cfg: ExperimentConfig, root: Path, model: str, chosen: dict) -> list[int]:
+    """The seeds of ``final_seeds`` whose final run has not finished with this choice: what a
+    (re)run retrains. A finished run of another choice (a grown grid chose anew) is retired and
+    runs again; seeds beyond --seeds are left alone (a resume with fewer uses the first N)."""
+    from training.train import check_resume
+
+    todo = []
+    for seed in final_seeds(cfg):
+        fc = final_config(cfg, root, model, chosen, seed)
+        record = read_json(Path(fc.output) / fc.run_name / RUN_RECORD)
+        try:
+            check_resume(fc, record)
+        except UsageError:
+            todo.append(seed)
+            continue
+        if finished_summary(record) is None:
+            todo.append(seed)
+    return todo
 
 
 def retire_stale_final(fc: TrainConfig) -> Path | None:
@@ -495,14 +641,19 @@ def table_rows(state: dict, rows: list[dict], pop: dict | None = None,
     """One row per model: test metrics (mean, CI) of warm users, its NDCG minus the first
     model's per user (paired: mean, CI; Holm-corrected t-test and Wilcoxon p-values) and minus the
     best after the first (``best``, the same; None for the first and the best themselves), the
-    popularity of what it recommends, the choice and the times."""
+    popularity of what it recommends, the choice and the times. With seeds (evaluation/seeds.py's
+    pooled rows) the metrics and pairs are the pooled ones, and ``seeds``, ``seed_spread`` (the
+    NDCG's sd, min, max over seeds) and the paired NDCG's ``seed_sd`` come along; the per-seed
+    pairs are paired.csv's, not the table's."""
     # evaluate.py's pairs are reference - other; the table says other - reference
-    ndcg = {(p.get("comparison", "first"), p["label"]): p for p in pairs if p["metric"] == "NDCG"}
+    ndcg = {(p.get("comparison", "first"), p["label"]): p for p in pairs if p["metric"] == "NDCG"
+            and p.get("seed", "pooled") == "pooled"}
 
     def against(comparison: str, label: str) -> dict | None:
         p = ndcg.get((comparison, label))
         return p and {"reference": p["reference"], "diff": (-p["mean_difference"], p["ci95"]),
-                      "p": (p.get("t_p_holm", math.nan), p.get("wilcoxon_p_holm", math.nan))}
+                      "p": (p.get("t_p_holm", math.nan), p.get("wilcoxon_p_holm", math.nan)),
+                      "seed_sd": p.get("seed_sd", math.nan)}
 
     out = []
     for model, s in state["models"].items():
@@ -510,11 +661,17 @@ def table_rows(state: dict, rows: list[dict], pop: dict | None = None,
             continue
         mine = {r["metric"]: r for r in rows if r["label"] == s["evaluation_label"]
                 and r["group"] == "warm"}
+        finals = (s.get("finals") or {"": s["final"]}).values()
+        nd = mine.get("NDCG", {})
         out.append({"model": model, "chosen": fmt_point(s["chosen"]["point"]),
                     "valid_ndcg": s["chosen"]["valid_ndcg"], "epochs": s["final"]["epochs_run"],
                     "trials": s["chosen"]["trials"],
                     "search_minutes": s["chosen"]["search_seconds"] / 60,
-                    "final_minutes": s["final"].get("wall_seconds", 0.0) / 60,
+                    # every seed's retraining
+                    "final_minutes": sum(f.get("wall_seconds", 0.0) for f in finals) / 60,
+                    "seeds": nd.get("seeds", 1),
+                    "seed_spread": tuple(nd.get(k, math.nan) for k in ("seed_sd", "seed_min",
+                                                                        "seed_max")),
                     "users": next(iter(mine.values()))["users"] if mine else 0,
                     # the chosen trial's (training/validate.py health); "" where unchecked
                     "health": s["chosen"].get("health") or "",
@@ -524,6 +681,8 @@ def table_rows(state: dict, rows: list[dict], pop: dict | None = None,
                         "share_top10pct", float("nan")),
                     "paired_ndcg": (against("first", s["evaluation_label"]) or {}).get("diff"),
                     "paired_p": (against("first", s["evaluation_label"]) or {}).get("p"),
+                    "paired_seed_sd": (against("first", s["evaluation_label"]) or {}).get(
+                        "seed_sd", math.nan),
                     "best": against("best", s["evaluation_label"]),
                     **{m: (mine[m]["mean"], mine[m]["ci95"]) for m in TABLE if m in mine}})
     return out
@@ -547,11 +706,24 @@ def table_md(rows: list[dict], title: str) -> str:
             *against_best, "median pop.", "top-10% share",
             "chosen (validation)", "valid NDCG", "epochs", "trials", "search min", "final min",
             "health"]
+    seeds = max((r.get("seeds", 1) for r in rows), default=1)
+    if seeds > 1:
+        head += ["seeds", "NDCG seed sd (min–max)"]
     lines = [f"# {title}", "", "Test metrics of warm users, mean ± 95% CI; models chosen by "
-             "validation NDCG and retrained on train+valid. NDCG − first, paired: the mean over "
-             "users of (this model's NDCG − the first model's) with its 95% CI; where the CI "
-             "excludes 0 the two differ. p: two-sided p-values over users of the paired t-test "
-             "and the Wilcoxon signed-rank test on the same per-user NDCG differences, "
+             "validation NDCG and retrained on train+valid"
+             + (f", each with {seeds} seeds: the mean over seeds, its CI covering users and "
+                "seeds (1.96 √(Var over users of the per-user seed mean / users + Var of the "
+                "per-seed means / seeds): conservative, it counts the seed noise at most twice), "
+                "the NDCG's seed spread in its own column; the first seed's model is the "
+                "registered one" if seeds > 1 else "")
+             + ". NDCG − first, paired: the mean over "
+             "users of (this model's NDCG − the first model's) with its 95% CI"
+             + (" (seed s of one against seed s of the other, pooled as above; paired.csv has "
+                "each seed's too)" if seeds > 1 else "")
+             + "; where the CI excludes 0 the two differ, and only there does one beat the "
+             "other. p: two-sided p-values over users of the paired t-test "
+             "and the Wilcoxon signed-rank test on the same per-user NDCG differences"
+             + (" (each user's mean over seeds)" if seeds > 1 else "") + ", "
              "Holm-corrected over every NDCG comparison of the table"
              + (f" (against {first} and against {best}, the best after it by test NDCG)"
                 if best else "") + "; paired.csv has them uncorrected too, and for Recall@50. "
@@ -576,8 +748,17 @@ def table_md(rows: list[dict], title: str) -> str:
                      f"{r['valid_ndcg']:.4f} | {r['epochs']} | {r['trials']} | "
                      f"{r['search_minutes']:.1f} | {r['final_minutes']:.1f} | "
                      + (f"**{r['health']}**" if r.get("health") not in ("", None, HEALTHY)
-                        else r.get("health") or "–") + " |")
+                        else r.get("health") or "–") + " |"
+                     + (f" {r.get('seeds', 1)} | {spread(r.get('seed_spread'))} |"
+                        if seeds > 1 else ""))
     return "\n".join(lines) + "\n"
+
+
+def spread(x: tuple[float, float, float] | None) -> str:
+    """``0.0021 (0.2401–0.2442)``: sd over seeds (min–max); "–" with one seed."""
+    if not x or math.isnan(x[0]):
+        return "–"
+    return f"{x[0]:.4f} ({x[1]:.4f}–{x[2]:.4f})"
 
 
 def table_csv(rows: list[dict]) -> str:
@@ -589,7 +770,9 @@ def table_csv(rows: list[dict]) -> str:
                 "best_t_p_holm", "best_wilcoxon_p_holm",
                 "median_popularity", "share_top10pct", "chosen",
                 "valid_ndcg", "epochs", "trials", "search_minutes", "final_minutes", "users",
-                "health"])
+                "health", "seeds", "ndcg_seed_sd", "ndcg_seed_min", "ndcg_seed_max",
+                "paired_seed_sd"])
+    num = lambda x: "" if x is None or math.isnan(x) else f"{x:.6f}"  # noqa: E731
     for r in rows:
         d, p, b = r.get("paired_ndcg"), r.get("paired_p"), r.get("best")
         w.writerow([r["model"], *[f"{r[m][i]:.6f}" if m in r else "" for m in TABLE
@@ -602,7 +785,9 @@ def table_csv(rows: list[dict]) -> str:
                     f"{r['median_popularity']:.1f}",
                     f"{r['share_top10pct']:.4f}", r["chosen"], f"{r['valid_ndcg']:.6f}",
                     r["epochs"], r["trials"], f"{r['search_minutes']:.2f}",
-                    f"{r['final_minutes']:.2f}", r["users"], r.get("health", "")])
+                    f"{r['final_minutes']:.2f}", r["users"], r.get("health", ""),
+                    r.get("seeds", 1), *map(num, r.get("seed_spread") or (None,) * 3),
+                    num(r.get("paired_seed_sd"))])
     return buf.getvalue()
 
 
@@ -713,16 +898,28 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
         search(cfg, root, model, pts, state, prep.n_items)
         s["chosen"] = select(root, model, pts)
         write_json(root / "experiment.json", state)
-        fc = final_config(cfg, root, model, s["chosen"])
+        s["chosen"] = reseed_choice(cfg, root, model, pts, s["chosen"], state, prep.n_items)
+        write_json(root / "experiment.json", state)
+        seeds = final_seeds(cfg)
+        todo = seeds_to_run(cfg, root, model, s["chosen"])
         print(f"\n== {model}: chose {fmt_point(s['chosen']['point'])} (validation NDCG "
               f"{s['chosen']['valid_ndcg']:.4f} at epoch {s['chosen']['best_epoch']}); "
-              f"retraining on train+valid for {fc.epochs} epoch(s)", flush=True)
-        moved = retire_stale_final(fc)
-        if moved:
-            print(f"   the final run on record was of an earlier choice; moved to {moved}",
-                  flush=True)
-        s["final"] = train(fc, uri, ray_address, prep,
-                           tags={PARENT: s["run_id"], "kind": "final"})
+              f"retraining on train+valid for {final_config(cfg, root, model, s['chosen']).epochs}"
+              f" epoch(s) with seed(s) {', '.join(map(str, seeds))}"
+              + (f" ({len(seeds) - len(todo)} finished already)" if len(todo) < len(seeds)
+                 else ""), flush=True)
+        finals = {}
+        for seed in seeds:  # a finished run is read back, not retrained (train.py's resume)
+            fc = final_config(cfg, root, model, s["chosen"], seed)
+            moved = retire_stale_final(fc)
+            if moved:
+                print(f"   the final run on record was of an earlier choice; moved to {moved}",
+                      flush=True)
+            finals[str(seed)] = train(fc, uri, ray_address, prep,
+                                      tags={PARENT: s["run_id"], "kind": "final",
+                                            "seed": str(seed)})
+        s["finals"] = finals
+        s["final"] = finals[str(cfg.seed)]  # the first seed's: registered, and its epochs
         write_json(root / "experiment.json", state)
 
     from evaluation.evaluate import evaluate
@@ -730,33 +927,54 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
     from runtime.spark import get_spark
 
     spark = get_spark("experiment")
-    recs = []
-    for model in points:  # 4-5: register, score
+    seeds = final_seeds(cfg)
+    recs, labels = [], {}
+    for model in points:  # 4-5: register (the first seed), score (every seed)
         s = state["models"][model]
         f = s["final"]
         s["model_uri"] = f["model_uri"] if cfg.no_register else register_if_healthy(
             uri, f"{prep.dataset}-{model}", f, s["chosen"], cfg.allow_unhealthy)
-        out = root / "recs" / model
-        current = (read_json(out / "_manifest.json") or {}).get("mlflow_run_id") == \
-            f["mlflow_run_id"] and s.get("scored") == s["model_uri"]
-        if not current:
-            print(f"\n== score {model}: top {TOP_K} of every user with {s['model_uri']}",
-                  flush=True)
-            score(spark, model=s["model_uri"], data=cfg.data, output=str(out), k=TOP_K,
-                  users="all", mlflow_uri=uri, overwrite=True)
-            s["scored"] = s["model_uri"]
+        scored = s.setdefault("scored_seeds", {})
+        for seed in seeds:
+            f = s["finals"][str(seed)]
+            # the first seed as before --seeds: registered, in recs/MODEL; the others from
+            # their runs (one @champion per model), in recs/MODEL-seedS
+            model_uri = s["model_uri"] if seed == cfg.seed else f["model_uri"]
+            out = root / "recs" / (model if seed == cfg.seed else f"{model}-seed{seed}")
+            current = (read_json(out / "_manifest.json") or {}).get("mlflow_run_id") == \
+                f["mlflow_run_id"] and (s.get("scored") if seed == cfg.seed
+                                        else scored.get(str(seed))) == model_uri
+            if not current:
+                print(f"\n== score {model}" + (f" seed {seed}" if len(seeds) > 1 else "")
+                      + f": top {TOP_K} of every user with {model_uri}", flush=True)
+                score(spark, model=model_uri, data=cfg.data, output=str(out), k=TOP_K,
+                      users="all", mlflow_uri=uri, overwrite=True)
+                if seed == cfg.seed:
+                    s["scored"] = model_uri
+                else:
+                    scored[str(seed)] = model_uri
+            recs.append(str(out))
+            labels.setdefault(model, []).append(seed_label(model, seed, len(seeds)))
         s["evaluation_label"] = model
-        recs.append(str(out))
         write_json(root / "experiment.json", state)
 
-    print(f"\n== evaluate {len(recs)} model(s) on test", flush=True)
-    m = evaluate(spark, recs=recs, labels=list(points), data=cfg.data,
+    print(f"\n== evaluate {len(recs)} model(s) on test"
+          + (f" ({len(points)} models x {len(seeds)} seeds)" if len(seeds) > 1 else ""),
+          flush=True)
+    m = evaluate(spark, recs=recs, labels=[x for ls in labels.values() for x in ls],
+                 compare=[ls[0] for ls in labels.values()], data=cfg.data,
                  output=str(root / "evaluation"), target="test", mlflow_uri=uri, overwrite=True)
-    rows = table_rows(state, m["rows"], m.get("popularity"), m.get("paired", []))
-    title = f"{cfg.name}: {prep.dataset}, grid {Path(cfg.grid).name}"
     paired = root / "evaluation" / "paired.csv"  # per user, the first model minus each other
+    if len(seeds) == 1:  # evaluate.py's rows and pairs are the models'
+        metric_rows, pairs = m["rows"], m.get("paired", [])
+        paired_bytes = paired.read_bytes() if paired.is_file() else None
+    else:
+        metric_rows, pairs = pool_over_seeds(spark, root / "evaluation", labels, seeds)
+        paired_bytes = seeds_paired_csv(pairs).encode() if pairs else None
+    rows = table_rows(state, metric_rows, pool_popularity(m.get("popularity"), labels), pairs)
+    title = f"{cfg.name}: {prep.dataset}, grid {Path(cfg.grid).name}"
     files = {"table.md": table_md(rows, title).encode(), "table.csv": table_csv(rows).encode(),
-             **({"paired.csv": paired.read_bytes()} if paired.is_file() else {}),
+             **({"paired.csv": paired_bytes} if paired_bytes else {}),
              **{f"figures/{k}": v for k, v in figures(root, points).items()}}
     publish_results(root, files)
     state["figures"] = sorted(str(root / k) for k in files if k.startswith("figures/"))
@@ -765,6 +983,51 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
     state["done"] = time.strftime("%Y-%m-%d %H:%M:%S")
     write_json(root / "experiment.json", state)
     return state
+
+
+def seed_label(model: str, seed: int, seeds: int) -> str:
+    """The evaluation label of one seed's lists: the model itself with one seed (as before
+    --seeds), ``MODEL seed S`` with several (each seed's metrics land in its own run)."""
+    return model if seeds == 1 else f"{model} seed {seed}"
+
+
+def pool_over_seeds(spark, evaluation: Path, labels: dict[str, list[str]],
+                    seeds: list[int]) -> tuple[list[dict], list[dict]]:
+    """The table's metric rows and paired rows pooled over seeds (evaluation/seeds.py) from the
+    evaluation's per-user values: the same comparisons as evaluate.py makes of one seed each,
+    the first model minus each other and, with three or more, the best after the first (by the
+    pooled test NDCG) minus each remaining one."""
+    from evaluation.evaluate import PAIRED, best_other
+    from evaluation.seeds import pooled_metrics, pooled_pairs
+
+    users = spark.read.parquet(str(evaluation / "per_user"))
+    rows = pooled_metrics(users, labels, list(TABLE))
+    models = list(labels)
+    plan = [("first", models[0], models[1:])] if len(models) > 1 else []
+    best = best_other(rows, models)
+    others = [m for m in models[1:] if m != best]
+    if best is not None and others:
+        plan.append(("best", best, others))
+    pairs = pooled_pairs(users, labels, seeds, plan, list(PAIRED)) if plan else []
+    return rows, pairs
+
+
+def seeds_paired_csv(pairs: list[dict]) -> str:
+    from evaluation.seeds import paired_csv
+
+    return paired_csv(pairs)
+
+
+def pool_popularity(pop: dict | None, labels: dict[str, list[str]]) -> dict:
+    """Per model, the mean over its seeds of each popularity figure of evaluate.py (keyed by
+    evaluation label): with one seed the figures themselves."""
+    pop = pop or {}
+    out = {}
+    for model, ls in labels.items():
+        mine = [pop[x] for x in ls if x in pop]
+        if mine:
+            out[model] = {k: sum(p[k] for p in mine) / len(mine) for k in mine[0]}
+    return out
 
 
 RESULTS = "results.json"  # the results' manifest: written last, lists every file with its size
@@ -828,9 +1091,19 @@ def log_report(uri: str, run_id: str, root: Path, rows: list[dict]) -> None:
             client.log_artifact(run_id, str(root / name))
     for plot in sorted([*(root / "evaluation").glob("*.png"), *(root / "figures").glob("*.png")]):
         client.log_artifact(run_id, str(plot), "plots")
-    for r in rows:
+    for r in rows:  # with seeds: pooled (the mean over seeds, the CI over users and seeds)
         if "NDCG" in r:
             client.log_metric(run_id, f"test_ndcg_{r['model']}", r["NDCG"][0])
+            client.log_metric(run_id, f"test_ndcg_{r['model']}_ci95", r["NDCG"][1])
+        if r.get("seeds", 1) > 1 and not math.isnan(r["seed_spread"][0]):
+            client.log_metric(run_id, f"test_ndcg_{r['model']}_seed_sd", r["seed_spread"][0])
+        if r.get("paired_ndcg"):  # this model minus the first, paired, Holm-corrected p-values
+            key = f"test_paired_ndcg_{r['model']}_minus_first"
+            client.log_metric(run_id, key, r["paired_ndcg"][0])
+            client.log_metric(run_id, f"{key}_ci95", r["paired_ndcg"][1])
+            for test, p in zip(("t_p_holm", "wilcoxon_p_holm"), r.get("paired_p") or ()):
+                if not math.isnan(p):
+                    client.log_metric(run_id, f"{key}_{test}", p)
     client.set_terminated(run_id, "FINISHED")
 
 

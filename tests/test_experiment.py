@@ -1,12 +1,13 @@
 """The experiment runner end to end on the real stack: Ray Tune trials that are Ray Train runs, a
 real MLflow server, retraining on train+valid, registry aliases, Spark scoring and evaluation.
 
-One tiny experiment (autorec at two points, puresvd at one, on ml-latest-small) is started as
-the README's command would, killed once its first trial has finished, and resumed: the tests read
-what it left."""
+One tiny experiment (autorec at two points, puresvd at one, on ml-latest-small; two seeds of
+each final model) is started as the README's command would, killed once its first trial has
+finished, and resumed: the tests read what it left."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -31,7 +32,7 @@ def killed_and_resumed(small_prepared, ray_head, mlflow_server, spark, tmp_path_
     grid = base / "grid.json"
     grid.write_text(json.dumps(GRID))
     flags = {"data": str(small_prepared), "models": "autorec,puresvd", "grid": str(grid),
-             "name": "tiny", "output": str(base), "epochs": 3, "batch_size": 64}
+             "name": "tiny", "output": str(base), "epochs": 3, "batch_size": 64, "seeds": 2}
     cmd = [sys.executable, "experiment/run.py", "--mlflow-uri", mlflow_server.url,
            "--ray-address", ray_head.address]
     for k, v in flags.items():
@@ -82,14 +83,29 @@ def test_the_experiment_selects_retrains_registers_scores_and_tables(killed_and_
                                                                     mlflow_server):
     from mlflow.tracking import MlflowClient
 
+    from experiment.run import fmt_point
+
     r = killed_and_resumed
     state, root = r["state"], r["root"]
     client = MlflowClient(mlflow_server.url)
     for model, s in state["models"].items():
         trials = [json.loads((root / "trials" / d / "run.json").read_text())["summary"]
-                  for d in os.listdir(root / "trials") if d.startswith(model)]
+                  for d in os.listdir(root / "trials") if d.startswith(model)
+                  and "-seed" not in d]
         best = max(trials, key=lambda t: t["best_valid_ndcg"])
-        assert s["chosen"]["valid_ndcg"] == best["best_valid_ndcg"]
+        check = s["chosen"].get("seed_check")
+        if model == "autorec":  # --seeds 2: the best point rerun with seed 1 before choosing
+            assert len(check["best_seeds"]) == 2
+            assert (root / "trials" / "autorec-lam10-lr0.003-width32-seed1").is_dir() or \
+                (root / "trials" / "autorec-lam30-lr0.003-width32-seed1").is_dir()
+        else:  # a closed-form fit does not depend on the seed
+            assert check is None
+        if check and check["rerun"]:  # within the seed spread: the higher mean over seeds
+            means = {p: sum(v) / len(v) for p, v in ((check["best"], check["best_seeds"]),
+                                                     (check["second"], check["second_seeds"]))}
+            assert fmt_point(s["chosen"]["point"]) == max(means, key=means.get)
+        else:
+            assert s["chosen"]["valid_ndcg"] == best["best_valid_ndcg"]
         # the final model: train+valid, the chosen point, exactly the chosen epochs
         final = client.get_run(s["final"]["mlflow_run_id"])
         assert final.data.params["train_splits"] == "train,valid"
@@ -98,6 +114,14 @@ def test_the_experiment_selects_retrains_registers_scores_and_tables(killed_and_
         if model == "autorec":
             assert int(final.data.params["epochs"]) == s["chosen"]["best_epoch"]
             assert s["final"]["epochs_run"] == s["chosen"]["best_epoch"]
+        # --seeds 2: a second final run of the same choice with seed 1, scored from its run
+        assert sorted(s["finals"]) == ["0", "1"] and s["final"] == s["finals"]["0"]
+        second = client.get_run(s["finals"]["1"]["mlflow_run_id"])
+        assert (final.data.params["seed"], second.data.params["seed"]) == ("0", "1")
+        assert second.data.params["train_splits"] == "train,valid"
+        assert second.data.tags["mlflow.parentRunId"] == s["run_id"]
+        other = json.loads((root / "recs" / f"{model}-seed1" / "_manifest.json").read_text())
+        assert other["mlflow_run_id"] == s["finals"]["1"]["mlflow_run_id"]
         recs = json.loads((root / "recs" / model / "_manifest.json").read_text())
         if s["chosen"].get("health") in (None, "ok"):
             # the registry's champion is the final run's model, and it is what was scored
@@ -113,11 +137,37 @@ def test_the_experiment_selects_retrains_registers_scores_and_tables(killed_and_
     rows = [ln for ln in table.splitlines() if ln.startswith("| autorec") or
             ln.startswith("| puresvd")]
     assert len(rows) == 2 and all(" ± " in ln for ln in rows)
-    lines = (root / "table.csv").read_text().splitlines()
-    assert lines[0].startswith("model,R-Precision mean") and len(lines) == 3
-    ndcg = {ln.split(",")[0]: float(ln.split(",")[3]) for ln in lines[1:]}
+    assert "each with 2 seeds" in table and "| seeds | NDCG seed sd (min–max) |" in table
+    lines = list(csv.DictReader((root / "table.csv").open()))
+    assert [r["model"] for r in lines] == ["autorec", "puresvd"]
+    ndcg = {r["model"]: float(r["NDCG mean"]) for r in lines}
     # the lists hit: random top-50 lists score about 0.016 test NDCG on this set
     assert all(0.03 < v < 0.6 for v in ndcg.values()), ndcg
+    # the pooled mean is the mean of the two seeds' means (each seed's in evaluation/)
+    seed_means = {(r["label"], r["metric"]): float(r["mean"]) for r in
+                  csv.DictReader((root / "evaluation" / "metrics.csv").open())
+                  if r["group"] == "warm" and r["metric"] == "NDCG" and not r["K"]}
+    for r in lines:
+        pair = [seed_means[f"{r['model']} seed {s}", "NDCG"] for s in (0, 1)]
+        assert float(r["NDCG mean"]) == pytest.approx(sum(pair) / 2, abs=2e-6)
+        assert float(r["ndcg_seed_min"]) == pytest.approx(min(pair), abs=2e-6)
+        assert r["seeds"] == "2"
+    paired = list(csv.DictReader((root / "paired.csv").open()))
+    ndcg_pairs = {r["seed"]: r for r in paired if r["metric"] == "NDCG"}
+    assert sorted(ndcg_pairs) == ["0", "1", "pooled"]
+    assert {r["reference"] for r in paired} == {"autorec"} and ndcg_pairs["pooled"]["seeds"] == "2"
+    assert float(ndcg_pairs["pooled"]["mean_difference"]) == pytest.approx(
+        (float(ndcg_pairs["0"]["mean_difference"]) + float(ndcg_pairs["1"]["mean_difference"]))
+        / 2, abs=2e-6)
+    assert float(lines[1]["paired_ndcg_minus_first"]) == pytest.approx(
+        -float(ndcg_pairs["pooled"]["mean_difference"]), abs=2e-6)
     artifacts = [a.path for a in client.list_artifacts(state["run_id"])]
     assert "table.md" in artifacts and "plots" in artifacts
-    assert client.get_run(state["run_id"]).info.status == "FINISHED"
+    run = client.get_run(state["run_id"])
+    assert run.info.status == "FINISHED"
+    # the pooled numbers in MLflow: the table's NDCG, its seed spread, the paired difference
+    assert run.data.metrics["test_ndcg_autorec"] == pytest.approx(ndcg["autorec"], abs=2e-6)
+    assert run.data.metrics["test_ndcg_autorec_seed_sd"] == pytest.approx(
+        float(lines[0]["ndcg_seed_sd"]), abs=2e-6)
+    assert run.data.metrics["test_paired_ndcg_puresvd_minus_first"] == pytest.approx(
+        float(lines[1]["paired_ndcg_minus_first"]), abs=2e-6)

@@ -353,3 +353,114 @@ def test_progress_after_a_resume_counts_the_best_trial_that_finished_before_it(c
     progress.trial_done("fourth", {"valid_ndcg": 0.1300})
     assert "trial 4/4 fourth: validation NDCG 0.1300; best 0.1300 (fourth); 0 left" in \
         capsys.readouterr().out
+
+
+def test_the_final_runs_seeds_and_which_of_them_a_resume_runs(tmp_path):
+    """--seeds N: seeds --seed .. --seed + N - 1, the first under the name a final run had
+    before --seeds (an old experiment's final run is its first seed); a resume with more seeds
+    runs only the new ones, with fewer the first N, and a run of another choice runs again."""
+    from experiment.run import final_seeds, seeds_to_run
+
+    root = tmp_path / "e"
+    chosen = {"point": {"lam": 30.0}, "best_epoch": 4, "phase_epochs": [6]}
+    cfg = exp(tmp_path, seed=5, seeds=2)
+    assert final_seeds(cfg) == [5, 6]
+    first, second = (final_config(cfg, root, "autorec", chosen, s) for s in (5, 6))
+    assert (first.seed, first.run_name) == (5, "autorec-final")
+    assert (second.seed, second.run_name) == (6, "autorec-final-seed6")
+    assert final_config(cfg, root, "autorec", chosen) == first  # default: --seed
+    assert first.output == second.output == str(root / "final")
+    assert seeds_to_run(cfg, root, "autorec", chosen) == [5, 6]
+
+    def finish(fc, summary=True):
+        d = Path(fc.output) / fc.run_name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "run.json").write_text(json.dumps({"config": fc.to_dict(), **(
+            {"summary": {"best_epoch": 4, "run_name": fc.run_name}} if summary else {})}))
+
+    finish(first)  # an experiment run with one seed (or from before --seeds)
+    finish(second, summary=False)  # interrupted
+    assert seeds_to_run(cfg, root, "autorec", chosen) == [6]
+    assert seeds_to_run(exp(tmp_path, seed=5, seeds=4), root, "autorec", chosen) == [6, 7, 8]
+    assert seeds_to_run(exp(tmp_path, seed=5, seeds=1), root, "autorec", chosen) == []
+    # validation chose anew (a grown grid): every seed's final run is of the old choice
+    other = {**chosen, "point": {"lam": 10.0}}
+    assert seeds_to_run(cfg, root, "autorec", other) == [5, 6]
+    with pytest.raises(UsageError, match="--seeds 0"):
+        plan(exp(tmp_path, seeds=0, grid="small", models="autorec"), prep(), str(tmp_path))
+
+
+def test_the_table_pools_seeds_with_their_spread():
+    """Pooled rows (evaluation/seeds.py's) give the table its means, CIs, the seed spread and
+    the pooled paired difference; the per-seed pairs stay out of it (paired.csv has them)."""
+    model = {"chosen": {"point": {}, "valid_ndcg": 0.25, "trials": 1, "search_seconds": 60.0},
+             "final": {"epochs_run": 3, "wall_seconds": 60.0},
+             "finals": {"0": {"epochs_run": 3, "wall_seconds": 60.0},
+                        "1": {"epochs_run": 3, "wall_seconds": 90.0}}}
+    state = {"models": {m: {**model, "evaluation_label": m} for m in ("nce-autorec", "autorec")}}
+    rows = [{"label": m, "group": "warm", "metric": "NDCG", "mean": x, "ci95": 0.02, "users": 50,
+             "seeds": 2, "seed_sd": 0.003, "seed_min": x - 0.002, "seed_max": x + 0.002}
+            for m, x in (("nce-autorec", 0.25), ("autorec", 0.24))]
+    pair = {"reference": "nce-autorec", "label": "autorec", "metric": "NDCG", "users": 50,
+            "comparison": "first", "t_p_holm": 0.2, "wilcoxon_p_holm": 0.3}
+    pairs = [{**pair, "seed": "0", "mean_difference": 0.02, "ci95": 0.005},
+             {**pair, "seed": "pooled", "mean_difference": 0.01, "ci95": 0.012, "seed_sd": 0.01},
+             {**pair, "seed": "1", "mean_difference": 0.0, "ci95": 0.005}]
+    t = table_rows(state, rows, None, pairs)
+    assert t[1]["paired_ndcg"] == (-0.01, 0.012) and t[1]["seeds"] == 2
+    assert t[0]["final_minutes"] == pytest.approx(2.5)  # both seeds' retrainings
+    md = table_md(t, "toy")
+    assert "each with 2 seeds" in md and "| seeds | NDCG seed sd (min–max) |" in md
+    assert "| -0.0100 ± 0.0120 |" in md and "| 2 | 0.0030 (0.2380–0.2420) |" in md
+    head, _, second = table_csv(t).splitlines()
+    assert head.endswith(",seeds,ndcg_seed_sd,ndcg_seed_min,ndcg_seed_max,paired_seed_sd")
+    assert second.endswith(",2,0.003000,0.238000,0.242000,0.010000")
+    # one seed: the table as before --seeds (no seed columns), the csv's seed columns empty
+    one = table_rows(state, [{k: v for k, v in r.items() if not k.startswith("seed")}
+                             for r in rows], None, pairs[1:2])
+    assert "seeds" not in table_md(one, "toy") and table_csv(one).splitlines()[1].endswith(
+        ",1,,,,0.010000")
+
+
+def test_the_seed_spread_decides_whether_the_two_best_are_rerun():
+    from experiment.run import seed_mean, within_spread
+
+    # best 0.30, 0.28, 0.26 over three seeds: sd 0.02, a single-seed difference's sd 0.0283
+    assert within_spread([0.30, 0.28, 0.26], 0.28)        # gap 0.02 <= 0.0283
+    assert not within_spread([0.30, 0.28, 0.26], 0.27)    # gap 0.03 > 0.0283
+    assert not within_spread([0.30, 0.30], 0.2999)        # no spread: any gap decides
+    assert seed_mean([0.2, float("nan"), 0.3]) == pytest.approx(0.25)  # a diverged seed left out
+
+
+def test_the_two_best_points_within_the_seed_spread_are_chosen_by_their_mean_over_seeds(
+        tmp_path, monkeypatch):
+    import experiment.run as E
+
+    ran = []
+    monkeypatch.setattr(E, "run_trials", lambda cfg, root, model, configs, *a: ran.append(
+        [(c.run_name, c.seed) for c in configs]))
+    pts = [{"lam": 1.0}, {"lam": 2.0}, {"lam": 3.0}]
+    for p, v in zip(pts, (0.300, 0.295, 0.20)):
+        finished_trial(tmp_path, "autorec", p, v, best_epoch=int(p["lam"]) + 4)
+    # the seed trials' results: lam 1 drops with the other seeds, lam 2 holds
+    for p, vals in ((pts[0], (0.27, 0.28)), (pts[1], (0.296, 0.294))):
+        for seed, v in zip((1, 2), vals):
+            d = tmp_path / "trials" / f"{grids.point_name('autorec', p)}-seed{seed}"
+            d.mkdir()
+            (d / "run.json").write_text(json.dumps({"summary": {"best_valid_ndcg": v}}))
+    cfg = exp(tmp_path, seeds=3)
+    chosen = select(tmp_path, "autorec", pts)
+    assert chosen["point"] == pts[0]
+    got = E.reseed_choice(cfg, tmp_path, "autorec", pts, chosen, {}, 100)
+    # lam 1 over seeds 0.300, 0.27, 0.28: sd 0.0153, x sqrt 2 = 0.0216 > the gap 0.005
+    assert ran == [[("autorec-lam1-seed1", 1), ("autorec-lam1-seed2", 2)],
+                   [("autorec-lam2-seed1", 1), ("autorec-lam2-seed2", 2)]]
+    assert got["point"] == pts[1] and got["best_epoch"] == 6  # lam 2's own trial's epochs
+    assert got["seed_check"]["rerun"] and got["seed_check"]["second_seeds"] == [0.295, 0.296, 0.294]
+    # one seed, or a gap beyond the spread: the search's choice stands, nothing more runs
+    ran.clear()
+    assert E.reseed_choice(exp(tmp_path, seeds=1), tmp_path, "autorec", pts, chosen, {}, 100) \
+        is chosen and ran == []
+    far = select(tmp_path, "autorec", pts[::2])  # lam 1 (0.300) against lam 3 (0.20)
+    got = E.reseed_choice(cfg, tmp_path, "autorec", pts[::2], far, {}, 100)
+    assert got["point"] == pts[0] and not got["seed_check"]["rerun"] and len(ran) == 1

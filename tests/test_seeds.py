@@ -1,0 +1,117 @@
+"""Pooling over training seeds (evaluation/seeds.py): the arithmetic against a 3-user, 2-seed case
+worked by hand, the Spark aggregation against the same case and, with one seed, against
+evaluate.py's own CIs and paired tests (``--seeds 1`` is the experiment as before)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from evaluation.seeds import POOLED, paired_csv, pooled_interval
+
+# per user (rows) and seed (columns): model A's and model B's NDCG
+A = [[0.2, 0.4], [0.4, 0.2], [0.6, 0.3]]
+B = [[0.1, 0.2], [0.4, 0.3], [0.3, 0.3]]
+
+
+def test_the_pooled_interval_of_three_users_and_two_seeds_by_hand():
+    # seed means 0.4 and 0.3: mean 0.35, sample variance (0.05^2 + 0.05^2) / 1 = 0.005;
+    # per-user seed means 0.3, 0.3, 0.45: variance (ddof 0) (0.0025 + 0.0025 + 0.01) / 3 = 0.005
+    got = pooled_interval([0.4, 0.3], 0.005, 3)
+    assert got["mean"] == pytest.approx(0.35)
+    # 1.96 sqrt(0.005 / 3 + 0.005 / 2) = 1.96 sqrt(0.0041667) = 0.126517
+    assert got["ci95"] == pytest.approx(0.126517, abs=1e-6)
+    assert got["seed_sd"] == pytest.approx(0.0707107, abs=1e-7)
+    assert (got["seeds"], got["seed_min"], got["seed_max"]) == (2, 0.3, 0.4)
+
+
+def test_one_seed_is_the_users_ci_alone():
+    got = pooled_interval([0.25], 0.04, 100)
+    assert got["ci95"] == pytest.approx(1.96 * 0.2 / 10) and math.isnan(got["seed_sd"])
+
+
+def per_user_df(spark, models: dict[str, list[list[float]]], seeds: list[int]):
+    """evaluate.py's per_user shape: label ("MODEL seed S"), group, user_id, ndcg, recall_at_50."""
+    rows = [(f"{m} seed {s}", "warm", f"u{u}", float(x[u][i]), float(x[u][i]) / 2)
+            for m, x in models.items() for u in range(len(x)) for i, s in enumerate(seeds)]
+    rows.append(("a seed 0", "cold", "c1", 0.9, 0.9))  # cold-start users are not pooled
+    return spark.createDataFrame(rows, "label string, group string, user_id string, "
+                                      "ndcg double, recall_at_50 double")
+
+
+LABELS = {"a": ["a seed 0", "a seed 1"], "b": ["b seed 0", "b seed 1"]}
+
+
+@pytest.mark.spark
+def test_the_pooled_metrics_and_pairs_in_spark_match_the_hand_computed_case(spark):
+    from evaluation.seeds import pooled_metrics, pooled_pairs
+
+    df = per_user_df(spark, {"a": A, "b": B}, [0, 1])
+    rows = {(r["label"], r["metric"]): r for r in pooled_metrics(df, LABELS, ["NDCG"])}
+    a = rows["a", "NDCG"]
+    assert a["users"] == 3 and a["seed_means"] == pytest.approx([0.4, 0.3])
+    assert (a["mean"], a["ci95"]) == pytest.approx((0.35, 0.126517), abs=1e-6)
+
+    pairs = pooled_pairs(df, LABELS, [0, 1], [("first", "a", ["b"])], ["NDCG"])
+    by_seed = {r["seed"]: r for r in pairs}
+    assert sorted(by_seed) == ["0", "1", POOLED]
+    # d = A - B per user: seed 0 (0.1, 0, 0.3), seed 1 (0.2, -0.1, 0)
+    s0 = by_seed["0"]
+    assert s0["mean_difference"] == pytest.approx(0.4 / 3)
+    # variance (ddof 0) of (0.1, 0, 0.3) = 0.0466667 / 3: 1.96 sqrt(0.0155556 / 3) = 0.141136
+    assert s0["ci95"] == pytest.approx(0.141136, abs=1e-6)
+    assert (s0["reference_better"], s0["reference_worse"]) == pytest.approx((2 / 3, 0.0))
+    assert s0["t_p"] == pytest.approx(stats.ttest_1samp([0.1, 0.0, 0.3], 0).pvalue)
+    p = by_seed[POOLED]
+    # seed means 0.13333 and 0.03333: mean 0.08333, sample variance 0.005; per-user seed means
+    # (0.15, -0.05, 0.15): variance 0.0266667 / 3 = 0.0088889;
+    # 1.96 sqrt(0.0088889 / 3 + 0.005 / 2) = 1.96 sqrt(0.0054630) = 0.144867
+    assert p["mean_difference"] == pytest.approx(0.25 / 3)
+    assert p["ci95"] == pytest.approx(0.144867, abs=1e-6)
+    assert p["seed_sd"] == pytest.approx(math.sqrt(0.005)) and p["seeds"] == 2
+    assert (p["reference_better"], p["reference_worse"]) == pytest.approx((2 / 3, 1 / 3))
+    # the pooled tests run on the per-user seed-mean differences
+    assert p["t_p"] == pytest.approx(stats.ttest_1samp([0.15, -0.05, 0.15], 0).pvalue)
+    assert p["t_p_holm"] == p["t_p"]  # one comparison: Holm changes nothing
+    lines = paired_csv(pairs).splitlines()
+    assert lines[0].endswith(",seed,seeds,seed_sd,seed_min,seed_max")
+    assert lines[1].startswith("a,b,NDCG,0.083333,0.144867,3,") and ",pooled,2,0.070711," \
+        in lines[1]
+
+
+@pytest.mark.spark
+def test_a_user_missing_from_a_seed_is_left_out_of_every_seed(spark):
+    from evaluation.seeds import pooled_metrics
+
+    df = per_user_df(spark, {"a": A}, [0, 1]).filter("not (label = 'a seed 1' and user_id = 'u2')")
+    (r,) = pooled_metrics(df, {"a": LABELS["a"]}, ["NDCG"])
+    assert r["users"] == 2 and r["seed_means"] == pytest.approx([0.3, 0.3])
+
+
+@pytest.mark.spark
+def test_with_one_seed_the_pooled_numbers_are_evaluates(spark):
+    """``--seeds 1``: the pooled mean, CI and paired tests are evaluate.py's own."""
+    from evaluation.evaluate import paired
+    from evaluation.seeds import pooled_metrics, pooled_pairs
+    from evaluation.spark_metrics import summarise
+
+    rng = np.random.default_rng(3)
+    a, b = rng.random((200, 1)), rng.random((200, 1)) * 0.9
+    df = per_user_df(spark, {"a": a.tolist(), "b": b.tolist()}, [0])
+    labels = {"a": ["a seed 0"], "b": ["b seed 0"]}
+    mine = {r["label"]: r for r in pooled_metrics(df, labels, ["NDCG"])}
+    theirs = {r["label"]: r for r in summarise(df.filter("group = 'warm'"), ["label", "group"])
+              if r["metric"] == "NDCG"}
+    for m in "ab":
+        assert mine[m]["mean"] == pytest.approx(theirs[f"{m} seed 0"]["mean"], rel=1e-12)
+        assert mine[m]["ci95"] == pytest.approx(theirs[f"{m} seed 0"]["ci95"], rel=1e-9)
+    pooled = [r for r in pooled_pairs(df, labels, [0], [("first", "a", ["b"])], ["NDCG"])
+              if r["seed"] == POOLED]
+    (ref,) = [r for r in paired(df, ["a seed 0", "b seed 0"]) if r["metric"] == "NDCG"]
+    (got,) = pooled
+    for k in ("mean_difference", "ci95", "t_p", "wilcoxon_p", "reference_better"):
+        assert got[k] == pytest.approx(ref[k], rel=1e-9), k
+    assert got["users"] == ref["users"] == 200
