@@ -418,8 +418,9 @@ def test_the_table_pools_seeds_with_their_spread():
     # one seed: the table as before --seeds (no seed columns), the csv's seed columns empty
     one = table_rows(state, [{k: v for k, v in r.items() if not k.startswith("seed")}
                              for r in rows], None, pairs[1:2])
-    assert "seeds" not in table_md(one, "toy") and table_csv(one).splitlines()[1].endswith(
-        ",1,,,,0.010000")
+    assert "seeds" not in table_md(one, "toy")
+    assert table_csv(one).splitlines()[1].endswith(",1,,,,")  # the first: no pair of its own
+    assert table_csv(one).splitlines()[2].endswith(",1,,,,0.010000")
 
 
 def test_the_seed_spread_decides_whether_the_two_best_are_rerun():
