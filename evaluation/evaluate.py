@@ -18,7 +18,9 @@ OUT (published atomically; manifest.json is written last):
                                 more, the best of the others by test NDCG minus each remaining one),
                                 per user, NDCG and Recall@50: mean difference ± 95% CI, users, share
                                 better / worse, paired t-test and Wilcoxon signed-rank p-values, raw
-                                and Holm-corrected (one family per test and metric)
+                                and Holm-corrected (one family per test and metric); --compare
+                                names the labels compared (experiment/run.py --seeds: one seed
+                                per model; it pools the seeds itself, evaluation/seeds.py)
 
 Every file whose scoring manifest names its MLflow training run gets its metrics (with _ci95) and
 the plots logged into that run; a file without one gets a new run in the experiment 'evaluation'.

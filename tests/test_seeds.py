@@ -115,3 +115,15 @@ def test_with_one_seed_the_pooled_numbers_are_evaluates(spark):
     for k in ("mean_difference", "ci95", "t_p", "wilcoxon_p", "reference_better"):
         assert got[k] == pytest.approx(ref[k], rel=1e-9), k
     assert got["users"] == ref["users"] == 200
+
+
+def test_evaluate_compares_the_labels_compare_names_in_its_order():
+    from evaluation.evaluate import compared_labels
+    from prepared.errors import UsageError
+
+    labels = ["a seed 0", "a seed 1", "b seed 0", "b seed 1"]
+    assert compared_labels(None, labels) == labels
+    assert compared_labels(("b seed 0", "a seed 0"), labels) == ["b seed 0", "a seed 0"]
+    with pytest.raises(UsageError, match="--compare a seed 0 c: no file is labelled c; the "
+                                         "labels are a seed 0, a seed 1"):
+        compared_labels(("a seed 0", "c"), labels)
