@@ -1117,7 +1117,7 @@ def main(argv: list[str] | None = None) -> int:
     no_bars_in_logs()
     try:
         args = build_parser().parse_args(argv)  # --config FILE's errors are UsageErrors
-        check_job_paths(args, "--experiments-dir")  # under ray job submit: see check_job_paths
+        check_job_paths(args, ExperimentConfig)  # under ray job submit: see check_job_paths
         join_address(args.ray_address)  # a job server's http address fails here, not mid-run
         state = run_experiment(ExperimentConfig(**values(args, ExperimentConfig)),
                                args.mlflow_uri, args.ray_address)

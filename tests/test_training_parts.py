@@ -364,6 +364,12 @@ def test_under_ray_job_submit_paths_must_be_absolute(monkeypatch):
         check_job_paths(args)
     check_job_paths(build_parser().parse_args(["--data", "/abs/x", "--runs-dir", "/abs/runs",
                                                "--mlflow-uri", "http://127.0.0.1:5000"]))
+    # the experiment's folder flag is named from its own options, not spelled at the call
+    from experiment.run import ExperimentConfig
+    from experiment.run import build_parser as experiment_parser
+
+    with pytest.raises(UsageError, match="pass --experiments-dir and --mlflow-uri"):
+        check_job_paths(experiment_parser().parse_args(["--data", "/abs/x"]), ExperimentConfig)
 
 
 def test_the_folder_of_runs_is_runs_dir_and_the_old_output_flag_still_works(capsys, tmp_path):

@@ -31,6 +31,7 @@ if __package__ in (None, ""):  # run as a script (python training/train.py): mak
     sys.path.insert(0, _root)
 
 import argparse
+import dataclasses
 import datetime as dt
 import io
 import json
@@ -43,7 +44,7 @@ from runtime.atomic import write_bytes
 from runtime.runs import (CHECKPOINT_BEST, CHECKPOINT_STATE, MODEL_FILE, RUN_RECORD,
                           finished_record, finished_summary, summary_line)
 from runtime.logs import no_bars_in_logs
-from runtime.cli import config_yaml, stage_parser, values
+from runtime.cli import config_yaml, flag_of, stage_parser, values
 from runtime.raycluster import (apply_ray_env, check_fits, join_address, local_cpus, watch_run,
                                 worker_cpus)
 from training.config import TrainConfig, check, resumable_options
@@ -80,12 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     return stage_parser("training/train.py", __doc__, TrainConfig)
 
 
-def check_job_paths(args: argparse.Namespace, output_flag: str = "--runs-dir") -> None:
+def check_job_paths(args: argparse.Namespace, config: type = TrainConfig) -> None:
     """Under ``ray job submit`` the entry point runs in a throw-away copy of --working-dir: the
     defaults (./var/runs, ./mlflow/state) and relative paths would land there and be lost.
-    ``output_flag``: how the caller's command line names ``args.output``."""
+    ``config``: the caller's options dataclass, whose ``output`` field names the flag."""
     if "RAY_JOB_CONFIG_JSON_ENV_VAR" not in os.environ:
         return
+    output_flag = flag_of(next(f for f in dataclasses.fields(config) if f.name == "output"))
     missing = [f for f, v in ((output_flag, args.output), ("--mlflow-uri", args.mlflow_uri or
                                                            os.environ.get("MLFLOW_TRACKING_URI")))
                if not v]
