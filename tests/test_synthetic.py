@@ -52,6 +52,14 @@ def test_synthetic_etl_in_spark_does_not_depend_on_partitioning(spark, tmp_path)
     assert len(list((tmp_path / "b" / "rows").glob("*.parquet"))) == 3
 
 
+def test_users_table_files_grow_with_users_up_to_the_partitions():
+    from etl.pipeline import USERS_PER_FILE, users_files
+
+    assert users_files(10, 8) == 1 and users_files(10**9, 8) == 8
+    assert users_files(USERS_PER_FILE, 8) == 1 and users_files(USERS_PER_FILE + 1, 8) == 2
+    assert users_files(1_876_280, 98) == 8  # the Yahoo scale: 8 files, not 98 or 1
+
+
 @pytest.mark.spark
 def test_users_table_is_written_in_several_sorted_files(spark, tmp_path, monkeypatch):
     """The users table is written by several tasks (a range of user indices per file) once
@@ -61,8 +69,6 @@ def test_users_table_is_written_in_several_sorted_files(spark, tmp_path, monkeyp
     from prepared import schema as S
     from prepared.reader import open_prepared
 
-    assert pipeline.users_files(10, 8) == 1 and pipeline.users_files(10**9, 8) == 8
-    assert pipeline.users_files(pipeline.USERS_PER_FILE + 1, 8) == 2
     monkeypatch.setattr(pipeline, "USERS_PER_FILE", 1000)
     p = prepare(spark, tmp_path / "d", dataset="synthetic", users=2500, items=300,
                 positives=25_000, negatives=5, seed=3, shards=4)
