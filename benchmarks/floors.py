@@ -6,10 +6,11 @@ rates measured in the same run, so that every stage's benchmark can report its r
 Rates, measured here with ``--workers`` processes of one thread each, side by side (the stages
 run that way: Spark local[2] tasks of one core, 2 Ray Train workers x 1 thread), summed over them:
 
-    matmul      torch float32 GFLOP/s at each product shape the stages run (scoring's batch of
-                users x width x items; training's Gram W'W, W (h'h), and the batch's h G, h'h)
+    matmul      torch float32 GFLOP/s at each product shape and layout the stages run (scoring's
+                block of users x width x items as F.linear; training's Gram W'W, W (h'h), and
+                the batch's h G, h'h)
     bandwidth   a triad a = b + s c over arrays far larger than the caches (bytes read + written)
-    gather      index_select of random rows of a (items, width) matrix (bytes of rows gathered);
+    gather      an EmbeddingBag sum of random rows of an (items, width) matrix (bytes of the rows);
     scatter     index_add_ of rows into one (the backward of a gather)
     sort        numpy sort of random int64 keys (keys/s, scaled to n log n)
     parquet     pyarrow write and read (snappy, one thread) of a table like the ETL's split table
@@ -64,7 +65,7 @@ if str(ROOT) not in sys.path:
 
 RESULTS = ROOT / "benchmarks" / "results" / "floors"
 F32 = 4
-SCORE_BYTES = 64 * 2**20  # evaluation/score.py's per-batch score matrix (its batch_users)
+SCORE_BLOCK_FLOATS = 1 << 22  # models.base's: scores per block of Recommender.recommend
 
 
 @dataclass(frozen=True)
@@ -89,8 +90,9 @@ class Shape:
 
     @property
     def score_batch(self) -> int:
-        """Users per scoring batch, as ``evaluation.score.batch_users`` sizes them."""
-        return int(max(16, min(8192, SCORE_BYTES // (4 * self.items))))
+        """Users per product in scoring: ``Recommender.recommend`` scores a batch in blocks of
+        ``SCORE_BLOCK_FLOATS`` scores (93 users at the Yahoo shape)."""
+        return max(1, SCORE_BLOCK_FLOATS // self.items)
 
     @property
     def worker_batch(self) -> int:
@@ -343,13 +345,22 @@ def measure(kind: str, args: dict, workers: int, seconds: float) -> float:
     return sum(done / took for done, took in got)
 
 
-def _matmul(m: int, k: int, n: int):
+def _matmul(m: int, k: int, n: int, layout: str = "nn"):
+    """(m, k) x (k, n) as the stage stores its operands: "linear" = F.linear(x, W, b) with W
+    (n, k) (a head's scores), "tn" = A' B with A (k, m) (the Gram W'W), "nn" = A B."""
     import torch
-    a, b = torch.randn(m, k), torch.randn(k, n)
-    out = torch.empty(m, n)
+    import torch.nn.functional as F
+    a = torch.randn(k, m) if layout == "tn" else torch.randn(m, k)
+    b = torch.randn(n, k) if layout == "linear" else torch.randn(k, n)
+    bias = torch.randn(n)
 
     def fn() -> float:
-        torch.matmul(a, b, out=out)
+        if layout == "linear":
+            F.linear(a, b, bias)
+        elif layout == "tn":
+            a.T @ b
+        else:
+            a @ b
         return 2.0 * m * k * n
     return fn
 
@@ -365,17 +376,22 @@ def _triad(mib: int):
     return fn
 
 
-def _gather(rows: int, width: int, picks: int, scatter: bool = False):
+def _gather(rows: int, width: int, picks: int, per_bag: int, scatter: bool = False):
+    """Rows of a (rows, width) matrix at random indices, as the encoder and the fast loss read
+    them (an EmbeddingBag sum over bags of ``per_bag`` rows), or added into it (index_add_, the
+    gradient of a gather); bytes of the rows moved."""
     import torch
+    import torch.nn.functional as F
     w = torch.randn(rows, width)
     idx = torch.randint(0, rows, (picks,))
+    offsets = torch.arange(0, picks, per_bag)
     src = torch.randn(picks, width)
 
     def fn() -> float:
         if scatter:
             w.index_add_(0, idx, src)
         else:
-            torch.index_select(w, 0, idx)
+            F.embedding_bag(idx, w, offsets, mode="sum")
         return float(picks) * width * 4
     return fn
 
@@ -451,16 +467,20 @@ def rate_plan(workers: int) -> dict:
     """(kernel, arguments) of every rate measured: the product shapes of both shapes' stages."""
     plan = {}
     for name, s in SHAPES.items():
-        plan[f"matmul_score@{name}"] = ("matmul", {"m": s.score_batch, "k": s.width, "n": s.items})
-        plan[f"matmul_gram@{name}"] = ("matmul", {"m": s.width, "k": s.items, "n": s.width})
+        plan[f"matmul_score@{name}"] = ("matmul", {"m": s.score_batch, "k": s.width, "n": s.items,
+                                                   "layout": "linear"})
+        plan[f"matmul_gram@{name}"] = ("matmul", {"m": s.width, "k": s.items, "n": s.width,
+                                                  "layout": "tn"})
         plan[f"matmul_wgrad@{name}"] = ("matmul", {"m": s.items, "k": s.width, "n": s.width})
         plan[f"matmul_batch@{name}"] = ("matmul", {"m": s.worker_batch, "k": s.width,
                                                    "n": s.width})
     y = SHAPES["yahoo"]
     plan["bandwidth"] = ("triad", {"mib": 256})
-    plan["gather"] = ("gather", {"rows": y.items, "width": y.width, "picks": 50_000})
+    bag = round(y.per_user * TRAIN)  # a user's training items
+    plan["gather"] = ("gather", {"rows": y.items, "width": y.width, "picks": 50_000,
+                                 "per_bag": bag})
     plan["scatter"] = ("gather", {"rows": y.items, "width": y.width, "picks": 50_000,
-                                  "scatter": True})
+                                  "per_bag": bag, "scatter": True})
     plan["sort"] = ("sort", {"n": SORT_BLOCK})
     for table, rows in (("split", 1_000_000), ("rows", 20_000)):
         for op in ("write", "read"):
