@@ -501,6 +501,29 @@ def rates_for(shape: str, measured: dict) -> dict:
     return out
 
 
+def cpu() -> str:
+    """The CPU the rates belong to: model, cores and the vector instructions torch uses (the
+    same 'vm' name has meant an AVX-512 and an AVX2 host: a floor from another CPU is no floor)."""
+    import torch
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, {torch.backends.cpu.get_cpu_capability()}"
+
+
+def same_cpu(floors: dict | None = None) -> bool | None:
+    """Whether the committed floors were measured on this CPU (None: no floors yet)."""
+    try:
+        floors = load() if floors is None else floors
+    except FileNotFoundError:
+        return None
+    return floors.get("cpu") == cpu()
+
+
 def commit() -> str:
     try:
         return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
@@ -526,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(RESULTS))
     a = p.parse_args(argv)
     from benchmarks import report
-    stamp = {**report.stamp("floors.py", argv), "commit": commit()}
+    stamp = {**report.stamp("floors.py", argv), "commit": commit(), "cpu": cpu()}
     measured = {}
     for name, (kernel, args) in rate_plan(a.workers).items():
         measured[name] = measure(kernel, args, a.workers, a.seconds)
@@ -546,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
                "rates_by_shape": {s: rates_for(s, measured) for s in SHAPES}, "stages": stages}
     lines = ["# A roofline per stage: each stage's floor on this machine", "",
              f"Command: `{stamp['command']}`  ",
-             f"Commit: {stamp['commit']}; machine: {stamp['machine']}; {stamp['date']}.  ",
+             f"Commit: {stamp['commit']}; machine: {stamp['machine']}; CPU: {stamp['cpu']}; "
+             f"{stamp['date']}.  ",
              f"Rates measured in this run with {a.workers} one-thread processes side by side "
              f"(the stages' parallelism), summed, {a.seconds:g} s each; a stage's floor is the "
              "sum over its parts of work / rate (benchmarks/floors.py says what each part "

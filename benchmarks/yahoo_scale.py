@@ -191,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
              "stage's start. Ratio to floor: the stage's wall time over the least time this "
              "machine needs for its work (benchmarks/floors.py, from rates measured by "
              f"benchmarks/results/floors.md, commit {floors_commit()}; the training stage's "
-             "floor is its epochs' training passes and validation).", "",
+             "floor is its epochs' training passes and validation)."
+             + ("" if floors.same_cpu() is not False else
+                f" **The floors were measured on another CPU ({floors.load().get('cpu')}; "
+                f"this is {floors.cpu()}): rerun benchmarks/floors.py here before reading "
+                "the ratios.**"), "",
              "| stage | wall | ratio to floor | peak used GiB | peak over start GiB | run at |",
              "|---|---|---|---|---|---|"]
     for name in STAGES:
