@@ -36,6 +36,12 @@ its parts (the parts run one after another in the stages; none overlaps another'
     etl         read the positives once (Parquet), shuffle them once (each row written and read
                 at the memory bandwidth), write the split table, the user rows and the users table
 
+The rates belong to one CPU (recorded as ``cpu``): the same host name has been an AVX-512 and an
+AVX2 machine, with float32 products 2-4x apart, so a stage's ratio is read against floors measured
+on its own CPU (yahoo_scale's report says when they are not). The top-k's read of the scores is
+counted at the memory bandwidth though ``recommend``'s blocks may keep them in cache (this part
+may err high; about 2% of scoring's floor).
+
 What a floor leaves out, and so why a ratio of 1 is unreachable: process and JVM start-up, Spark's
 and Ray's scheduling, serialisation, Python, compression beyond Parquet's snappy, the ETL's
 deduplication and split window. Shapes: the paper's Yahoo! Music (benchmarks/yahoo_scale.py:
