@@ -82,7 +82,7 @@ def run_stage(name: str, cmd: list[str], env: dict | None = None) -> dict:
         raise SystemExit(f"{name} failed (exit {rc}); see the lines above")
     out = {"stage": name, "date": time.strftime("%Y-%m-%d %H:%M"),
            "wall_s": round(wall, 1), "peak_used_gib": round(peak[0] / GIB, 2),
-           "peak_over_start_gib": round((peak[0] - base) / GIB, 2)}
+           "peak_over_start_gib": round((peak[0] - base) / GIB, 2), "cpu": floors.cpu()}
     if summary is not None:
         out["summary"] = summary
     print(f"== {name}: {wall / 60:.1f} min, peak {out['peak_used_gib']} GiB used "
@@ -177,8 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     shape = dataclasses.replace(floors.SHAPES["yahoo"], users=users, positives=positives,
                                 global_batch=a.batch_size, valid_sample=a.valid_sample)
     floor = floors.pipeline_floors(shape, a.epochs) or {}
-    ratio = lambda name, seconds: (f"{seconds / floor[name]:.1f}x of {floor[name]:,.0f} s"
-                                   if name in floor else "n/a (no floors.json)")
+    floors_cpu = (floors.load().get("cpu") if floor else None)
+
+    def ratio(name: str, seconds: float, stage: str) -> str:
+        """The stage's seconds over its floor, where both were measured on one CPU."""
+        if name not in floor:
+            return "n/a (no floors.json)"
+        if floors_cpu is None or results[stage].get("cpu") != floors_cpu:
+            return "n/a (floors from another CPU)"
+        return f"{seconds / floor[name]:.1f}x of {floor[name]:,.0f} s"
+
     lines = ["# The pipeline at the Yahoo! Music scale on this machine", "",
              f"Command: `{stamp['command']}`  ",
              f"Machine: {stamp['machine']}; {stamp['date']}.  ",
@@ -193,15 +201,15 @@ def main(argv: list[str] | None = None) -> int:
              f"benchmarks/results/floors.md, commit {floors_commit()}; the training stage's "
              "floor is its epochs' training passes and validation)."
              + ("" if floors.same_cpu() is not False else
-                f" **The floors were measured on another CPU ({floors.load().get('cpu')}; "
-                f"this is {floors.cpu()}): rerun benchmarks/floors.py here before reading "
-                "the ratios.**"), "",
+                f" The floors were measured on another CPU ({floors_cpu}; this is "
+                f"{floors.cpu()}): a stage has a ratio only where it ran on the floors' CPU; "
+                "rerun benchmarks/floors.py on this one."), "",
              "| stage | wall | ratio to floor | peak used GiB | peak over start GiB | run at |",
              "|---|---|---|---|---|---|"]
     for name in STAGES:
         if name in results:
             r = results[name]
-            lines.append(f"| {name} | {r['wall_s'] / 60:.1f} min | {ratio(name, r['wall_s'])} | "
+            lines.append(f"| {name} | {r['wall_s'] / 60:.1f} min | {ratio(name, r['wall_s'], name)} | "
                          f"{r['peak_used_gib']} | {r['peak_over_start_gib']} | "
                          f"{r.get('date', '')} |")
     lines.append(f"| **total** | **{total / 60:.1f} min** | | | | |")
@@ -210,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                   "(users) | whole epoch s (checkpoint included) | users/s | valid NDCG |",
                   "|---|---|---|---|---|---|---|"]
         lines += [f"| {e['epoch']} | {e.get('train_seconds', 0):.0f} | "
-                  f"{ratio('epoch', e.get('train_seconds', float('nan')))} | "
+                  f"{ratio('epoch', e.get('train_seconds', float('nan')), 'train')} | "
                   f"{e.get('valid_seconds', float('nan')):.0f} ({e.get('valid_users', 0):,.0f}) | "
                   f"{e['epoch_seconds']:.0f} | {e.get('users_per_second', 0):,.0f} | "
                   f"{e.get('valid_ndcg', float('nan')):.4f} |"
