@@ -15,6 +15,7 @@ Results go to ``benchmarks/results/etl_scale.json`` and ``.md`` with the machine
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -29,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import floors as roofline  # noqa: E402
 from infra.submit import spark_submit  # noqa: E402
 YAHOO = {"users": 1_876_280, "items": 44_865, "positives": 48_817_561}
 SCALES = {"1M": 1_000_000, "10M": 10_000_000, "49M": YAHOO["positives"]}
@@ -95,9 +97,15 @@ def run_scale(name: str, positives: int, negatives: int, driver_memory: str, wor
     shutil.rmtree(work / f"floor-{name}", ignore_errors=True)
     steps = [{**s, "rows_per_s": round(total_pos / s["seconds"]) if s["seconds"] else None}
              for s in m["steps"]]
+    # the roofline at these counts (benchmarks/floors.py: read, shuffle, write at the rates
+    # measured by benchmarks/results/floors.json), beside the Spark reference above
+    roof = roofline.measured_floor("etl", dataclasses.replace(
+        roofline.SHAPES["yahoo"], users=m["counts"]["users"], items=m["counts"]["items"],
+        positives=total_pos, negatives_per_user=negatives))
     return {"scale": name, "users": m["counts"]["users"], "items": m["counts"]["items"],
             "positives": total_pos, "negatives_per_user": negatives, "wall_s": round(wall, 1),
             "floor_wall_s": round(floor, 1), "ratio_to_floor": round(wall / floor, 2),
+            "roofline_s": roof and round(roof, 1), "ratio_to_roofline": roof and round(wall / roof, 2),
             "etl_s": m["seconds"], "positives_per_s": round(total_pos / wall),
             "driver_jvm_peak_gib": round(peak[0] / 2**30, 2),
             "process_tree_peak_gib": round(peak[1] / 2**30, 2), "output_gib": round(du / 2**30, 2),
@@ -116,13 +124,17 @@ def to_markdown(res: dict) -> str:
     lines = ["# ETL scale benchmark", "", f"Command: `{res['command']}`  ", f"Date: {res['date']}  ",
              f"Machine: {res['machine']}", "",
              "Reference (floor): the same data generated, shuffled once by user and written as Parquet "
-             "(`benchmarks/etl_floor.py`), run right after each ETL with the same settings.", "",
+             "(`benchmarks/etl_floor.py`), run right after each ETL with the same settings. "
+             "Roofline: the least time for the same reads, shuffle and writes at this machine's "
+             "measured rates (`benchmarks/floors.py`, benchmarks/results/floors.md).", "",
              "| scale | users | items | positives | ETL wall s | floor wall s | ETL / floor "
+             "| roofline s | ETL / roofline "
              "| positives/s | driver JVM peak GiB | process tree peak GiB | output GiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["runs"]:
         lines.append(f"| {r['scale']} | {r['users']:,} | {r['items']:,} | {r['positives']:,} | "
                      f"{r['wall_s']} | {r['floor_wall_s']} | {r['ratio_to_floor']} | "
+                     f"{r.get('roofline_s') or 'n/a'} | {r.get('ratio_to_roofline') or 'n/a'} | "
                      f"{r['positives_per_s']:,} | {r['driver_jvm_peak_gib']} | "
                      f"{r['process_tree_peak_gib']} | {r['output_gib']} |")
     lines += ["", "Seconds per step (rows/s = positives / step time):", "",

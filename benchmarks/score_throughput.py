@@ -19,6 +19,7 @@ Results: ``benchmarks/results/score_throughput.{json,md}``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -31,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import floors  # noqa: E402
 from infra.submit import spark_submit  # noqa: E402
 from runtime.runs import MODEL_FILE  # noqa: E402
 
@@ -132,11 +134,18 @@ def main(argv: list[str] | None = None) -> int:
             runs = spark_users_per_second(spark, data, run, work)
             best = runs[-1]["users_per_second"]
             real = SHAPES[shape]["real_users"]
+            # the roofline (benchmarks/floors.py): these users' products, top-k read, rows
+            # read and lists written at this machine's measured rates
+            roof = floors.measured_floor("score", dataclasses.replace(
+                floors.SHAPES[shape], users=args.users,
+                positives=round(args.users * SHAPES[shape]["per_user"])), rates=shape)
             rows.append({"shape": shape, "items": SHAPES[shape]["items"], "users": args.users,
                          "spark_runs": runs, "spark_users_per_second": round(best, 1),
                          "reference_users_per_second": round(ref, 1), "reference_threads": threads,
                          "ratio": round(best / ref, 3),
-                         "real_users_minutes": round(real / best / 60, 1)})
+                         "real_users_minutes": round(real / best / 60, 1),
+                         "floor_users_per_second": roof and round(args.users / roof, 1),
+                         "ratio_to_floor": roof and round(args.users / best / roof, 2)})
             print(json.dumps(rows[-1]), flush=True)
         spark.stop()
     write(rows, args)
@@ -156,15 +165,20 @@ def write(rows: list[dict], args) -> None:
              f"Command: `{command}`  ", f"Machine: {machine}; {time.strftime('%Y-%m-%d')}.  ",
              "Spark: `evaluation.score.score` on local[2] (second, warm call; from opening the data "
              "to the published Parquet). Reference: one torch process, encoder + predict-head "
-             "product + mask + top-k only, rows in memory, same run.", "",
+             "product + mask + top-k only, rows in memory, same run. Floor: the users/s of "
+             "benchmarks/floors.py's roofline (products at the measured matmul rate, one read "
+             "of the scores, rows read and lists written; benchmarks/results/floors.md); ratio "
+             "to floor = Spark's seconds over the floor's.", "",
              "| shape | items | users | Spark users/s | reference users/s (threads) | ratio | "
-             "Spark cold call s | all real users at this rate |",
-             "|---|---|---|---|---|---|---|---|"]
+             "floor users/s | ratio to floor | Spark cold call s | all real users at this rate |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        floor = r.get("floor_users_per_second")
         lines.append(f"| {r['shape']} | {r['items']:,} | {r['users']:,} | "
                      f"{r['spark_users_per_second']:,.0f} | {r['reference_users_per_second']:,.0f} "
                      f"({r['reference_threads']}) | {r['ratio']:.2f} | "
-                     f"{r['spark_runs'][0]['seconds']:.1f} | {r['real_users_minutes']:.0f} min |")
+                     + (f"{floor:,.0f} | {r['ratio_to_floor']:.2f} | " if floor else "n/a | n/a | ")
+                     + f"{r['spark_runs'][0]['seconds']:.1f} | {r['real_users_minutes']:.0f} min |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

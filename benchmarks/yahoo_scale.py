@@ -22,6 +22,7 @@ stage with a previous run's): ``benchmarks/results/yahoo_scale.{json,md}``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -34,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import report  # noqa: E402
+from benchmarks import floors, report  # noqa: E402
 from infra.submit import spark_submit  # noqa: E402
 from runtime.runs import summary_text  # noqa: E402
 
@@ -81,7 +82,7 @@ def run_stage(name: str, cmd: list[str], env: dict | None = None) -> dict:
         raise SystemExit(f"{name} failed (exit {rc}); see the lines above")
     out = {"stage": name, "date": time.strftime("%Y-%m-%d %H:%M"),
            "wall_s": round(wall, 1), "peak_used_gib": round(peak[0] / GIB, 2),
-           "peak_over_start_gib": round((peak[0] - base) / GIB, 2)}
+           "peak_over_start_gib": round((peak[0] - base) / GIB, 2), "cpu": floors.cpu()}
     if summary is not None:
         out["summary"] = summary
     print(f"== {name}: {wall / 60:.1f} min, peak {out['peak_used_gib']} GiB used "
@@ -101,6 +102,14 @@ def epoch_times(mlflow_uri: str, summary: dict) -> list[dict]:
          "valid_users")}
     return [{"epoch": e, **{name: round(h[e], 4) for name, h in history.items() if e in h}}
             for e in sorted(history["epoch_seconds"])]
+
+
+def floors_commit() -> str:
+    """The commit benchmarks/results/floors.json was measured at ("none" before it exists)."""
+    try:
+        return floors.load().get("commit") or "unknown"
+    except FileNotFoundError:
+        return "none"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,6 +173,20 @@ def main(argv: list[str] | None = None) -> int:
             r for r in rows if r["metric"] in ("NDCG", "R-Precision", "Recall@50", "Precision@50")]
 
     total = sum(r["wall_s"] for r in results.values())
+    # each stage's floor at this run's shape (benchmarks/floors.py's committed rates)
+    shape = dataclasses.replace(floors.SHAPES["yahoo"], users=users, positives=positives,
+                                global_batch=a.batch_size, valid_sample=a.valid_sample)
+    floor = floors.pipeline_floors(shape, a.epochs) or {}
+    floors_cpu = (floors.load().get("cpu") if floor else None)
+
+    def ratio(name: str, seconds: float, stage: str) -> str:
+        """The stage's seconds over its floor, where both were measured on one CPU."""
+        if name not in floor:
+            return "n/a (no floors.json)"
+        if floors_cpu is None or results[stage].get("cpu") != floors_cpu:
+            return "n/a (floors from another CPU)"
+        return f"{seconds / floor[name]:.1f}x of {floor[name]:,.0f} s"
+
     lines = ["# The pipeline at the Yahoo! Music scale on this machine", "",
              f"Command: `{stamp['command']}`  ",
              f"Machine: {stamp['machine']}; {stamp['date']}.  ",
@@ -173,18 +196,29 @@ def main(argv: list[str] | None = None) -> int:
              f"thread, validation on {a.valid_sample:g} of the validation users each epoch; top "
              "50 of every user. Memory: the machine's used memory (MemTotal - "
              "MemAvailable) at its peak during the stage, and that peak less the use at the "
-             "stage's start.", "",
-             "| stage | wall | peak used GiB | peak over start GiB | run at |", "|---|---|---|---|---|"]
+             "stage's start. Ratio to floor: the stage's wall time over the least time this "
+             "machine needs for its work (benchmarks/floors.py, from rates measured by "
+             f"benchmarks/results/floors.md, commit {floors_commit()}; the training stage's "
+             "floor is its epochs' training passes and validation)."
+             + ("" if floors.same_cpu() is not False else
+                f" The floors were measured on another CPU ({floors_cpu}; this is "
+                f"{floors.cpu()}): a stage has a ratio only where it ran on the floors' CPU; "
+                "rerun benchmarks/floors.py on this one."), "",
+             "| stage | wall | ratio to floor | peak used GiB | peak over start GiB | run at |",
+             "|---|---|---|---|---|---|"]
     for name in STAGES:
         if name in results:
             r = results[name]
-            lines.append(f"| {name} | {r['wall_s'] / 60:.1f} min | {r['peak_used_gib']} | "
-                         f"{r['peak_over_start_gib']} | {r.get('date', '')} |")
-    lines.append(f"| **total** | **{total / 60:.1f} min** | | | |")
+            lines.append(f"| {name} | {r['wall_s'] / 60:.1f} min | {ratio(name, r['wall_s'], name)} | "
+                         f"{r['peak_used_gib']} | {r['peak_over_start_gib']} | "
+                         f"{r.get('date', '')} |")
+    lines.append(f"| **total** | **{total / 60:.1f} min** | | | | |")
     if "train" in results:
-        lines += ["", "| epoch | training pass s | validation s (users) | whole epoch s "
-                  "(checkpoint included) | users/s | valid NDCG |", "|---|---|---|---|---|---|"]
+        lines += ["", "| epoch | training pass s | ratio to the epoch's floor | validation s "
+                  "(users) | whole epoch s (checkpoint included) | users/s | valid NDCG |",
+                  "|---|---|---|---|---|---|---|"]
         lines += [f"| {e['epoch']} | {e.get('train_seconds', 0):.0f} | "
+                  f"{ratio('epoch', e.get('train_seconds', float('nan')), 'train')} | "
                   f"{e.get('valid_seconds', float('nan')):.0f} ({e.get('valid_users', 0):,.0f}) | "
                   f"{e['epoch_seconds']:.0f} | {e.get('users_per_second', 0):,.0f} | "
                   f"{e.get('valid_ndcg', float('nan')):.4f} |"
@@ -194,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         lines += [f"| {r.get('group')} | {r['metric']} | {r['mean']:.4f} | "
                   f"±{r.get('ci95', float('nan')):.4f} | {r.get('users', '')} |"
                   for r in results["evaluate"]["metrics"]]
-    report.publish(out, {**stamp, "work": str(work), "stages": results}, lines)
+    report.publish(out, {**stamp, "work": str(work), "stages": results, "floors_s": floor,
+                         "floors_commit": floors_commit()}, lines)
     print("\n".join(lines))
     return 0
 

@@ -128,9 +128,9 @@ def run(cfg: ETLConfig, spark=None) -> dict:
 
             (spark.createDataFrame(item_table).coalesce(1)
              .write.parquet(f"{tmp}/{S.ITEMS_DIR}"))
-            (users.select(S.USER_INDEX, P.as_str(S.USER_ID), S.COLD).orderBy(S.USER_INDEX).coalesce(1)
-             .write.parquet(f"{tmp}/{S.USERS_DIR}"))
-            progress.done("tables", items=len(item_table), users=counts["users"])
+            user_files = P.write_users(users, f"{tmp}/{S.USERS_DIR}", partitions, counts["users"])
+            progress.done("tables", items=len(item_table), users=counts["users"],
+                          user_files=user_files)
 
             (split.select(P.as_str(S.USER_ID), P.as_str(S.ITEM_ID), S.SPLIT, S.TIMESTAMP)
              .write.parquet(f"{tmp}/{S.SPLIT_DIR}"))

@@ -8,6 +8,8 @@ through these names. Bump ``SCHEMA_VERSION`` on any incompatible change.
     DIR/items/          Parquet, one row per item:  item_index int32, item_id string,
                         pop_train int64, pop_train_valid int64          (sorted by item_index)
     DIR/users/          Parquet, one row per user:  user_index int32, user_id string, cold bool
+                        (sorted by user_index, within each file and across the files in name
+                        order: a range of users per file, etl.pipeline.write_users)
     DIR/rows/           Parquet shards, one row per user (sorted by user_index within a shard):
                         user_index int32, user_id string, cold bool,
                         train_items list<int32> (ascending), train_rstar list<float32> (aligned),

@@ -1,6 +1,7 @@
 """Synthetic data: generated in Spark, deterministic, power-law popularity, learnable topics."""
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from etl import synthetic
@@ -49,3 +50,33 @@ def test_synthetic_etl_in_spark_does_not_depend_on_partitioning(spark, tmp_path)
     assert key(a) == key(b)
     assert a.rows.neg_items.map(list).tolist() == b.rows.neg_items.map(list).tolist()
     assert len(list((tmp_path / "b" / "rows").glob("*.parquet"))) == 3
+
+
+def test_users_table_files_grow_with_users_up_to_the_partitions():
+    from etl.pipeline import USERS_PER_FILE, users_files
+
+    assert users_files(10, 8) == 1 and users_files(10**9, 8) == 8
+    assert users_files(USERS_PER_FILE, 8) == 1 and users_files(USERS_PER_FILE + 1, 8) == 2
+    assert users_files(1_876_280, 98) == 8  # the Yahoo scale: 8 files, not 98 or 1
+
+
+@pytest.mark.spark
+def test_users_table_is_written_in_several_sorted_files(spark, tmp_path, monkeypatch):
+    """The users table is written by several tasks (a range of user indices per file) once
+    there are more users than ``USERS_PER_FILE`` and more than one shuffle partition; read in
+    file-name order the rows are still sorted by user index, and the manifest lists each file."""
+    from etl import pipeline
+    from prepared import schema as S
+    from prepared.reader import open_prepared
+
+    monkeypatch.setattr(pipeline, "USERS_PER_FILE", 1000)
+    p = prepare(spark, tmp_path / "d", dataset="synthetic", users=2500, items=300,
+                positives=25_000, negatives=5, seed=3, shards=4)
+    files = sorted((tmp_path / "d" / S.USERS_DIR).glob("*.parquet"))
+    assert len(files) == 3  # ceil(2500 / 1000), fewer than the 4 partitions
+    parts = [pq.read_table(f).column(S.USER_INDEX).to_pylist() for f in files]
+    assert all(len(x) > 0 and x == sorted(x) for x in parts)
+    assert sum(parts, []) == list(range(2500))  # ranges in file-name order, every user once
+    assert p.users.user_index.tolist() == list(range(2500))  # the directory as readers see it
+    assert {f"{S.USERS_DIR}/{f.name}" for f in files} <= set(p.manifest["files"])
+    assert open_prepared(str(tmp_path / "d")).n_users == 2500
