@@ -1,7 +1,7 @@
 """The README's two commands as a newcomer runs them: a fresh clone, an empty home directory, no
 RAY_* or MLFLOW_* variables; each command's wall time.
 
-    .venv/bin/python benchmarks/fresh_clone.py [--steps venv,demo,test] [--work DIR]
+    .venv/bin/python benchmarks/fresh_clone.py [--steps venv,demo,test] [--work DIR] [--alone]
 
     venv   make venv    the install (uv; torch's CPU or CUDA build as the Makefile picks)
     demo   make demo    the main job on the shipped ml-latest-small (after the install)
@@ -9,6 +9,9 @@ RAY_* or MLFLOW_* variables; each command's wall time.
 
 The clone is of this repository's HEAD (committed work only), into ``--work`` (default a new
 folder under /tmp); ``../shared`` beside it is linked when this checkout has one, as CI has it.
+``--alone`` clones the repository by itself, as a newcomer does: no ``../shared`` (the tests of
+readers for datasets that cannot be shipped are skipped, and ``make test`` says which), no
+NCE_DATASETS; its results go to ``fresh_clone_alone.{json,md}``.
 Each step runs after the previous one in the same clone, so ``demo`` and ``test`` exclude the
 install. A demo leaves its stack running for the MLflow UI: it is stopped before the next step.
 Results: ``benchmarks/results/fresh_clone.{json,md}`` (merged per step with a previous run's).
@@ -35,17 +38,19 @@ STEPS = {"venv": ["make", "venv"], "demo": ["make", "demo"], "test": ["make", "t
 
 def newcomer_env(home: Path) -> dict[str, str]:
     """This machine's environment less what a newcomer would not have: an empty home and no
-    Ray or MLflow settings (the package index settings stay: they are the machine's, not ours)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
+    Ray, MLflow or dataset settings (the package index settings stay: they are the machine's,
+    not ours)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RAY_", "MLFLOW_", "NCE_"))}
     env["HOME"] = str(home)
     return env
 
 
-def clone(work: Path) -> Path:
+def clone(work: Path, alone: bool = False) -> Path:
     repo = work / "main"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
     shared = ROOT.parent / "shared"
-    if shared.exists() and not (work / "shared").exists():
+    if not alone and shared.exists() and not (work / "shared").exists():
         (work / "shared").symlink_to(shared)
     return repo
 
@@ -73,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", default="venv,demo,test",
                    help="which of venv, demo, test, in that order (default all)")
     p.add_argument("--work", default=None, help="where the clone goes (default a new /tmp folder)")
+    p.add_argument("--alone", action="store_true",
+                   help="clone without ../shared beside it (results: fresh_clone_alone.*)")
     args = p.parse_args(argv)
     steps = [s for s in args.steps.split(",") if s]
     unknown = [s for s in steps if s not in STEPS]
@@ -80,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--steps: unknown {', '.join(unknown)}; choose from {', '.join(STEPS)}")
     work = Path(args.work or tempfile.mkdtemp(prefix="fresh-clone-"))
     work.mkdir(parents=True, exist_ok=True)
-    repo = clone(work)
+    if args.alone and (work / "shared").exists():
+        p.error(f"--alone: {work / 'shared'} exists; pick another --work")
+    repo = clone(work, args.alone)
     home = work / "home"
     home.mkdir(exist_ok=True)
     env = newcomer_env(home)
@@ -90,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                             capture_output=True, text=True).stdout.strip()
     for r in results.values():
         r["commit"] = commit
-    out = ROOT / "benchmarks" / "results" / "fresh_clone"
+    out = ROOT / "benchmarks" / "results" / ("fresh_clone_alone" if args.alone else "fresh_clone")
     try:  # merged per step: a run of some steps keeps the others' last results
         previous = json.loads(out.with_suffix(".json").read_text()).get("steps", {})
     except (OSError, ValueError):
@@ -102,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(payload: dict) -> list[str]:
-    lines = ["# The README's two commands from a fresh clone", "",
+    alone = "--alone" in payload["command"]
+    lines = ["# The README's two commands from a fresh clone"
+             + (" of the repository alone (no ../shared)" if alone else ""), "",
              f"Command: `{payload['command']}`  ", f"Machine: {payload['machine']}; "
              f"{payload['date']}. A fresh clone of the commit named, an empty home directory, "
              "no RAY_* or MLFLOW_* variables; the machine's package index settings as they are "
