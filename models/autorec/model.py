@@ -24,6 +24,29 @@ a ridge regression per item, where Adam from the untrained head needs hundreds o
 (deviation from the paper, which starts phase 2's head untrained; ``--finetune-init as-is`` does
 that).
 
+Extensions beyond the paper (issue 32), each off by default, where the paper's model is unchanged
+loss for loss (tests/test_losses.py), each in the fast loss and its dense reference alike:
+
+    pos_weight   confidence on positives: each positive's squared error in the predict and NCE
+                 heads weighs 1 + alpha (WRMF's confidence 1 + alpha r, Hu, Koren & Volinsky
+                 2008; the weighted loss of CDAE-style models); an O(nnz d) term of the fast
+                 loss (models/autorec/losses.py). Not OHNS-AutoRec (no MSE head). With the
+                 fine-tune modes phase 2 starts as-is: the ridge start solves the unweighted
+                 normal equations (``combination_problem``).
+    dropout      input dropout (denoising, as CDAE, Wu et al. 2016, and Mult-VAE, Liang et al.
+                 2018): while training, each input entry dropped with probability p and the kept
+                 ones scaled 1 / (1 - p); the target is the uncorrupted row; none in eval mode or
+                 when scoring. The ridge start uses the clean codes.
+    nce_scale    the NCE head's scale (NCE-AutoRec): "rms" divides R* by its root mean square on
+                 the training positives, "head-weight" weights the NCE loss by 1 / mean(R*^2);
+                 "none" is the paper. mean(R*^2) (``rstar_mean_square``) is a data statistic at
+                 the run's beta, on the train split, recorded with the model like omega. Why:
+                 R*'s mean square on positives is 14-43 on the shared sets, so the NCE loss
+                 outweighs the MSE head's and sets the encoder's regularisation.
+    phase 1      fine-tune phase 1's length and learning rate as training options
+                 (``--finetune-phase1-epochs``, 0: until its loss converges, the rule before;
+                 ``--finetune-phase1-lr``), searchable.
+
 Training need not form the (B, n_items) scores: each head's loss is computed exactly from the code
 and the head's parameters (``models.autorec.losses.linear_mse`` for the predict and NCE heads: O(n d^2 +
 nnz d) a batch instead of O(B n d)) where that is cheaper (``dense_for``); else, and as the
