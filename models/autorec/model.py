@@ -131,6 +131,8 @@ DROPOUT = HP(0.0, DROPOUT_HELP, lo=0, hi=1, open_hi=True)  # --dropout, shared w
 NCE_SCALE = HP("none", "the NCE head's scale: none = R* as the paper; rms = R* divided by its "
                "root mean square on the training positives; head-weight = the NCE loss "
                "weighted by 1 / mean(R*^2) on them", choices=NCE_SCALES)
+# the flags the levers added (2026-11-27): absent from the runs recorded before, which ran without
+LEVER_FLAGS = ("pos_weight", "dropout", "nce_scale", "finetune_phase1_epochs", "finetune_phase1_lr")
 # The family's run-level training flags (``training_options``: training/train.py makes a flag of
 # each and refuses it for other models with ``refused``)
 PHASE_2_ONLY = ("sets phase 2 of --mode limited-finetune or full-finetune; other modes have one "
@@ -159,10 +161,11 @@ FINETUNE = {  # the two-headed models' (their modes with a phase 2)
     # phase 1's length and learning rate, searchable (extension beyond the paper, which trains
     # the embedding first to convergence; issue 32: the paper says a good embedding first
     # matters most on small data, so its length is chosen on validation like any setting)
-    "finetune_phase1_epochs": Option(0, "fine-tune phase 1's epochs; 0 = until its loss "
+    "finetune_phase1_epochs": Option(None, "fine-tune phase 1's epochs; 0 (the default) = until its loss "
                                      "converges (--pretrain-epochs, when given, overrides: the "
                                      "final retraining passes the selection run's count)",
-                                     lo=0, hi=100_000, refused=PHASE_1_ONLY, searchable=True),
+                                     type=int, lo=0, hi=100_000, refused=PHASE_1_ONLY,
+                                     searchable=True),
     "finetune_phase1_lr": Option(None, "Adam learning rate of fine-tune phase 1 (default: --lr's)",
                                  type=float, lo=0, open_lo=True, hi=1, why="a learning rate",
                                  refused=PHASE_1_ONLY, searchable=True),
@@ -324,8 +327,11 @@ class AutoRec(Recommender):
 
     @classmethod
     def upgrade_record(cls, config: dict, given: dict) -> dict:
-        """A run recorded before lambda had units (2026-11-25: no ``lam_units``; its lambda
-        multiplies mean(W^2) alone) resumes only as it was, with --lam-units plain."""
+        """A run recorded before the levers (2026-11-27, issue 32) trained with each off: their
+        flags as not given. A run recorded before lambda had units (2026-11-25: no
+        ``lam_units``; its lambda multiplies mean(W^2) alone) resumes only as it was, with
+        --lam-units plain."""
+        config = {**dict.fromkeys(LEVER_FLAGS), **config}
         if "lam_units" in config:
             return config
         if given.get("lam_units") != "plain":
