@@ -161,8 +161,9 @@ FINETUNE = {  # the two-headed models' (their modes with a phase 2)
     # phase 1's length and learning rate, searchable (extension beyond the paper, which trains
     # the embedding first to convergence; issue 32: the paper says a good embedding first
     # matters most on small data, so its length is chosen on validation like any setting)
-    "finetune_phase1_epochs": Option(None, "fine-tune phase 1's epochs; 0 (the default) = until its loss "
-                                     "converges (--pretrain-epochs, when given, overrides: the "
+    "finetune_phase1_epochs": Option(None, "fine-tune phase 1's epochs; 0 (the default) = "
+                                     "until its loss converges (--pretrain-epochs, when given, "
+                                     "overrides: the "
                                      "final retraining passes the selection run's count)",
                                      type=int, lo=0, hi=100_000, refused=PHASE_1_ONLY,
                                      searchable=True),
@@ -178,7 +179,6 @@ TWO_HEADED = {  # what NS- and NCE-AutoRec share beyond AutoRec's (lam: its defa
                        "step's overall scale)", lo=0, hi=1e6),
     "embed_lam": HP(None, "L2 of the embedding head's matrix (default: --lam)", type=float, lo=0,
                     hi=1e6, open_hi=True),
-    "pos_weight": POS_WEIGHT,
 }
 
 
