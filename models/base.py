@@ -95,15 +95,23 @@ class Recommender(nn.Module):
         return {name: hp.default for name, hp in cls.hyperparameters.items()}
 
     @classmethod
-    def data_statistics(cls, prep, split: str = "train") -> dict[str, Any]:
+    def data_statistics(cls, prep, split: str = "train", config: Any = None) -> dict[str, Any]:
         """Facts of the training data (``prepared.reader.Prepared``'s ``split``: "train", or
         "train,valid" only for runs recorded before 2026-11-27) that the constructor takes beside
         the hyperparameters, e.g. a unit of lambda: read once by the driver, recorded in the run,
         handed to ``from_config`` on every worker. The driver computes them on the split model
         selection trains on (train) also for the final retraining on train+valid, so that a
         hyperparameter validation chose means the same in the final model
-        (``training.train.STATISTICS_SPLIT``). Default: none."""
+        (``training.train.STATISTICS_SPLIT``). ``config``: the run's TrainConfig, for a
+        statistic only some settings need (None: none of those). Default: none."""
         return {}
+
+    @classmethod
+    def combination_problem(cls, hp: dict[str, Any], options: dict[str, Any]) -> str | None:
+        """What is wrong with this combination of hyperparameters ``hp`` (defaults filled in) and
+        training options ``options`` (as given, None where not), as one error line naming the
+        flags and what to pass instead; None when it is fine. Default: nothing."""
+        return None
 
     @classmethod
     def takes_option(cls, name: str, hp: dict[str, Any]) -> bool:
@@ -172,6 +180,11 @@ class Recommender(nn.Module):
     def configure_training(self, options: Any) -> None:
         """Apply the training flags in ``training_options`` (``options``: the run's
         TrainConfig). Default: none."""
+
+    def phase_epochs(self, phase: int) -> int:
+        """Epochs of ``phase`` when it is not the last, from a training option of the model (0:
+        until its loss converges; ``--pretrain-epochs``, when given, overrides). Default: 0."""
+        return 0
 
     def phase_lr(self, phase: int, lr: float) -> float:
         """Adam's learning rate in ``phase`` (0-based) for a run whose learning rate is ``lr``

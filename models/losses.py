@@ -13,10 +13,12 @@ from models.batch import row_ids
 
 
 def densify(idx: torch.Tensor, offsets: torch.Tensor, values: torch.Tensor | None,
-            n_items: int) -> torch.Tensor:
-    """(B, n_items) float32 target with ``values`` (ones if None) at the sparse positions."""
-    out = torch.zeros(len(offsets), n_items, device=idx.device)
-    vals = torch.ones(len(idx), device=idx.device) if values is None else values.to(out.dtype)
+            n_items: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(B, n_items) target (float32 unless ``dtype``) with ``values`` (ones if None) at the
+    sparse positions."""
+    out = torch.zeros(len(offsets), n_items, device=idx.device, dtype=dtype)
+    vals = (torch.ones(len(idx), device=idx.device, dtype=dtype) if values is None
+            else values.to(dtype))
     out[row_ids(offsets, len(idx)), idx] = vals
     return out
 

@@ -75,3 +75,58 @@ def test_a_final_retraining_needs_phase_ones_length_where_the_model_converges_it
     check(TrainConfig(model="nce-autorec", mode="limited-finetune", pretrain_epochs=40, **final))
     check(TrainConfig(model="nce-autorec", mode="joint", **final))  # one phase, fixed --epochs
     check(TrainConfig(model="puresvd", **final))
+
+
+@pytest.mark.parametrize("flags,said", [
+    ({"model": "puresvd", "pos_weight": 2.0},
+     "--pos-weight 2.0: puresvd does not take it (only autorec, ns-autorec, nce-autorec do)"),
+    ({"model": "ohns-autorec", "pos_weight": 2.0}, "--pos-weight 2.0: ohns-autorec does not take"),
+    ({"model": "autorec", "nce_scale": "rms"}, "--nce-scale rms: autorec does not take it"),
+    ({"model": "puresvd", "dropout": 0.2}, "--dropout 0.2: puresvd does not take it"),
+    ({"model": "nce-autorec", "dropout": 1.0}, "--dropout 1.0: must be in [0, 1)"),
+    ({"model": "nce-autorec", "finetune_phase1_epochs": 5},
+     "--finetune-phase1-epochs 5: sets phase 1 of --mode limited-finetune or full-finetune"),
+    ({"model": "autorec", "finetune_phase1_lr": 1e-3},
+     "--finetune-phase1-lr 0.001: sets phase 1 of --mode"),
+    ({"model": "nce-autorec", "mode": "limited-finetune", "pos_weight": 2.0,
+      "finetune_init": "ridge"}, "--finetune-init ridge with --pos-weight 2: the ridge start"),
+])
+def test_a_lever_a_model_does_not_take_is_refused_in_one_line(flags, said):
+    from prepared.errors import UsageError
+    from training.config import TrainConfig, check
+
+    with pytest.raises(UsageError) as e:
+        check(TrainConfig(data="d", **flags))
+    assert str(e.value).startswith(said) and "\n" not in str(e.value)
+
+
+def test_the_levers_are_accepted_and_searchable():
+    from experiment.grids import SEARCHABLE
+    from training.config import TrainConfig, check
+
+    check(TrainConfig(data="d", model="nce-autorec", mode="full-finetune", pos_weight=5.0,
+                      dropout=0.3, nce_scale="head-weight", finetune_phase1_epochs=20,
+                      finetune_phase1_lr=1e-3))
+    check(TrainConfig(data="d", model="autorec", pos_weight=1.0, dropout=0.5))
+    assert {"pos_weight", "dropout", "nce_scale", "finetune_phase1_epochs",
+            "finetune_phase1_lr"} <= SEARCHABLE
+    resolved = TrainConfig(data="d", model="nce-autorec", mode="limited-finetune",
+                           pos_weight=5.0).resolved()
+    assert resolved["finetune_init"] == "as-is" and resolved["finetune_phase1_epochs"] == 0
+
+
+@pytest.mark.parametrize("model,extra", [("nce-autorec", {"mode": "full-finetune"}),
+                                         ("autorec", {}), ("puresvd", {})])
+def test_a_run_recorded_before_the_levers_resumes_with_them_off(model, extra):
+    from dataclasses import replace
+
+    from training.config import TrainConfig
+    from training.train import check_resume
+
+    cfg = TrainConfig(data="d", model=model, run_name="r", **extra)
+    levers = {"pos_weight", "dropout", "nce_scale", "finetune_phase1_epochs", "finetune_phase1_lr"}
+    old = {k: v for k, v in cfg.to_dict().items() if k not in levers}
+    check_resume(cfg, {"config": old})
+    if model != "puresvd":
+        with pytest.raises(UsageError, match="dropout was None, now 0.2"):
+            check_resume(replace(cfg, dropout=0.2), {"config": old})

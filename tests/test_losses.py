@@ -229,3 +229,198 @@ def test_linear_mse_stays_float32_under_bf16_autocast():
         got = linear_mse(h, w, bias, idx, offsets)
     assert got.dtype == torch.float32
     assert got.item() == pytest.approx(want.item(), rel=1e-6)  # bf16 products: ~1e-2 off
+
+
+# -- the levers beyond the paper (issue 32): each fast loss against its dense reference ------------
+
+@pytest.mark.parametrize("with_values", [False, True], ids=["against-r", "against-rstar"])
+def test_weighted_linear_mse_equals_the_weighted_dense_mse_with_its_gradients(with_values):
+    from models.autorec.losses import linear_mse
+
+    h, w, bias, idx, offsets = random_head(seed=5)
+    values = (torch.rand(len(idx)) * 3).double() if with_values else None
+    dense = mse_loss(torch.nn.functional.linear(h, w, bias), idx, offsets, values, pos_weight=4.0)
+    fast = linear_mse(h, w, bias, idx, offsets, values, pos_weight=4.0)
+    assert fast.item() == pytest.approx(dense.item(), rel=1e-10)
+    for a, b in zip(grads(fast, (h, w, bias)), grads(dense, (h, w, bias))):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-12)
+    # and the weight is there: alpha = 0 is the unweighted loss, exactly as before
+    plain = linear_mse(h, w, bias, idx, offsets, values)
+    assert fast.item() > plain.item()
+    assert linear_mse(h, w, bias, idx, offsets, values, pos_weight=0.0).item() == plain.item()
+
+
+def test_weighted_mse_by_hand():
+    # c = 1 + 2 at the positives: 3 (0.5-1)^2 + 0 + 0 + 0 + 3 (2-1)^2 + 0 = 3.75 over 6 entries
+    assert mse_loss(SCORES, POS, POS_OFF, pos_weight=2.0).item() == pytest.approx(3.75 / 6)
+
+
+def lever_batch(dtype=torch.float64):
+    from models.batch import Batch
+
+    _, _, _, idx, offsets = random_head()  # one empty row, one full row, duplicate-free
+    return Batch(users=torch.arange(5), train_items=idx, train_offsets=offsets,
+                 train_rstar=(torch.rand(len(idx), generator=torch.Generator().manual_seed(1))
+                              * 3).to(dtype),
+                 neg_items=torch.tensor([1, 4, 4, 0, 9, 2, 10]),
+                 neg_counts=torch.tensor([2, 1, 3, 1, 5, 1, 2]),
+                 neg_offsets=torch.tensor([0, 2, 3, 5, 7]))
+
+
+LEVERED = [(m, mode, levers) for m, levers in (
+    ("autorec", {"pos_weight": 3.0, "dropout": 0.4}),
+    ("ns-autorec", {"pos_weight": 3.0, "dropout": 0.4}),
+    ("ohns-autorec", {"dropout": 0.4}),
+    ("nce-autorec", {"pos_weight": 3.0, "dropout": 0.4, "nce_scale": "rms",
+                     "rstar_mean_square": 2.5}),
+    ("nce-autorec", {"pos_weight": 3.0, "nce_scale": "head-weight", "rstar_mean_square": 2.5}))
+    for mode in ((None,) if m in ("autorec", "ohns-autorec") else
+                 ("joint", "alternating", "limited-finetune", "full-finetune"))]
+
+
+def step_terms_and_grads(model, batch, step, seed):
+    torch.manual_seed(seed)  # the same dropout draw on each path
+    model.zero_grad(set_to_none=True)
+    terms = model(batch, step)
+    sum(terms.values()).backward()
+    return ({k: v.item() for k, v in terms.items()},
+            {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+
+
+@pytest.mark.parametrize("name,mode,levers", LEVERED,
+                         ids=[f"{m}-{mode}-{'-'.join(lv)}" for m, mode, lv in LEVERED])
+def test_the_levers_train_the_same_through_the_fast_losses(name, mode, levers):
+    """Every step of every mode with the levers on: the loss terms and every gradient through the
+    fast losses equal those through the dense scores (float64)."""
+    torch.manual_seed(0)
+    args = {"n_items": 11, "width": 3, "lam": 0.5, **({"mode": mode} if mode else {}), **levers}
+    model = build(name, args).double()
+    batch = lever_batch()
+    for steps in model.phases():
+        for step in steps:
+            out = {}
+            for dense in (False, True):
+                model.dense_loss = dense
+                out[dense] = step_terms_and_grads(model, batch, step, seed=7)
+            (fast_terms, fast_grads), (dense_terms, dense_grads) = out[False], out[True]
+            assert fast_terms == pytest.approx(dense_terms, rel=1e-10)
+            assert fast_grads.keys() == dense_grads.keys() and fast_grads
+            for k in fast_grads:
+                torch.testing.assert_close(fast_grads[k], dense_grads[k], rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["autorec", "nce-autorec"])
+def test_the_levers_off_reproduce_the_paper_loss_exactly(name):
+    """pos_weight 0, dropout 0 and nce_scale none give the same terms and gradients, bit for
+    bit, as a model built without them (the paper's)."""
+    off = {"pos_weight": 0.0, "dropout": 0.0, **({"nce_scale": "none"} if name != "autorec" else {})}
+    batch = lever_batch()
+    out = []
+    for args in ({}, off):
+        torch.manual_seed(0)
+        model = build(name, {"n_items": 11, "width": 3, "lam": 0.5, **args}).double()
+        out.append(step_terms_and_grads(model, batch, model.phases()[0][0], seed=3))
+        assert "pos_weight" not in model.model_args() and "dropout" not in model.model_args()
+    assert out[0][0] == out[1][0]
+    for k in out[0][1]:
+        assert torch.equal(out[0][1][k], out[1][1][k])
+
+
+def test_dropout_is_the_dense_reference_on_the_corrupted_row_with_the_clean_target():
+    """The encoder under dropout is the dense product of the corrupted row (each entry kept with
+    1 - p, scaled 1 / (1 - p): ``dropout_weights``' draw), and the target stays the clean row."""
+    from models.autorec.model import dropout_weights
+
+    p = 0.5
+    torch.manual_seed(0)
+    model = build("autorec", {"n_items": 11, "width": 3, "lam": 0.0, "dropout": p}).double()
+    model.dense_loss = True
+    batch = lever_batch()
+    idx, offsets = batch.train_items, batch.train_offsets
+    torch.manual_seed(11)
+    got = model(batch)["predict"]
+    torch.manual_seed(11)
+    keep = dropout_weights(len(idx), p, model.encoder.weight)
+    assert set(keep.tolist()) == {0.0, 2.0}  # some dropped, the kept doubled
+    x = densify(idx, offsets, keep, 11, torch.float64)
+    h = torch.relu(x @ model.encoder.weight + model.encoder_bias)
+    want = mse_loss(model.heads["predict"](h), idx, offsets)  # against the uncorrupted row
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+    assert got.item() != pytest.approx(model.eval()(batch)["predict"].item(), rel=1e-6)
+
+
+def test_dropout_is_off_in_eval_and_when_scoring():
+    torch.manual_seed(0)
+    args = {"n_items": 11, "width": 3, "lam": 0.5}
+    plain = build("nce-autorec", args).double()
+    torch.manual_seed(0)
+    dropped = build("nce-autorec", {**args, "dropout": 0.7}).double()
+    batch = lever_batch()
+    idx, offsets = batch.train_items, batch.train_offsets
+    dropped.eval()
+    plain.eval()
+    assert dropped(batch)["predict"].item() == plain(batch)["predict"].item()
+    assert dropped(batch)["predict"].item() == dropped(batch)["predict"].item()
+    dropped.train()  # scoring never drops, in either mode
+    torch.testing.assert_close(dropped.score(idx, offsets), plain.score(idx, offsets))
+    assert dropped(batch)["predict"].item() != dropped(batch)["predict"].item()  # two draws
+
+
+def test_nce_scale_rms_and_head_weight_by_hand():
+    """rms divides R* by sqrt(mean(R*^2)); head-weight divides the NCE loss by mean(R*^2)."""
+    torch.manual_seed(0)
+    batch = lever_batch()
+    ms = 2.5
+    models = {}
+    for scale in ("none", "rms", "head-weight"):
+        torch.manual_seed(0)
+        extra = {"nce_scale": scale, "rstar_mean_square": ms} if scale != "none" else {}
+        models[scale] = build("nce-autorec", {"n_items": 11, "width": 3, "lam": 0.5,
+                                              **extra}).double()
+    step = models["none"].phases()[0][0]
+    nce = {k: m(batch, step)["nce"].item() for k, m in models.items()}
+    scores = models["none"].head_scores(batch.train_items, batch.train_offsets, ("nce",))["nce"]
+    rms_ref = mse_loss(scores, batch.train_items, batch.train_offsets,
+                       batch.train_rstar / math.sqrt(ms))
+    assert nce["rms"] == pytest.approx(rms_ref.item(), rel=1e-12)
+    assert nce["head-weight"] == pytest.approx(nce["none"] / ms, rel=1e-12)
+    assert models["rms"].model_args()["nce_scale"] == "rms"
+
+
+def test_rstar_mean_square_is_over_the_training_positives():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from models.autorec.model import rstar_mean_square
+
+    pop = np.array([3, 1, 0])
+    table = lambda beta, tv: np.array([1.0, 2.0, 5.0]) * beta
+    prep = SimpleNamespace(pop_train=pop, pop_train_valid=pop * 2, rstar_table=table,
+                           beta=lambda: 1.0)
+    # 3 positives at R* 1, one at 2: (3 + 4) / 4
+    assert rstar_mean_square(prep, None, False) == pytest.approx(7 / 4)
+    assert rstar_mean_square(prep, 2.0, False) == pytest.approx(4 * 7 / 4)
+
+
+def test_phase_one_has_its_own_length_and_learning_rate():
+    from types import SimpleNamespace
+
+    model = build("nce-autorec", {"n_items": 11, "width": 3, "mode": "full-finetune"})
+    model.configure_training(SimpleNamespace(loss_path="auto", finetune_init=None,
+                                             finetune_lr=1e-3, finetune_phase1_lr=5e-3,
+                                             finetune_phase1_epochs=7))
+    assert [model.phase_lr(p, 3e-4) for p in (0, 1)] == [5e-3, 1e-3]
+    assert [model.phase_epochs(p) for p in (0, 1)] == [7, 0]
+    joint = build("nce-autorec", {"n_items": 11, "width": 3})
+    assert joint.phase_lr(0, 3e-4) == 3e-4 and joint.phase_epochs(0) == 0
+
+
+def test_a_weighted_model_starts_fine_tune_phase_two_as_is():
+    from types import SimpleNamespace
+
+    model = build("nce-autorec", {"n_items": 11, "width": 3, "mode": "limited-finetune",
+                                  "pos_weight": 2.0})
+    model.configure_training(SimpleNamespace(loss_path="auto", finetune_init=None,
+                                             finetune_lr=None))
+    assert not model.start_from_ridge

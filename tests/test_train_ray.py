@@ -452,3 +452,28 @@ def test_more_workers_than_the_cluster_has_fails_at_start(small_prepared, ray_he
                                                           runs_dir):
     with pytest.raises(UsageError, match="--num-workers 5 .* the cluster has 3"):
         run(config(small_prepared, runs_dir, run_name="big", num_workers=5), mlflow_server.url)
+
+
+def test_the_levers_beyond_the_paper_train_end_to_end(small_prepared, ray_head, mlflow_server,
+                                                      runs_dir):
+    """Every lever of issue 32 at once on the real stack: the flags are accepted, phase 1 runs
+    its own length, the model file and MLflow record the levers and R*'s mean square (computed
+    by the driver at the run's beta), and the run learns (above random lists, ~0.016 here)."""
+    from mlflow.tracking import MlflowClient
+
+    from models.autorec.model import rstar_mean_square
+    from prepared.reader import open_prepared
+
+    cfg = config(small_prepared, runs_dir, run_name="levers", mode="full-finetune",
+                 pos_weight=2.0, dropout=0.3, nce_scale="rms", finetune_phase1_epochs=2,
+                 finetune_phase1_lr=3e-3, epochs=3, beta=0.9)
+    result = run(cfg, mlflow_server.url)
+    assert result["phase_epochs"] == [2, 3]
+    model = load_model(result["model_path"])
+    ms = rstar_mean_square(open_prepared(str(small_prepared)), 0.9, False)
+    assert model.model_args()["rstar_mean_square"] == pytest.approx(ms) and ms > 1
+    assert (model.pos_weight, model.dropout, model.nce_scale) == (2.0, 0.3, "rms")
+    params = MlflowClient(mlflow_server.url).get_run(result["mlflow_run_id"]).data.params
+    assert params["finetune_init"] == "as-is" and params["finetune_phase1_epochs"] == "2"
+    assert float(params["rstar_mean_square"]) == pytest.approx(ms)
+    assert result["best_valid_ndcg"] > 0.02

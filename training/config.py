@@ -268,6 +268,9 @@ def check(cfg: TrainConfig) -> None:
         if not cls.takes_option(field, hp):
             takers = ", ".join(m for m, c in MODELS.items() if field in c.training_options)
             bad(field.replace("_", "-"), value, opt.refused.format(model=cfg.model, takers=takers))
+    problem = cls.combination_problem(hp, cfg.training_options())
+    if problem:
+        raise UsageError(problem)
     if cfg.valid_by != "fold-in" and not cls.per_user:
         bad("valid-by", cfg.valid_by, f"{cfg.model} has no trained user vectors (only "
             + ", ".join(m for m, c in MODELS.items() if c.per_user) + " have); drop the flag")

@@ -83,8 +83,10 @@ def all_sum(values: list[float], device: torch.device, op=dist.ReduceOp.SUM) -> 
 
 
 def next_state(p: dict, cfg: TrainConfig, n_phases: int, phase_loss: float | None,
-               ndcg: float | None) -> tuple[bool, bool]:
-    """Advance ``p`` after an epoch; returns (new best model, phase changed)."""
+               ndcg: float | None, phase_length: int = 0) -> tuple[bool, bool]:
+    """Advance ``p`` after an epoch; returns (new best model, phase changed). ``phase_length``:
+    the model's length of this phase when it is not the last (``Recommender.phase_epochs``; 0:
+    until its loss converges), which ``--pretrain-epochs`` overrides."""
     last_phase = p["phase"] == n_phases - 1
     p["epoch"] += 1
     p["phase_epoch"] += 1
@@ -92,7 +94,7 @@ def next_state(p: dict, cfg: TrainConfig, n_phases: int, phase_loss: float | Non
     if not last_phase:  # fine-tune phase 1: a fixed length, or until its loss stops falling
         prev = p["last_loss"]
         p["last_loss"] = phase_loss
-        fixed = cfg.pretrain_epochs
+        fixed = cfg.pretrain_epochs or phase_length
         converged = prev is not None and prev - phase_loss < CONVERGED * abs(prev)
         if (fixed and p["phase_epoch"] >= fixed) or (not fixed and (converged
                                                                     or p["phase_epoch"] >= cfg.epochs)):
@@ -271,7 +273,8 @@ def train_loop(config: dict) -> None:
             progress["done"] = True
             improved = switched = False
         else:
-            improved, switched = next_state(progress, cfg, len(all_phases), phase_loss, ndcg)
+            improved, switched = next_state(progress, cfg, len(all_phases), phase_loss, ndcg,
+                                            unwrap(net).phase_epochs(phase))
         record["epoch_seconds"] = time.perf_counter() - t0
         progress["history"].append(record)
         times.append(record["epoch_seconds"])

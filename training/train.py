@@ -182,7 +182,7 @@ def run_statistics(cfg: TrainConfig, prep: Prepared, record: dict | None) -> dic
     if record is not None and "data_statistics" in record:
         return record["data_statistics"]
     split = STATISTICS_SPLIT if record is None else cfg.train_splits
-    return {"split": split, "values": MODELS[cfg.model].data_statistics(prep, split)}
+    return {"split": split, "values": MODELS[cfg.model].data_statistics(prep, split, cfg)}
 
 
 def statistics_params(stats: dict) -> dict:

@@ -16,6 +16,17 @@ rounding (tests/test_losses.py checks both in float64), and B / d times less ari
 
 The MSE objective is written here once: ``linear_mse`` is what training minimises, ``mse_loss``
 its dense reference, and ``models.autorec.ridge`` solves for its minimiser over a linear head.
+
+Confidence on positives (``pos_weight`` alpha; an extension beyond the paper, from WRMF's
+confidence 1 + alpha r, Hu, Koren & Volinsky 2008): each entry's squared error weighs
+c_ij = 1 + alpha r_ij, r the binary row, still divided by B n. The weighted sum is the unweighted
+one plus
+
+    alpha sum_(i,j) in r (t_ij - y_ij)^2          with y_ij = w_j . h_i + b_j gathered
+
+an O(nnz d) term over the positives (t = 1 for the predict head, R* for the NCE head, whose
+positives are the same entries, R* = 0 included); alpha = 0 is the paper's loss, computed as
+before. Rows hold each item at most once (the ETL's rows do).
 """
 
 from __future__ import annotations
@@ -28,10 +39,16 @@ from models.losses import densify
 
 
 def mse_loss(scores: torch.Tensor, idx: torch.Tensor, offsets: torch.Tensor,
-             values: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean over all B * n entries of (t - y)^2, t dense from the sparse target (r, or R*)."""
-    target = densify(idx, offsets, values, scores.shape[1])
-    return F.mse_loss(scores, target, reduction="mean")
+             values: torch.Tensor | None = None, pos_weight: float = 0.0) -> torch.Tensor:
+    """Mean over all B * n entries of c (t - y)^2, t dense from the sparse target (r, or R*), and
+    c = 1 + ``pos_weight`` at the sparse positions, 1 elsewhere (the dense reference)."""
+    # float32, or float64 for float64 scores (the tests' reference: R* scaled is not float32-exact)
+    wide = torch.promote_types(scores.dtype, torch.float32)
+    target = densify(idx, offsets, values, scores.shape[1], wide)
+    if not pos_weight:
+        return F.mse_loss(scores, target, reduction="mean")
+    weight = 1 + pos_weight * densify(idx, offsets, None, scores.shape[1], wide)
+    return (weight * (scores - target) ** 2).mean()
 
 
 def ns_loss(scores: torch.Tensor, pos_idx: torch.Tensor, pos_offsets: torch.Tensor,
@@ -74,17 +91,25 @@ def linear_at(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, rows: t
 
 
 def linear_mse(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, idx: torch.Tensor,
-               offsets: torch.Tensor, values: torch.Tensor | None = None) -> torch.Tensor:
-    """``mse_loss(F.linear(h, weight, bias), idx, offsets, values)`` exactly, without the (B, n)
-    scores (the expansion in the module docstring). ``h`` (B, d), ``weight`` (n, d), ``bias`` (n,).
+               offsets: torch.Tensor, values: torch.Tensor | None = None,
+               pos_weight: float = 0.0) -> torch.Tensor:
+    """``mse_loss(F.linear(h, weight, bias), idx, offsets, values, pos_weight)`` exactly, without
+    the (B, n) scores (the expansion in the module docstring; ``pos_weight``'s term gathered at
+    the positives). ``h`` (B, d), ``weight`` (n, d), ``bias`` (n,).
 
     Always computed in float32 or wider, autocast or not: the expansion subtracts large terms
     (h'W'Wh against the target's), which bf16 would not resolve."""
     t = torch.ones(len(idx), device=h.device, dtype=h.dtype) if values is None else values.to(h.dtype)
     wide = torch.promote_types(h.dtype, torch.float32)
     with torch.autocast(h.device.type, enabled=False):
-        return _LinearMSE.apply(h.to(wide), weight.to(wide), bias.to(wide), idx, offsets,
-                                t.to(wide))
+        h, weight, bias, t = h.to(wide), weight.to(wide), bias.to(wide), t.to(wide)
+        loss = _LinearMSE.apply(h, weight, bias, idx, offsets, t)
+        if not pos_weight:
+            return loss
+        # alpha sum over the positives of (t - y)^2: autograd's index_select backward is an
+        # index_add into the touched rows of W and b, O(nnz d)
+        err = t - linear_at(h, weight, bias, row_ids(offsets, len(idx)), idx)
+        return loss + pos_weight * err.dot(err) / (h.shape[0] * weight.shape[0])
 
 
 class _LinearMSE(torch.autograd.Function):
