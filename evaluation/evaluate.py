@@ -331,7 +331,7 @@ def paired(users_df, labels: list[str], best: str | None = None) -> list[dict]:
     zero: the users are the same, and much of each user's variance is shared."""
     from pyspark.sql import functions as F
 
-    from evaluation.significance import holm, t_test_p, wilcoxon_spark
+    from evaluation.significance import holm, paired_moments, t_test_p
 
     if len(labels) < 2:
         return []
@@ -342,16 +342,7 @@ def paired(users_df, labels: list[str], best: str | None = None) -> list[dict]:
         plan.append(("best", best, others))
     diffs = differences(warm, plan)
     keys = ["comparison", "reference", "label", "metric"]
-    d = F.col("d")
-    diffs = diffs.persist()  # two aggregations read it: the shuffle behind it runs once
-    try:
-        moments = {tuple(r[k] for k in keys): r for r in diffs.groupBy(*keys).agg(
-            F.count(F.lit(1)).alias("n"), F.avg(d).alias("mean"), F.stddev_pop(d).alias("std"),
-            F.stddev_samp(d).alias("sd"), F.avg((d > 0).cast("double")).alias("wins"),
-            F.avg((d < 0).cast("double")).alias("losses")).collect()}
-        signed_rank = wilcoxon_spark(diffs, keys, "d")
-    finally:
-        diffs.unpersist()
+    moments, signed_rank = paired_moments(diffs, keys)
     out = []
     for comparison, reference, rest in plan:
         for label in rest:
@@ -363,7 +354,7 @@ def paired(users_df, labels: list[str], best: str | None = None) -> list[dict]:
                 w = signed_rank.get((comparison, reference, label, m))
                 out.append({"reference": reference, "label": label, "metric": m,
                             "comparison": comparison, "mean_difference": float(r["mean"]),
-                            "ci95": float(1.96 * (r["std"] or 0.0) / n ** 0.5), "users": n,
+                            "ci95": float(1.96 * math.sqrt(r["var"] or 0.0) / n ** 0.5), "users": n,
                             "reference_better": float(r["wins"]),
                             "reference_worse": float(r["losses"]),
                             "t_p": t_test_p(n, float(r["mean"]), r["sd"]),

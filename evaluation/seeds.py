@@ -113,7 +113,7 @@ def pooled_pairs(users_df, labels: dict[str, list[str]], seeds: list[int],
     spread of the pooled rows. Over the users every seed of both models evaluated."""
     from pyspark.sql import functions as F
 
-    from evaluation.significance import holm, t_test_p, wilcoxon_spark
+    from evaluation.significance import holm, paired_moments, t_test_p
     from evaluation.spark_metrics import metric_key
 
     keys = [metric_key(m) for m in metrics]
@@ -136,17 +136,8 @@ def pooled_pairs(users_df, labels: dict[str, list[str]], seeds: list[int],
                             for s, d in zip(seeds, ds)]
     group = ["comparison", "reference", "label", "metric", "seed"]
     diffs = (wide.select(F.explode(F.array(*entries)).alias("_x"))
-             .select(*[f"_x.{c}" for c in group], "_x.d").filter(F.col("d").isNotNull())
-             .persist())
-    d = F.col("d")
-    try:
-        moments = {tuple(r[k] for k in group): r for r in diffs.groupBy(*group).agg(
-            F.count(F.lit(1)).alias("n"), F.avg(d).alias("mean"), F.var_pop(d).alias("var"),
-            F.stddev_samp(d).alias("sd"), F.avg((d > 0).cast("double")).alias("wins"),
-            F.avg((d < 0).cast("double")).alias("losses")).collect()}
-        signed_rank = wilcoxon_spark(diffs, group, "d")
-    finally:
-        diffs.unpersist()
+             .select(*[f"_x.{c}" for c in group], "_x.d").filter(F.col("d").isNotNull()))
+    moments, signed_rank = paired_moments(diffs, group)
     out = []
     for comparison, reference, rest in plan:
         for label in rest:

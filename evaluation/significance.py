@@ -76,6 +76,24 @@ def wilcoxon_spark(df, keys: list[str], value: str) -> dict[tuple, dict]:
     return out
 
 
+def paired_moments(diffs, keys: list[str]) -> tuple[dict[tuple, dict], dict[tuple, dict]]:
+    """Per group of ``keys`` of the paired differences ``diffs`` (column ``d``, one row per user):
+    the moments {group: row with n, mean, var (population), sd (sample), wins, losses} and the
+    signed-rank statistics (``wilcoxon_spark``). ``diffs`` is read twice: cached meanwhile."""
+    from pyspark.sql import functions as F
+
+    d = F.col("d")
+    diffs = diffs.persist()  # two aggregations read it: the shuffle behind it runs once
+    try:
+        moments = {tuple(r[k] for k in keys): r for r in diffs.groupBy(*keys).agg(
+            F.count(F.lit(1)).alias("n"), F.avg(d).alias("mean"), F.var_pop(d).alias("var"),
+            F.stddev_samp(d).alias("sd"), F.avg((d > 0).cast("double")).alias("wins"),
+            F.avg((d < 0).cast("double")).alias("losses")).collect()}
+        return moments, wilcoxon_spark(diffs, keys, "d")
+    finally:
+        diffs.unpersist()
+
+
 def holm(p: list[float]) -> list[float]:
     """Holm's step-down adjustment of one family of p-values, in the input's order: the i-th
     smallest of m is multiplied by m - i + 1, made monotone (never below a smaller p's adjusted
