@@ -512,11 +512,16 @@ def final_seeds(cfg: ExperimentConfig) -> list[int]:
     return [cfg.seed + i for i in range(cfg.seeds)]
 
 
+def seeded(name: str, seed: int, first: int) -> str:
+    """``name`` for the first seed (the name an experiment from before --seeds gave its only
+    final run and lists: resuming one reuses them as its first seed), ``NAME-seedS`` for the
+    others."""
+    return name if seed == first else f"{name}-seed{seed}"
+
+
 def final_name(model: str, seed: int, first: int) -> str:
-    """The final run of ``model`` with ``seed``: ``MODEL-final`` for the first seed (the name an
-    experiment from before --seeds gave its only final run: resuming one reuses that run as its
-    first seed), ``MODEL-final-seedS`` for the others."""
-    return f"{model}-final" if seed == first else f"{model}-final-seed{seed}"
+    """The final run of ``model`` with ``seed``: ``MODEL-final``, ``MODEL-final-seedS``."""
+    return seeded(f"{model}-final", seed, first)
 
 
 def final_config(cfg: ExperimentConfig, root: Path, model: str, chosen: dict,
@@ -940,7 +945,7 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
             # the first seed as before --seeds: registered, in recs/MODEL; the others from
             # their runs (one @champion per model), in recs/MODEL-seedS
             model_uri = s["model_uri"] if seed == cfg.seed else f["model_uri"]
-            out = root / "recs" / (model if seed == cfg.seed else f"{model}-seed{seed}")
+            out = root / "recs" / seeded(model, seed, cfg.seed)
             current = (read_json(out / "_manifest.json") or {}).get("mlflow_run_id") == \
                 f["mlflow_run_id"] and (s.get("scored") if seed == cfg.seed
                                         else scored.get(str(seed))) == model_uri
