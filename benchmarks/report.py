@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,12 +18,28 @@ from runtime.atomic import write_text
 
 
 def stamp(script: str, argv: list[str] | None = None) -> dict:
-    """The command (as typed), machine (cores, torch threads) and date of this run."""
+    """The command (as typed), machine (cores, torch threads), date and commit of this run (the
+    commit lets `benchmarks/staleness.py` tell when the code it measured changed since)."""
     args = sys.argv[1:] if argv is None else argv
     return {"command": f"python benchmarks/{script} " + " ".join(args),
             "machine": f"{platform.node()}, {os.cpu_count()} cores, "
                        f"{torch.get_num_threads()} torch threads",
-            "date": time.strftime("%Y-%m-%d")}
+            "date": time.strftime("%Y-%m-%d"), "commit": commit()}
+
+
+def commit() -> str:
+    """The code's commit, ``+dirty`` when tracked code outside the results differs from it (a
+    rewritten result file is not a change to the code that produced it)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)benchmarks/results", ":(exclude)*.md"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (sha or "unknown") + ("+dirty" if dirty else "")
 
 
 def publish(out: Path, payload: dict, lines: list[str]) -> None:

@@ -1,0 +1,251 @@
+"""Which committed results are older than the code they measure.
+
+Every result under ``benchmarks/results`` (and the cluster run's under ``infra/cluster/results``)
+is listed in ``MEASURES`` with the paths whose behaviour sets its numbers: the script that wrote it
+and the modules it times or whose quality it reports. A result is *stale* when a commit after the
+one that produced it touched any of those paths. The producing commit is the one the result
+records (``"commit"`` in its JSON, or a ``Commit:`` line in its Markdown); a result that records
+none is dated by the last commit that changed its file, which is later than (or equal to) the code
+it ran on, so such a result can only look fresher than it is, never staler.
+
+A touched path is a reason to look, not proof of a changed number: a commit that only edits a
+comment marks the result stale too. The table says which commits did it, so a reader can judge.
+
+    python benchmarks/staleness.py            # the table, all results
+    python benchmarks/staleness.py --check    # exit 1 when any result is stale
+    python benchmarks/staleness.py --result loss_speed   # every commit since, for one result
+
+Not part of ``make test`` (a code change would fail the suite until every benchmark reran); the
+suite checks that every result is listed here (``tests/test_staleness.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+CLUSTER_RESULTS = ROOT / "infra" / "cluster" / "results"
+
+AUTOREC = ("models/autorec", "models/losses.py", "models/base.py")
+TRAINING = ("training/loop.py", "training/step.py", "training/validate.py", "training/feed.py")
+EVALUATION = ("evaluation/evaluate.py", "evaluation/spark_metrics.py",
+              "evaluation/significance.py", "evaluation/seeds.py", "evaluation/popularity.py",
+              "prepared/metrics.py")
+EXPERIMENT = ("experiment", "models", "training", "evaluation", "benchmarks/grids")
+
+# result name (a file stem in benchmarks/results, a folder there, or "local_cluster") -> the
+# paths (files or folders, from the repository root) whose behaviour sets its numbers
+MEASURES: dict[str, tuple[str, ...]] = {
+    "baselines": ("benchmarks/baselines.py", "models", "training/closed_form.py", *TRAINING),
+    "batch_defaults": ("benchmarks/batch_defaults.py", *AUTOREC, *TRAINING, "training/config.py"),
+    "cold_start": ("benchmarks/cold_start.py", *AUTOREC, *TRAINING, *EVALUATION),
+    "demo": ("infra/demo.py", "infra/stack.py", *AUTOREC, "models/puresvd.py", "training",
+             "evaluation", "etl"),
+    "etl_scale": ("benchmarks/etl_scale.py", "benchmarks/etl_floor.py", "etl"),
+    "evaluate_speed": ("benchmarks/evaluate_speed.py", *EVALUATION),
+    "finetune_convergence": ("benchmarks/finetune_convergence.py", *AUTOREC, *TRAINING),
+    "floors": ("benchmarks/floors.py",),
+    "fold_in": ("benchmarks/fold_in.py", "models/peruser.py", "models/bpr.py", "models/cml.py",
+                "models/cdae.py", *TRAINING),
+    "fold_in_speed": ("benchmarks/fold_in_speed.py", "models/peruser.py"),
+    # the install, the demo and the whole suite: the tests' own changes move the suite's time
+    "fresh_clone": ("benchmarks/fresh_clone.py", "Makefile", "pyproject.toml", "infra/demo.py",
+                    "tests", ".ci"),
+    "fresh_clone_alone": ("benchmarks/fresh_clone.py", "Makefile", "pyproject.toml",
+                          "infra/demo.py", "tests", ".ci"),
+    "loss_speed": ("benchmarks/loss_speed.py", *AUTOREC, "training/step.py"),
+    "nce_report": ("benchmarks/nce_report.py",),
+    "peruser_step_speed": ("benchmarks/peruser_step_speed.py", "models/peruser.py"),
+    "quality_ml100k": ("benchmarks/quality_ml100k.py", *AUTOREC, *TRAINING),
+    "score_throughput": ("benchmarks/score_throughput.py", "evaluation/score.py",
+                         "models/serving.py", "models/autorec/model.py"),
+    "train_throughput": ("benchmarks/train_throughput.py", *AUTOREC, "training"),
+    "tune_defaults": ("benchmarks/tune_defaults.py", *AUTOREC, *TRAINING, "training/config.py"),
+    "validation_speed": ("benchmarks/validation_speed.py", "training/validate.py"),
+    "yahoo_scale": ("benchmarks/yahoo_scale.py", "etl", "training", "evaluation", *AUTOREC),
+    "experiment-ml-100k": EXPERIMENT,
+    "experiment-ml-100k-modes": EXPERIMENT,
+    "experiment-ml-latest-small": EXPERIMENT,
+    "experiment-ml-latest-small-modes": EXPERIMENT,
+    "experiment-citeulike-a-modes": EXPERIMENT,
+    "local_cluster": ("infra/cluster/local_cluster.py", "infra/cluster", *AUTOREC, "training",
+                      "evaluation/score.py", "evaluation/evaluate.py"),
+}
+# results computed from other results: stale too when one of those was rewritten after them
+DERIVED_FROM = {"nce_report": ("experiment-ml-100k", "experiment-ml-100k-modes",
+                               "experiment-ml-latest-small", "experiment-ml-latest-small-modes",
+                               "experiment-citeulike-a-modes")}
+
+
+@dataclass
+class Verdict:
+    name: str
+    files: list[Path]       # the result's files (or its folder)
+    produced: str           # the commit it ran on (full sha), "" when unknown
+    how: str                # "recorded" or "file's commit"
+    since: list[str]        # "sha subject" of each later commit touching what it measures
+
+
+def git(root: Path, *args: str) -> str:
+    out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed in {root}: {out.stderr.strip()}\n"
+                           "fix: run from a git clone of the repository (with its history: "
+                           "`git fetch --unshallow` in a shallow clone)")
+    return out.stdout.strip()
+
+
+def result_files(root: Path) -> dict[str, list[Path]]:
+    """Every committed result, by name: the .json/.md pair of a file stem, or a folder."""
+    found: dict[str, list[Path]] = {}
+    results, cluster = root / "benchmarks" / "results", root / "infra" / "cluster" / "results"
+    for p in sorted(results.iterdir()) if results.is_dir() else []:
+        if p.is_dir():
+            found[p.name] = [p]
+        elif p.suffix in (".json", ".md"):
+            found.setdefault(p.stem, []).append(p)
+    for p in sorted(cluster.glob("*.md")) if cluster.is_dir() else []:
+        found[p.stem] = [p]
+    return found
+
+
+def recorded_commit(files: list[Path]) -> str:
+    """The commit a result says it ran on: JSON ``commit`` (``+dirty`` dropped) or a Markdown
+    ``Commit: abc1234`` line; "" when it says none."""
+    for f in files:
+        if f.suffix == ".json":
+            try:
+                data = json.loads(f.read_text())
+            except ValueError:
+                continue
+            sha = data.get("commit") if isinstance(data, dict) else None
+            if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{7,40}(\+dirty)?", sha):
+                return sha.split("+")[0]
+    for f in files:
+        if f.suffix == ".md":
+            m = re.search(r"^Commit: `?([0-9a-f]{7,40})", f.read_text(), re.M)
+            if m:
+                return m.group(1)
+    return ""
+
+
+def verdict(root: Path, name: str, files: list[Path], measures: tuple[str, ...]) -> Verdict:
+    rel = [str(f.relative_to(root)) for f in files]
+    sha, how = recorded_commit(files), "recorded"
+    if sha:
+        try:
+            sha = git(root, "rev-parse", "--verify", "--quiet", f"{sha}^{{commit}}")
+        except RuntimeError:  # not in this clone's history (a helper's branch, a rebase)
+            sha = ""
+    if not sha:
+        sha, how = git(root, "log", "-1", "--format=%H", "--", *rel), "file's commit"
+    paths = [p for p in measures if (root / p).exists()]
+    candidates = git(root, "log", "--no-merges", "--format=%H %s", f"{sha}..HEAD", "--",
+                     *paths).splitlines() if sha and paths else []
+    since = [f"{c[:7]} {c[41:]}" for c in candidates if changes_code(root, c[:40], paths)]
+    return Verdict(name, files, sha, how, since)
+
+
+def changes_code(root: Path, commit: str, paths: list[str]) -> bool:
+    """Whether ``commit`` changed what ``paths`` do: any non-Python file it touched there, or a
+    Python file whose syntax tree, docstrings left out, differs from its parent's (so a commit
+    that only edits comments, docstrings or layout does not make a result stale)."""
+    touched = git(root, "diff-tree", "--no-commit-id", "--name-only", "-r", f"{commit}^",
+                  commit, "--", *paths).splitlines()
+    return any(_file_changed(root, commit, path) for path in touched)
+
+
+@functools.cache
+def _file_changed(root: Path, commit: str, path: str) -> bool:
+    if not path.endswith(".py"):
+        return True
+    before, after = (_tree(root, f"{rev}:{path}") for rev in (f"{commit}^", commit))
+    return before is None or after is None or before != after
+
+
+def _tree(root: Path, spec: str) -> str | None:
+    """The file's syntax tree without docstrings, as text; None when absent or unparsable."""
+    out = subprocess.run(["git", "show", spec], cwd=root, capture_output=True, text=True,
+                         timeout=60)
+    if out.returncode != 0:
+        return None
+    try:
+        tree = ast.parse(out.stdout)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def verdicts(root: Path = ROOT) -> list[Verdict]:
+    found = result_files(root)
+    unlisted = sorted(set(found) - set(MEASURES))
+    if unlisted:
+        raise SystemExit(f"results not listed in benchmarks/staleness.py MEASURES: "
+                         f"{', '.join(unlisted)}; fix: add each with the paths it measures")
+    out = [verdict(root, n, found[n], MEASURES[n]) for n in sorted(found)]
+    by_name = {v.name: v for v in out}
+    for v in out:  # a report is as old as the oldest result it summarises
+        for src in DERIVED_FROM.get(v.name, ()):
+            s = by_name.get(src)
+            if s and v.produced and s.produced and s.produced != v.produced and \
+                    _is_ancestor(root, v.produced, s.produced):
+                v.since.append(f"{s.produced[:7]} rewrote {src}")
+    return out
+
+
+def _is_ancestor(root: Path, a: str, b: str) -> bool:
+    return subprocess.run(["git", "merge-base", "--is-ancestor", a, b], cwd=root,
+                          capture_output=True, timeout=60).returncode == 0
+
+
+def table(rows: list[Verdict]) -> list[str]:
+    lines = ["| result | ran on | known from | commits since that touch what it measures | "
+             "status |", "|---|---|---|---|---|"]
+    for v in rows:
+        shown = "; ".join(c[:60] for c in v.since[:2]) + (f"; … {len(v.since)} in all"
+                                                          if len(v.since) > 2 else "")
+        lines.append(f"| {v.name} | {v.produced[:7] or '?'} | {v.how} | {shown or '-'} | "
+                     f"{'**stale**' if v.since else 'current'} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--check", action="store_true", help="exit 1 when any result is stale")
+    p.add_argument("--result", metavar="NAME", help="list every later commit for this result")
+    args = p.parse_args(argv)
+    rows = verdicts()
+    if args.result:
+        match = [v for v in rows if v.name == args.result]
+        if not match:
+            p.error(f"--result {args.result}: no such result; known: "
+                    f"{', '.join(v.name for v in rows)}")
+        v = match[0]
+        print(f"{v.name}: ran on {v.produced[:12]} ({v.how}); measures "
+              f"{', '.join(MEASURES[v.name])}")
+        print("\n".join(v.since) or "no later commit touches it: current")
+        return 0
+    print("\n".join(table(rows)))
+    stale = [v.name for v in rows if v.since]
+    print(f"\n{len(stale)} of {len(rows)} results stale" + (f": {', '.join(stale)}" if stale
+                                                               else ""))
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""benchmarks/staleness.py: every committed result says what code it measures, and a result is
+stale exactly when a later commit changed that code (not its comments, not other code)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import staleness  # noqa: E402
+
+
+def test_every_committed_result_is_listed_with_paths_that_exist():
+    found = staleness.result_files(ROOT)
+    assert "loss_speed" in found and "local_cluster" in found  # both places are read
+    assert sorted(set(found) - set(staleness.MEASURES)) == []
+    for name, paths in staleness.MEASURES.items():
+        assert paths, name
+        missing = [p for p in paths if not (ROOT / p).exists()]
+        assert missing == [], (name, missing)
+    for name, sources in staleness.DERIVED_FROM.items():
+        assert set(sources) <= set(staleness.MEASURES), name
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def commit_all(repo: Path, message: str) -> str:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def test_a_result_goes_stale_only_when_the_code_it_measures_changes(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "benchmarks" / "results").mkdir(parents=True)
+    git(repo, "init", "-q")
+    code = repo / "speed.py"
+    code.write_text('"""Old docstring."""\n\ndef f(x):\n    return x + 1  # fast\n')
+    (repo / "other.py").write_text("y = 1\n")
+    ran_on = commit_all(repo, "code")
+    result = repo / "benchmarks" / "results" / "speed.json"
+    result.write_text(json.dumps({"commit": ran_on[:7] + "+dirty", "users_per_s": 10}))
+    commit_all(repo, "result")
+
+    def check():
+        return staleness.verdict(repo, "speed", [result], ("speed.py",))
+
+    v = check()
+    assert (v.produced, v.how, v.since) == (ran_on, "recorded", [])
+    # a docstring, a comment and another file's code: the numbers cannot have moved
+    code.write_text('"""New docstring."""\n\ndef f(x):\n    return x + 1  # faster\n')
+    (repo / "other.py").write_text("y = 2\n")
+    commit_all(repo, "words")
+    assert check().since == []
+    # a change to what the code does
+    code.write_text('"""New docstring."""\n\ndef f(x):\n    return x + 2\n')
+    changed = commit_all(repo, "behaviour")
+    assert check().since == [f"{changed[:7]} behaviour"]
+    # a result recording no commit is dated by its file's last commit
+    result.write_text(json.dumps({"users_per_s": 11}))
+    rerun = commit_all(repo, "rerun")
+    v = check()
+    assert (v.produced, v.how, v.since) == (rerun, "file's commit", [])
