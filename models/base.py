@@ -129,10 +129,11 @@ class Recommender(nn.Module):
         return {}
 
     @classmethod
-    def converges_a_phase(cls, hp: dict[str, Any]) -> bool:
-        """Whether, with hyperparameters ``hp`` (defaults filled in), a training phase runs until
-        its loss converges (``--pretrain-epochs 0``) rather than for a set number of epochs: the
-        final retraining, which has no validation split, then needs the count. Default: no."""
+    def converges_a_phase(cls, hp: dict[str, Any], options: dict[str, Any]) -> bool:
+        """Whether, with hyperparameters ``hp`` (defaults filled in) and training options
+        ``options`` (as given), a training phase runs until its loss converges
+        (``--pretrain-epochs 0``) rather than for a set number of epochs: the final retraining,
+        which has no validation split, then needs the count. Default: no."""
         return False
 
     @classmethod

@@ -73,6 +73,8 @@ def test_a_final_retraining_needs_phase_ones_length_where_the_model_converges_it
     with pytest.raises(UsageError, match="pretrain-epochs.*no validation set to detect convergence"):
         check(TrainConfig(model="nce-autorec", mode="limited-finetune", **final))
     check(TrainConfig(model="nce-autorec", mode="limited-finetune", pretrain_epochs=40, **final))
+    # phase 1's own length (--finetune-phase1-epochs) is a count too: nothing to converge
+    check(TrainConfig(model="nce-autorec", mode="full-finetune", finetune_phase1_epochs=5, **final))
     check(TrainConfig(model="nce-autorec", mode="joint", **final))  # one phase, fixed --epochs
     check(TrainConfig(model="puresvd", **final))
 

@@ -299,7 +299,7 @@ def check(cfg: TrainConfig) -> None:
         bad("train-splits", cfg.train_splits, "choose train (model selection) or train,valid "
             "(the final retraining with a fixed --epochs)")
     if cfg.final_retraining and cfg.pretrain_epochs == 0 \
-            and cls.converges_a_phase(hp):
+            and cls.converges_a_phase(hp, cfg.training_options()):
         bad("pretrain-epochs", 0, "the final retraining has no validation set to detect "
             "convergence: pass phase 1's epoch count from the selection run")
     if cfg.num_workers < 1:

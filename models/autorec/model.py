@@ -321,9 +321,10 @@ class AutoRec(Recommender):
                 "finetune_phase1_epochs": given("finetune_phase1_epochs") or 0}
 
     @classmethod
-    def converges_a_phase(cls, hp: dict) -> bool:
-        """The fine-tune modes' phase 1 runs until its loss converges (``--pretrain-epochs 0``)."""
-        return hp.get("mode") in FINETUNE_MODES
+    def converges_a_phase(cls, hp: dict, options: dict) -> bool:
+        """The fine-tune modes' phase 1 runs until its loss converges (``--pretrain-epochs 0``),
+        unless ``--finetune-phase1-epochs`` sets its length."""
+        return hp.get("mode") in FINETUNE_MODES and not options.get("finetune_phase1_epochs")
 
     @classmethod
     def upgrade_record(cls, config: dict, given: dict) -> dict:
