@@ -20,9 +20,7 @@ with the seconds each takes per 1000 users. Results: ``benchmarks/results/fold_i
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -37,6 +35,7 @@ import pyarrow.compute as pc  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.baselines import prepare  # noqa: E402
+from benchmarks.report import publish, stamp  # noqa: E402
 from benchmarks.tune_defaults import load, train_one  # noqa: E402
 from models.peruser import FOLD_STEPS  # noqa: E402
 from prepared import schema as S  # noqa: E402
@@ -99,15 +98,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write(results: list[dict], args) -> None:
-    out = Path(args.out)
-    command = "python benchmarks/fold_in.py " + " ".join(sys.argv[1:])
-    machine = f"{platform.node()}, {os.cpu_count()} cores"
-    out.with_suffix(".json").write_text(json.dumps(
-        {"command": command, "machine": machine, "date": time.strftime("%Y-%m-%d"),
-         "results": results}, indent=2))
+    run = stamp("fold_in.py")
     cols = ["trained", *map(str, STEPS)]
     lines = ["# Fold-in against trained user vectors (validation NDCG, warm users)\n",
-             f"Command: `{command}`  ", f"Machine: {machine}; {time.strftime('%Y-%m-%d')}.  ",
+             f"Command: `{run['command']}`  ", f"Commit: {run['commit']}; machine: "
+             f"{run['machine']}; {run['date']}.  ",
              "Each model trained with its defaults (early stopping on fold-in validation NDCG); "
              f"then scored from its trained user vectors and by fold-in with K Adam steps (the "
              f"default K is {FOLD_STEPS}). Seconds: per 1000 users, scoring included.\n",
@@ -117,7 +112,7 @@ def write(results: list[dict], args) -> None:
     for r in results:
         lines.append(f"| {r['dataset']} | {r['model']} | {r['best_epoch']} | " + " | ".join(
             f"{r[c]['ndcg']:.4f} ({r[c]['seconds_per_1000']:.2f} s)" for c in cols) + " |")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    publish(Path(args.out), {**run, "results": results}, lines)
 
 
 if __name__ == "__main__":
