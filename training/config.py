@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from models.base import Recommender
 from models.hparams import Option
 from models.registry import MODELS
 from prepared.errors import UsageError
@@ -40,7 +41,7 @@ def model_defaults(field: str, models: dict | None = None) -> str:
     gradient models' class attributes), so the help cannot drift from the code."""
     shown = []
     for name, cls in (MODELS if models is None else models).items():
-        value = (getattr(cls, field) if field in ("learning_rate", "patience")
+        value = (getattr(cls, field) if field in ("learning_rate", "patience", "batch_size")
                  and cls.kind == "gradient" else cls.defaults().get(field))
         if value is not None:
             shown.append(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}")
@@ -75,7 +76,9 @@ class RunConfig:
     lr: float | None = option(None, group=TRAINING,
                               help="Adam learning rate (default: the model's own, "
                                    f"{model_defaults('learning_rate')})")
-    batch_size: int = option(128, group=TRAINING, help="users per step over all workers")
+    batch_size: int | None = option(None, group=TRAINING,
+                                    help="users per step over all workers (default: the model's "
+                                         f"own, {model_defaults('batch_size')})")
     epochs: int = option(200, group=TRAINING,
                          help="most epochs (of phase 2 for the fine-tune modes); early stopping "
                               "ends sooner")
@@ -134,6 +137,14 @@ class RunConfig:
 
     #: the order of the groups in --help
     option_groups = (DATA, HYPER, TRAINING, CLUSTER)
+
+    def __post_init__(self):
+        # --batch-size not given: the model's own (``Recommender.batch_size``), resolved here
+        # once, so that the loop, the records and a resume all see the number the run uses
+        if self.batch_size is None:
+            cls = MODELS.get(self.model)
+            object.__setattr__(self, "batch_size", cls.batch_size if cls is not None
+                               else Recommender.batch_size)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
