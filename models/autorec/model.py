@@ -204,11 +204,12 @@ class AutoRec(Recommender):
     hyperparameters = {"width": WIDTH, "lam": LAM, "lam_units": LAM_UNITS_HP, "dropout": DROPOUT,
                        "pos_weight": POS_WEIGHT}
     #: Adam's rate and users per step without --lr / --batch-size (issue 32): batch 512 at lr
-    #: 1e-3 kept 0.97-1.02 of the best validation NDCG of batch 128 at 3e-4 (the defaults
-    #: before) on ml-100k, ml-latest-small and citeulike-a in fewer seconds (the loss is exact
-    #: at any batch, each step pays Adam over the n x d matrices); larger steps were not
-    #: safe on the sparse set: lr 3e-3 at batch 1024 lost 19% on citeulike-a, lr 1e-2 at
-    #: 2048 collapsed there to 0.15x (benchmarks/results/batch_defaults.md)
+    #: 1e-3 kept 0.97-1.02 of the validation NDCG of batch 128 at 3e-4 (the defaults before) on
+    #: ml-100k, ml-latest-small and citeulike-a, mostly in fewer seconds (the loss is exact at
+    #: any batch; each step pays Adam over the n x d matrices); larger steps were not safe on
+    #: the sparse set: lr 3e-3 at batch 1024 lost 19% on citeulike-a, and lr 1e-2 at 2048 killed
+    #: every ReLU of the code there (effective rank 0 from epoch 6: popularity's NDCG)
+    #: (benchmarks/results/batch_defaults.md, collapse.md). OHNS-AutoRec keeps its own.
     learning_rate = 1e-3
     batch_size = 512
     #: train each head through the dense (B, n_items) scores (True) or its exact fast loss
