@@ -54,9 +54,10 @@ class RunConfig:
     models' hyperparameters (below). The CLI is built from the fields.
 
     Training defaults: benchmarks/tune_defaults.py on ml-100k, ml-latest-small, citeulike-a and
-    a sparse synthetic set (results committed): for the AutoRec family width 200, lr 3e-4 and
-    lambda in overlap units 3 (autorec), 2 (ohns-autorec) or 10 (ns-autorec, nce-autorec), each
-    model within 90% of its own tuned validation NDCG on every one of them."""
+    a sparse synthetic set (results committed): for the AutoRec family width 200 and lambda in
+    overlap units 3 (autorec), 2 (ohns-autorec) or 10 (ns-autorec, nce-autorec); batch 512 at lr
+    1e-3 (ohns-autorec 128 at 3e-4) from benchmarks/batch_defaults.py; each model within 90% of
+    its own tuned validation NDCG on ml-100k, ml-latest-small and citeulike-a."""
 
     data: str = option(help="a prepared directory (etl/prepare.py --output)", group=DATA)
     model: str = option("nce-autorec", help="one of " + ", ".join(MODELS), group=DATA,
