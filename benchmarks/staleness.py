@@ -46,6 +46,7 @@ EXPERIMENT = ("experiment", "models", "training", "evaluation", "benchmarks/grid
 MEASURES: dict[str, tuple[str, ...]] = {
     "baselines": ("benchmarks/baselines.py", "models", "training/closed_form.py", *TRAINING),
     "batch_defaults": ("benchmarks/batch_defaults.py", *AUTOREC, *TRAINING, "training/config.py"),
+    "collapse": ("benchmarks/collapse.py", *AUTOREC, *TRAINING, "training/config.py"),
     "cold_start": ("benchmarks/cold_start.py", *AUTOREC, *TRAINING, *EVALUATION),
     "demo": ("infra/demo.py", "infra/stack.py", *AUTOREC, "models/puresvd.py", "training",
              "evaluation", "etl"),

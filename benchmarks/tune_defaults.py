@@ -53,9 +53,12 @@ FAMILY = ("autorec", "ohns-autorec", "ns-autorec", "nce-autorec")
 EPOCHS = 200  # a cap; early stopping (patience 5) ends every run of the grid before it
 
 
-def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
+def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid, watch=None) -> dict:
     """One run in this process; returns the best validation NDCG, its epoch, the time and the
-    model as it is at the end (``valid`` None: the final retraining, for ``cfg.epochs``)."""
+    model as it is at the end (``valid`` None: the final retraining, for ``cfg.epochs``).
+    Validation scores ``cfg.valid_sample`` of the users, as the trainer does. ``watch``: called
+    with the model after each validation, its results returned in order as ``trace`` (outside
+    the timed curve's seconds: what a benchmark measures beside NDCG, e.g. the code's rank)."""
     torch.manual_seed(cfg.seed)
     make = F.BatchMaker(F.plan(MODELS[cfg.model], prep, cfg))
     model = build_model(cfg, prep.n_items, prep.n_users,
@@ -65,7 +68,9 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
     p = new_progress()
     rng = np.random.default_rng(cfg.seed)
     curve = []  # (seconds so far, validation NDCG) after each validated epoch
+    trace = []
     t0 = time.perf_counter()
+    watched = 0.0  # seconds spent in ``watch``, left out of the curve's
     while not p["done"]:
         phase = p["phase"]
         model.train()
@@ -77,8 +82,12 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
         ndcg = None
         if valid is not None and phase == len(all_phases) - 1:
             model.eval()  # in chunks of users: a fold-in over every user at once would not fit
-            ndcg = validate(model, rows)[0]
-            curve.append((time.perf_counter() - t0, ndcg))
+            ndcg = validate(model, rows, cfg.valid_sample)[0]
+            curve.append((time.perf_counter() - t0 - watched, ndcg))
+            if watch is not None:
+                w0 = time.perf_counter()
+                trace.append(watch(model))
+                watched += time.perf_counter() - w0
         embed = (model.monitor(phase, {h: float(v) / users for h, v in sums.items()})
                  if phase < len(all_phases) - 1 else None)
         _, switched = next_state(p, cfg, len(all_phases), embed, ndcg)
@@ -88,7 +97,8 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid) -> dict:
             opts = phase_optimizers(model, all_phases, p["phase"], cfg.learning_rate)
     return {"best_ndcg": p["best_ndcg"], "best_epoch": p["best_epoch"], "epochs": p["epoch"],
             "phase_epochs": p["phase_epochs"],
-            "seconds": time.perf_counter() - t0, "curve": curve, "net": model.eval()}
+            "seconds": time.perf_counter() - t0 - watched, "curve": curve, "trace": trace,
+            "net": model.eval()}
 
 
 def batches(make, rows: pa.Table, batch_size: int, epoch: int):
@@ -113,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", nargs="+", type=int, default=GRID["width"])
     p.add_argument("--lr", nargs="+", type=float, default=GRID["lr"],
                    help="learning rates (default: each model's own)")
+    p.add_argument("--batch-size", nargs="+", type=int, default=[None],
+                   help="users per step (default: each model's own)")
     p.add_argument("--lam-units", default="overlap", choices=["overlap", "plain"])
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "tune_defaults"))
     p.add_argument("--fresh", action="store_true",
@@ -138,15 +150,17 @@ def main(argv: list[str] | None = None) -> int:
                                   "positives": int(prep.pop_train.sum()),
                                   "omega": prep.user_overlap(False)}
         for model in args.models:
-            for width, lr, lam in itertools.product(args.width, args.lr, args.lam):
-                cfg = replace(TrainConfig(data=data, model=model), width=width, lr=lr, lam=lam,
-                              lam_units=args.lam_units, epochs=EPOCHS)
+            for width, lr, lam, batch in itertools.product(args.width, args.lr, args.lam,
+                                                           args.batch_size):
+                cfg = replace(TrainConfig(data=data, model=model, batch_size=batch), width=width,
+                              lr=lr, lam=lam, lam_units=args.lam_units, epochs=EPOCHS)
                 r = {"dataset": prep.dataset, "model": model, "width": width,
-                     "lr": cfg.learning_rate, "lam": lam, "lam_units": args.lam_units}
+                     "lr": cfg.learning_rate, "lam": lam, "lam_units": args.lam_units,
+                     "batch_size": cfg.batch_size}
                 if key(r) in done:
                     continue
                 r.update({k: v for k, v in train_one(cfg, prep, rows, valid).items()
-                          if k not in ("net", "curve", "phase_epochs")})
+                          if k not in ("net", "curve", "phase_epochs", "trace")})
                 results.append(r)
                 done.add(key(r))
                 print(json.dumps(r), flush=True)
@@ -156,14 +170,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def key(r: dict) -> tuple:
-    return (r["dataset"], r["model"], r["width"], r["lr"], r["lam"], r.get("lam_units", "plain"))
+    return (r["dataset"], r["model"], r["width"], r["lr"], r["lam"], r.get("lam_units", "plain"),
+            batch_of(r))
+
+
+def batch_of(r: dict) -> int:
+    """The record's batch size: runs before it was recorded (2026-11-27) used 128."""
+    return r.get("batch_size", 128)
 
 
 def run_meta(saved: dict | None) -> dict:
     fresh = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}, "
                        f"{torch.get_num_threads()} torch threads",
              "command": "python benchmarks/tune_defaults.py " + " ".join(sys.argv[1:]),
-             "fixed": {"batch_size": TrainConfig(data="").batch_size, "epochs": EPOCHS,
+             "fixed": {"batch_size": "each model's unless the record says", "epochs": EPOCHS,
                        "patience": "each model's", "mode": "each model's default (joint)",
                        "seed": TrainConfig(data="").seed},
              "date": time.strftime("%Y-%m-%d")}
@@ -178,7 +198,7 @@ def defaults(model: str) -> dict:
     cfg = TrainConfig(data="", model=model)
     hp = MODELS[model].defaults()
     return {"width": hp["width"], "lr": cfg.learning_rate, "lam": hp["lam"],
-            "lam_units": hp["lam_units"]}
+            "lam_units": hp["lam_units"], "batch_size": cfg.batch_size}
 
 
 def in_units(results: list[dict], datasets: dict) -> list[dict]:
@@ -209,7 +229,8 @@ def goal_rows(results: list[dict]) -> list[dict]:
         best = max(group, key=lambda r: r["best_ndcg"])
         want = defaults(model)
         at_default = [r for r in group if r["lam_units"] == want["lam_units"]
-                      and all(r[k] == want[k] for k in ("width", "lr", "lam"))]
+                      and all(r[k] == want[k] for k in ("width", "lr", "lam"))
+                      and batch_of(r) == want["batch_size"]]
         rows.append({"dataset": dataset, "model": model, "best": best,
                      "default": at_default[0] if at_default else None})
     return rows
@@ -223,10 +244,10 @@ def rank_configs(results: list[dict]) -> list[dict]:
         best[k] = max(best.get(k, 0.0), r["best_ndcg"])
     by_cfg: dict[tuple, list[float]] = {}
     for r in results:
-        by_cfg.setdefault((r["width"], r["lr"], r["lam_overlap"]), []).append(
+        by_cfg.setdefault((r["width"], r["lr"], r["lam_overlap"], batch_of(r)), []).append(
             r["best_ndcg"] / best[(r["dataset"], r["model"])])
-    rows = [{"width": w, "lr": lr, "lam": lam, "worst": min(v),
-             "mean": sum(v) / len(v), "n": len(v)} for (w, lr, lam), v in by_cfg.items()]
+    rows = [{"width": w, "lr": lr, "lam": lam, "batch": b, "worst": min(v),
+             "mean": sum(v) / len(v), "n": len(v)} for (w, lr, lam, b), v in by_cfg.items()]
     return sorted(rows, key=lambda r: (-r["n"], -r["worst"], -r["mean"]))
 
 
@@ -266,18 +287,18 @@ def write(out: Path, results: list[dict], meta: dict, datasets: dict) -> None:
     lines += ["\n## Configurations by their worst case\n",
               "Each configuration's NDCG as a fraction of the best of its (dataset, model); "
               "configurations run on the most (dataset, model) pairs first.\n",
-              "| width | lr | lambda | pairs | worst fraction of best | mean fraction |",
-              "|---|---|---|---|---|---|"]
+              "| width | lr | batch | lambda | pairs | worst fraction of best | mean fraction |",
+              "|---|---|---|---|---|---|---|"]
     for r in rank_configs(results)[:8]:
-        lines.append(f"| {r['width']} | {r['lr']:g} | {r['lam']:g} | {r['n']} | "
+        lines.append(f"| {r['width']} | {r['lr']:g} | {r['batch']} | {r['lam']:g} | {r['n']} | "
                      f"{r['worst']:.3f} | {r['mean']:.3f} |")
     for (dataset, model), group in itertools.groupby(
             sorted(results, key=lambda r: (r["dataset"], r["model"], -r["best_ndcg"])),
             key=lambda r: (r["dataset"], r["model"])):
         lines += [f"\n## {dataset}, {model}\n",
-                  "| width | lr | lambda | as run (units) | plain lambda | best NDCG | epoch | s |",
-                  "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['width']} | {r['lr']:g} | {r['lam_overlap']:g} | "
+                  "| width | lr | batch | lambda | as run (units) | plain lambda | best NDCG | epoch "
+                  "| s |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['width']} | {r['lr']:g} | {batch_of(r)} | {r['lam_overlap']:g} | "
                   f"{r['lam']:g} ({r.get('lam_units', 'plain')}) | {r['lam_plain']:.3g} | "
                   f"{r['best_ndcg']:.4f} | {r['best_epoch']} | {r['seconds']:.0f} |" for r in group]
     write_text(out.with_suffix(".md"), "\n".join(lines) + "\n")

@@ -110,7 +110,8 @@ class ExperimentConfig:
     epochs: int = option(200, help="most epochs a trial trains (early stopping ends sooner)")
     patience: int | None = option(None, help="epochs without a better validation NDCG before a "
                                              "trial stops (default: each model's own)")
-    batch_size: int = option(128, help="users per step over all workers (every trial)")
+    batch_size: int | None = option(None, help="users per step over all workers, every trial "
+                                               "(default: each model's own)")
     valid_sample: float = option(1.0, help="fraction of validation users scored each epoch "
                                            "(training/train.py --valid-sample)")
     valid_by: str = option("fold-in", choices=VALID_BY,

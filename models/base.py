@@ -59,6 +59,8 @@ class Recommender(nn.Module):
     per_user: ClassVar[bool] = False
     #: Adam's learning rate when ``--lr`` is not given (gradient models)
     learning_rate: ClassVar[float] = 3e-4
+    #: users per step when ``--batch-size`` is not given (gradient models)
+    batch_size: ClassVar[int] = 128
     #: epochs without a better validation NDCG before early stopping, when ``--patience`` is not
     #: given (gradient models; a model whose validation dips before it climbs needs more)
     patience: ClassVar[int] = 5

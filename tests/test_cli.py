@@ -281,7 +281,8 @@ def test_a_choice_holding_a_comma_reads_as_one_choice():
 
 
 @pytest.mark.parametrize("flag, field", [("lam", "lam"), ("width", "width"), ("rank", "rank"),
-                                         ("lr", "learning_rate"), ("patience", "patience")])
+                                         ("lr", "learning_rate"), ("patience", "patience"),
+                                         ("batch_size", "batch_size")])
 def test_per_model_defaults_in_help_name_each_model(flag, field):
     """From the models' own classes: the help cannot drift from models/*.py."""
     from models.registry import MODELS
@@ -293,14 +294,25 @@ def test_per_model_defaults_in_help_name_each_model(flag, field):
     got = dict(pair.rsplit(" ", 1) for pair in listed.split(", "))
     want = {}
     for name, cls in MODELS.items():
-        value = (getattr(cls, field) if field in ("learning_rate", "patience")
-                 else cls.defaults().get(field))
-        if value is not None and (field not in ("learning_rate", "patience") or cls.kind == "gradient"):
+        trainer = field in ("learning_rate", "patience", "batch_size")  # class attributes
+        value = getattr(cls, field) if trainer else cls.defaults().get(field)
+        if value is not None and (not trainer or cls.kind == "gradient"):
             want[name] = value
     assert want and {m: float(v) for m, v in got.items()} == {m: float(v) for m, v in want.items()}
     if flag == "lam":
         assert "autorec 3, ohns-autorec 2, ns-autorec 10, nce-autorec 10" in text
         assert "AutoRec family 3" not in text
+
+
+def test_the_batch_size_not_given_is_the_models_own_and_a_given_one_wins():
+    """Resolved when the config is made: the loop, the records and a resume see the number."""
+    from models.registry import MODELS
+    from training.config import TrainConfig
+
+    for name, cls in MODELS.items():
+        assert TrainConfig(data="d", model=name).batch_size == cls.batch_size
+        assert TrainConfig(data="d", model=name, batch_size=7).batch_size == 7
+    assert MODELS["bpr"].batch_size == 128  # the models outside the family keep theirs
 
 
 @pytest.mark.parametrize("cli, flag, says", [

@@ -60,9 +60,10 @@ class Streamed:
 
 
 def train_cmd(data: Path, out: Path, name: str, mlflow_uri: str, *extra: str) -> list[str]:
+    # batch 128, not the model's 512: epochs of 5 steps, so the faults land mid-run
     return ["python", "training/train.py", "--data", str(data), "--model", "autorec", "--width",
-            "32", "--epochs", str(EPOCHS), "--patience", str(EPOCHS), "--runs-dir", str(out),
-            "--run-name", name, "--mlflow-uri", mlflow_uri, *extra]
+            "32", "--batch-size", "128", "--epochs", str(EPOCHS), "--patience", str(EPOCHS),
+            "--runs-dir", str(out), "--run-name", name, "--mlflow-uri", mlflow_uri, *extra]
 
 
 def test_mlflow_killed_during_training_loses_no_run(small_prepared, ray_head, tmp_path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from models.base import Recommender
 from models.hparams import Option
 from models.registry import MODELS
 from prepared.errors import UsageError
@@ -40,7 +41,7 @@ def model_defaults(field: str, models: dict | None = None) -> str:
     gradient models' class attributes), so the help cannot drift from the code."""
     shown = []
     for name, cls in (MODELS if models is None else models).items():
-        value = (getattr(cls, field) if field in ("learning_rate", "patience")
+        value = (getattr(cls, field) if field in ("learning_rate", "patience", "batch_size")
                  and cls.kind == "gradient" else cls.defaults().get(field))
         if value is not None:
             shown.append(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}")
@@ -53,9 +54,10 @@ class RunConfig:
     models' hyperparameters (below). The CLI is built from the fields.
 
     Training defaults: benchmarks/tune_defaults.py on ml-100k, ml-latest-small, citeulike-a and
-    a sparse synthetic set (results committed): for the AutoRec family width 200, lr 3e-4 and
-    lambda in overlap units 3 (autorec), 2 (ohns-autorec) or 10 (ns-autorec, nce-autorec), each
-    model within 90% of its own tuned validation NDCG on every one of them."""
+    a sparse synthetic set (results committed): for the AutoRec family width 200 and lambda in
+    overlap units 3 (autorec), 2 (ohns-autorec) or 10 (ns-autorec, nce-autorec); batch 512 at lr
+    1e-3 (ohns-autorec 128 at 3e-4) from benchmarks/batch_defaults.py; each model within 90% of
+    its own tuned validation NDCG on ml-100k, ml-latest-small and citeulike-a."""
 
     data: str = option(help="a prepared directory (etl/prepare.py --output)", group=DATA)
     model: str = option("nce-autorec", help="one of " + ", ".join(MODELS), group=DATA,
@@ -75,7 +77,9 @@ class RunConfig:
     lr: float | None = option(None, group=TRAINING,
                               help="Adam learning rate (default: the model's own, "
                                    f"{model_defaults('learning_rate')})")
-    batch_size: int = option(128, group=TRAINING, help="users per step over all workers")
+    batch_size: int | None = option(None, group=TRAINING,
+                                    help="users per step over all workers (default: the model's "
+                                         f"own, {model_defaults('batch_size')})")
     epochs: int = option(200, group=TRAINING,
                          help="most epochs (of phase 2 for the fine-tune modes); early stopping "
                               "ends sooner")
@@ -134,6 +138,14 @@ class RunConfig:
 
     #: the order of the groups in --help
     option_groups = (DATA, HYPER, TRAINING, CLUSTER)
+
+    def __post_init__(self):
+        # --batch-size not given: the model's own (``Recommender.batch_size``), resolved here
+        # once, so that the loop, the records and a resume all see the number the run uses
+        if self.batch_size is None:
+            cls = MODELS.get(self.model)
+            object.__setattr__(self, "batch_size", cls.batch_size if cls is not None
+                               else Recommender.batch_size)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
