@@ -461,7 +461,30 @@ def _parquet(table: str, write: bool, rows: int, per_user: float, negatives: flo
     return fn
 
 
-KERNELS = {"matmul": _matmul, "triad": _triad, "gather": _gather, "sort": _sort,
+def _recommend(users: int, items: int, per_user: int, width: int = 200, k: int = 50):
+    """Scoring's whole kernel as a Spark task runs it: an NCE-AutoRec's ``recommend`` (encoder,
+    the predict head's product in blocks, the mask of the input items, the top k) of ``users``
+    random users with ``per_user`` input items each; counted in the product's FLOPs, so its rate
+    over ``matmul_score``'s is the share of the best product the kernel reaches, top-k included
+    (benchmarks/score_throughput.py)."""
+    import numpy as np
+    import torch
+
+    from models.batch import sparse_rows
+    from models.registry import build
+    torch.manual_seed(0)
+    model = build("nce-autorec", {"n_items": items, "width": width}).eval()
+    rng = np.random.default_rng(0)
+    rows, offsets = sparse_rows([rng.choice(items, per_user, replace=False)
+                                 for _ in range(users)])
+
+    def fn() -> float:
+        model.recommend(rows, offsets, k)
+        return 2.0 * users * width * items
+    return fn
+
+
+KERNELS = {"matmul": _matmul, "recommend": _recommend, "triad": _triad, "gather": _gather, "sort": _sort,
            "parquet": _parquet}
 
 
