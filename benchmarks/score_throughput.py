@@ -11,8 +11,14 @@ the weights). Spark: ``evaluation.score.score`` on a local[2] session, twice; th
 call is reported: everything from opening the prepared directory to the published Parquet (read
 rows, broadcast the model, encode, the predict head's product, mask the training items, top 50,
 map indices to raw ids, write). Reference: one process with torch's
-default threads doing only the encoder, the predict head's matrix product, the mask and top-k for
-the same users, batch by batch from rows already in memory. Goal: Spark within 2x (ratio >= 0.5).
+default threads running only ``Recommender.recommend`` (the encoder, the predict head's product,
+the mask and the top-k, the kernel the Spark tasks run) for the same users, batch by batch from
+rows already in memory. Goal: Spark within 2x (ratio >= 0.5). Each rate is also given as a share
+of the machine's best measured matmul rate for this product (benchmarks/floors.py's
+``matmul_score@SHAPE``, the best block of users and layout; issue 33's target >= 0.7 of it, top-k
+and everything else in the time), and as a ratio to scoring's floor (products, reading rows,
+writing lists). The kernel alone (``recommend`` in 2 one-thread processes, floors.py's way) is
+measured too: its product ratio is the scoring kernel's, Spark's adds what the job costs besides.
 Results: ``benchmarks/results/score_throughput.{json,md}``.
 """
 
@@ -72,12 +78,13 @@ def save_model(data: Path, work: Path) -> Path:
 
 
 def reference_users_per_second(data: Path, run: Path) -> tuple[float, int]:
-    """The bare computation: encoder, predict head, mask, top-k, for every user, in one process."""
+    """The bare computation: encoder, predict head, mask, top-k (``Recommender.recommend``, the
+    kernel the Spark tasks run), for every user, in one process, rows already in memory."""
     import pandas as pd
     import torch
 
     from evaluation.score import batch_users
-    from models.batch import row_ids, sparse_rows
+    from models.batch import sparse_rows
     from models.registry import load_model_file
 
     model = load_model_file(str(run / MODEL_FILE))
@@ -85,12 +92,30 @@ def reference_users_per_second(data: Path, run: Path) -> tuple[float, int]:
     per_batch = batch_users(model.n_items)
     batches = [sparse_rows(rows[lo:lo + per_batch]) for lo in range(0, len(rows), per_batch)]
     t0 = time.perf_counter()
-    with torch.no_grad():
-        for items, offsets in batches:
-            scores = model.score(items, offsets)
-            scores[row_ids(offsets, len(items)), items] = -torch.inf
-            torch.topk(scores, K, dim=1)
+    for items, offsets in batches:
+        model.recommend(items, offsets, K)
     return len(rows) / (time.perf_counter() - t0), torch.get_num_threads()
+
+
+def kernel_rate(shape: str, users: int, seconds: float = 3.0) -> float:
+    """FLOP/s (of the product) of ``Recommender.recommend`` in 2 one-thread processes side by
+    side, as the 2 Spark tasks run it and as floors.py measures the matmul rates, on Spark's
+    batches of ``users`` users (``evaluation.score.batch_users``)."""
+    s = SHAPES[shape]
+    per_user = round(s["per_user"] * 0.5)  # the input: train (half of a user's positives)
+    return floors.measure("recommend", {"users": users, "items": s["items"], "per_user": per_user,
+                                        "width": WIDTH, "k": K}, 2, seconds)
+
+
+def matmul_ratio(users_per_second: float, shape: str) -> float | None:
+    """The product rate a scoring rate stands for (2 x width x items FLOPs a user, everything
+    else in the time counted as if it were product) over the best matmul rate benchmarks/floors.py
+    measured at this shape's product (any block of users and layout): issue 33's ">= 0.7"."""
+    try:
+        best = floors.load()["measured"][f"matmul_score@{shape}"]
+    except (FileNotFoundError, KeyError):
+        return None
+    return users_per_second * 2.0 * WIDTH * SHAPES[shape]["items"] / best
 
 
 def spark_users_per_second(spark, data: Path, run: Path, work: Path) -> list[dict]:
@@ -131,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         for shape, data in datas.items():
             run = save_model(data, work)
             ref, threads = reference_users_per_second(data, run)
+            from evaluation.score import batch_users
+            kernel = kernel_rate(shape, batch_users(SHAPES[shape]["items"]))
+            kernel_ups = kernel / (2.0 * WIDTH * SHAPES[shape]["items"])
             runs = spark_users_per_second(spark, data, run, work)
             best = runs[-1]["users_per_second"]
             real = SHAPES[shape]["real_users"]
@@ -142,14 +170,23 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"shape": shape, "items": SHAPES[shape]["items"], "users": args.users,
                          "spark_runs": runs, "spark_users_per_second": round(best, 1),
                          "reference_users_per_second": round(ref, 1), "reference_threads": threads,
+                         "kernel_users_per_second": round(kernel_ups, 1),
+                         "kernel_gflops": round(kernel / 1e9, 2),
+                         "kernel_matmul_ratio": _round(matmul_ratio(kernel_ups, shape)),
                          "ratio": round(best / ref, 3),
                          "real_users_minutes": round(real / best / 60, 1),
                          "floor_users_per_second": roof and round(args.users / roof, 1),
-                         "ratio_to_floor": roof and round(args.users / best / roof, 2)})
+                         "ratio_to_floor": roof and round(args.users / best / roof, 2),
+                         "spark_matmul_ratio": _round(matmul_ratio(best, shape)),
+                         "reference_matmul_ratio": _round(matmul_ratio(ref, shape))})
             print(json.dumps(rows[-1]), flush=True)
         spark.stop()
     write(rows, args)
     return 0
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
 
 
 def write(rows: list[dict], args) -> None:
@@ -158,25 +195,50 @@ def write(rows: list[dict], args) -> None:
     machine = (f"{platform.node()}: {os.cpu_count()} cores, {mem:.1f} GiB, "
                f"{platform.processor() or platform.machine()}")
     command = "python benchmarks/score_throughput.py " + " ".join(sys.argv[1:])
+    try:
+        measured = floors.load()
+        floors_note = (f"floors.json of commit {measured.get('commit')}, CPU {measured.get('cpu')}"
+                       + ("" if floors.same_cpu(measured) else
+                          f" (NOT this run's CPU, {floors.cpu()}: ratios not comparable)"))
+    except FileNotFoundError:
+        measured, floors_note = {}, "no floors.json"
     out.with_suffix(".json").write_text(json.dumps(
-        {"machine": machine, "command": command, "date": time.strftime("%Y-%m-%d"),
+        {"machine": machine, "cpu": floors.cpu(), "commit": floors.commit(), "command": command,
+         "date": time.strftime("%Y-%m-%d"), "floors": floors_note,
+         "best_matmul": {k: {"rate": v, "at": measured.get("measured_at", {}).get(k)}
+                         for k, v in measured.get("measured", {}).items()
+                         if k.startswith("matmul_score@")},
          "k": K, "width": WIDTH, "results": rows}, indent=2) + "\n")
     lines = ["# Batch-scoring throughput (users/s, top 50, width 200)", "",
-             f"Command: `{command}`  ", f"Machine: {machine}; {time.strftime('%Y-%m-%d')}.  ",
+             f"Command: `{command}`  ",
+             f"Commit: {floors.commit()}; machine: {machine}; CPU: {floors.cpu()}; "
+             f"{time.strftime('%Y-%m-%d')}; {floors_note}.  ",
              "Spark: `evaluation.score.score` on local[2] (second, warm call; from opening the data "
-             "to the published Parquet). Reference: one torch process, encoder + predict-head "
-             "product + mask + top-k only, rows in memory, same run. Floor: the users/s of "
+             "to the published Parquet). Reference: one torch process, `Recommender.recommend` "
+             "only (encoder + predict-head product + mask + top-k), rows in memory, same run. "
+             "Product ratio: the users/s as GFLOP/s of the product (2 x width x items a user, "
+             "everything else in the time counted as product) over the best matmul rate "
+             "floors.py measured at this product's shape (issue 33's target: >= 0.7). Kernel: "
+             "`Recommender.recommend` alone on Spark's batches of users in 2 one-thread "
+             "processes side by side (as the 2 tasks run it, and as floors.py measures the "
+             "matmul rates), top-k included. Floor: the users/s of "
              "benchmarks/floors.py's roofline (products at the measured matmul rate, one read "
              "of the scores, rows read and lists written; benchmarks/results/floors.md); ratio "
              "to floor = Spark's seconds over the floor's.", "",
              "| shape | items | users | Spark users/s | reference users/s (threads) | ratio | "
+             "kernel users/s (2 x 1 thread) | kernel GFLOP/s | kernel product ratio | "
+             "Spark product ratio | reference product ratio | "
              "floor users/s | ratio to floor | Spark cold call s | all real users at this rate |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         floor = r.get("floor_users_per_second")
         lines.append(f"| {r['shape']} | {r['items']:,} | {r['users']:,} | "
                      f"{r['spark_users_per_second']:,.0f} | {r['reference_users_per_second']:,.0f} "
                      f"({r['reference_threads']}) | {r['ratio']:.2f} | "
+                     + f"{r['kernel_users_per_second']:,.0f} | {r['kernel_gflops']:.1f} | "
+                     + "".join(f"{x:.2f} | " if x is not None else "n/a | "
+                               for x in (r["kernel_matmul_ratio"], r["spark_matmul_ratio"],
+                                         r["reference_matmul_ratio"]))
                      + (f"{floor:,.0f} | {r['ratio_to_floor']:.2f} | " if floor else "n/a | n/a | ")
                      + f"{r['spark_runs'][0]['seconds']:.1f} | {r['real_users_minutes']:.0f} min |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")

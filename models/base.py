@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from models.batch import Batch, row_ids, user_slice
+from models.topk import top_k
 from models.hparams import HP, Option
 
 RSTAR, NEGATIVES = "rstar", "negatives"  # what a model's batches may need beyond the input rows
@@ -251,7 +252,9 @@ class Recommender(nn.Module):
         On a CPU the users go in blocks whose scores stay near the cache (SCORE_BLOCK_FLOATS), so
         the masking and the top-k read what the product just wrote instead of a (B, n_items)
         matrix from memory: 1.45x on the product plus top-k at the Yahoo shape
-        (benchmarks/results/validation_speed.md). Per-row results do not depend on the blocks."""
+        (benchmarks/results/validation_speed.md). Per-row results do not depend on the blocks.
+        The top-k is ``models.topk.top_k``: torch.topk's answer, ties included, from the scores
+        at or above a per-row threshold instead of a sort of every score."""
         if exclude is None:
             exclude = (items, offsets) if exclude_seen else (items[:0], offsets[:0])
         blocks = self.score_in_blocks or users is not None  # no fold-in: no per-call cost
@@ -266,7 +269,7 @@ class Recommender(nn.Module):
             ex_items, ex_offsets = user_slice(*exclude, lo, hi) if len(exclude[1]) else exclude
             if len(ex_items):
                 scores[row_ids(ex_offsets, len(ex_items)), ex_items] = -torch.inf
-            top = torch.topk(scores, min(k, self.n_items), dim=1)
+            top = top_k(scores, min(k, self.n_items))
             values.append(top.values)
             indices.append(top.indices)
         if not values:
