@@ -55,8 +55,8 @@ from evaluation import plots
 from evaluation.popularity import summary_from_counts
 from evaluation.score import MARKER as RECS_MARKER
 from evaluation.spark_metrics import (METRICS, encode_lists, inverse_logs, metric_key,
-                                      metrics_for, split_name, summarise)
-from evaluation.user_table import USERS_PER_PARTITION, column, user_table
+                                      metrics_for, split_name)
+from evaluation.user_table import USERS_PER_PARTITION, column, summary_rows, user_table
 from prepared.protocol import KS, TABLE, TOP_K
 from runtime.cli import add_options, option, strict_parser, values
 from runtime.progress import EVERY, info_lines, spark_progress
@@ -640,8 +640,13 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
     for df in per_file[1:]:  # a file of shorter lists lacks some metric columns: null
         users_df = users_df.unionByName(df, allowMissingColumns=True)
 
+    # the means and CIs from the partitions' moments: P rows reach the driver, not an
+    # aggregation of every metric over every user
+    moments = [column(i, "moments") for i in range(len(files))]
+    parts = wide.filter(F.col(moments[0]).isNotNull()).select(*moments).collect()
     rows = [{**r, "target": target if r["group"] == "warm" else "valid+test"}
-            for r in summarise(users_df, ["label", "group"])]
+            for r in summary_rows([list(p) for p in parts], [f.label for f in files],
+                                  [f.k for f in files])]
     order = {f.label: i for i, f in enumerate(files)}
     rows.sort(key=lambda r: (order[r["label"]], r["group"] != "warm", METRICS.index(r["metric"])))
     log.info("metrics of %s user(s) x %d file(s) done (%.0fs so far); popularity of the "

@@ -8,9 +8,10 @@ into numpy (a user's rows all land in the same partition) and gives one wide row
     user_id, cold, known (a user of the dataset), truth (evaluated: a non-empty truth set),
     and per file i (columns ``column(i, name)``): rows (the file's rows of this user), stray and
     repeat (the smallest stray id and repeated item over those rows), listed (evaluated and with
-    a list) and every metric of ``metrics_for(k)`` (null unless listed), plus popularity
-    counts (``pop``: times each item index was recommended to the partition's warm evaluated
-    users), on the partition's first row only (null elsewhere).
+    a list) and every metric of ``metrics_for(k)`` (null unless listed); on the partition's
+    first row only (null elsewhere), the partition's sums: ``moments`` (per group of GROUPS and
+    metric: users, mean, sum of squared deviations, of the listed users; ``summary_rows`` merges
+    them) and ``pop`` (times each item index was recommended to its warm listed users).
 
 The truth set is the protocol's (a warm user's target split, a cold-start user's valid and test
 splits), from the rows table's item-index lists: the same sets ``truth_table`` builds from the
@@ -29,6 +30,7 @@ from evaluation.spark_metrics import _flat, metric_arrays, metric_key, metrics_f
 from prepared import schema as S
 from prepared.protocol import KS
 
+GROUPS = ("warm", "cold")
 USERS_PER_PARTITION = 100_000  # a partition is held whole in a Python worker: ~0.3 GB per file
 
 
@@ -126,6 +128,18 @@ def partition_rows(table, ks: list[int], target: str, inverse_log: np.ndarray, n
             full = np.zeros(n_users)
             full[evaluated] = v
             out[column(i, metric_key(m))] = pa.array(full, pa.float64(), mask=~is_listed)
+        # the moments of each metric per group (warm, cold) of the listed users: merged over
+        # the partitions on the driver (``summary_rows``) instead of an aggregation over users
+        moments = np.zeros((len(GROUPS), len(metrics), 3))
+        for g, is_cold in enumerate((False, True)):
+            mine = listed & (cold[evaluated] == is_cold)
+            for j, v in enumerate(metrics.values()):
+                x = v[mine]
+                if len(x):
+                    mean = x.sum() / len(x)
+                    moments[g, j] = (len(x), mean, ((x - mean) ** 2).sum())
+        out[column(i, "moments")] = pa.array([moments.ravel().tolist()] + [None] * (n_users - 1),
+                                             pa.list_(pa.float64()))
         # popularity: every listed warm user's whole list (its top TOP_K)
         counted = chosen & is_listed[user] & ~cold[user] & (item >= 0)
         pop = np.bincount(item[counted], minlength=n_items).astype(np.int64)
@@ -148,7 +162,8 @@ def wide_schema(ks: list[int]):
                    StructField(column(i, "repeat"), StringType()),
                    StructField(column(i, "listed"), BooleanType())]
         fields += [StructField(column(i, metric_key(m)), DoubleType()) for m in metrics_for(k)]
-        fields.append(StructField(column(i, "pop"), ArrayType(LongType())))
+        fields += [StructField(column(i, "moments"), ArrayType(DoubleType())),
+                   StructField(column(i, "pop"), ArrayType(LongType()))]
     return StructType(fields)
 
 
@@ -186,3 +201,32 @@ def user_table(spark, prep, encoded: list, ks: list[int], target: str,
         yield pa.RecordBatch.from_arrays([cols[c] for c in names], names=names)
 
     return both.repartition(partitions, "user_id").mapInArrow(run, schema)
+
+
+def summary_rows(parts: list, labels: list[str], ks: list[int]) -> list[dict]:
+    """``summarise``'s rows (label, group, metric, mean, ci95 = 1.96 std_pop / sqrt(n), users)
+    from the partitions' ``moments`` (``parts``: one list per partition, each with one moments
+    array per file, None for a partition without users), merged pairwise (Chan et al.: exact
+    in exact arithmetic; in floating point within a few ulps of Spark's avg and stddev_pop)."""
+    out = []
+    for i, (label, k) in enumerate(zip(labels, ks)):
+        names = metrics_for(k)
+        total = np.zeros((len(GROUPS), len(names), 3))
+        for part in parts:
+            if part[i] is None:
+                continue
+            m = np.asarray(part[i], np.float64).reshape(total.shape)
+            n_a, n_b = total[..., 0], m[..., 0]
+            n = n_a + n_b
+            delta = m[..., 1] - total[..., 1]
+            safe = np.where(n > 0, n, 1.0)
+            total = np.stack([n, total[..., 1] + delta * n_b / safe,
+                              total[..., 2] + m[..., 2] + delta ** 2 * n_a * n_b / safe], axis=-1)
+        for g, group in enumerate(GROUPS):
+            for j, name in enumerate(names):
+                n, mean, m2 = total[g, j]
+                if n == 0:  # no listed user in this group
+                    continue
+                out.append({"label": label, "group": group, "metric": name, "mean": float(mean),
+                            "ci95": float(1.96 * np.sqrt(m2 / n) / n ** 0.5), "users": int(n)})
+    return out

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from evaluation.spark_metrics import batch_metrics, metric_key, metrics_for
-from evaluation.user_table import column, partition_rows
+from evaluation.user_table import column, partition_rows, summary_rows
 
 N_ITEMS = 300
 INVERSE_LOG = np.concatenate([[np.inf], 1.0 / np.log2(np.arange(1, N_ITEMS + 52) + 1.0)])
@@ -111,3 +111,25 @@ def test_partition_rows_equal_the_batch_path_and_count_the_checks(target):
         pop = out[column(i, "pop")].to_pylist()
         assert pop[0] == want.tolist() and want.sum() > 0
         assert all(p is None for p in pop[1:])  # one row per partition carries the counts
+
+
+def test_the_partitions_moments_merge_to_each_groups_mean_and_ci():
+    """Three partitions' moments, merged, against numpy's mean and std over all their users."""
+    rng = np.random.default_rng(2)
+    ks = [50, 12]
+    outs = [partition_rows(make_partition(rng, users, ks)[0], ks, "test", INVERSE_LOG, N_ITEMS)
+            for users in (40, 90, 7)]
+    parts = [[o[column(i, "moments")].to_pylist()[0] for i in range(len(ks))] for o in outs]
+    got = {(r["label"], r["group"], r["metric"]): r
+           for r in summary_rows(parts + [[None, None]], ["a", "b"], ks)}
+    for i, (label, k) in enumerate(zip(["a", "b"], ks)):
+        for group in ("warm", "cold"):
+            for m in metrics_for(k):
+                x = np.concatenate([np.array(o[column(i, metric_key(m))].to_pylist(), float)[
+                    np.array(o[column(i, "listed")].to_pylist())
+                    & (np.array(o["cold"].to_pylist()) == (group == "cold"))] for o in outs])
+                r = got.pop((label, group, m))
+                assert r["users"] == len(x) > 10
+                assert abs(r["mean"] - x.mean()) < 1e-12, (label, group, m)
+                assert abs(r["ci95"] - 1.96 * x.std() / len(x) ** 0.5) < 1e-12, (label, group, m)
+    assert not got  # nothing beyond the groups and metrics of each file's k
