@@ -1,7 +1,7 @@
 """Wall time of ``spark-submit evaluation/evaluate.py``, this tree's against a baseline commit's,
 in the same run, on the same inputs, with their outputs compared number by number.
 
-    .venv/bin/python benchmarks/evaluate_speed.py [--fraction 0.25] [--sizes yahoo,small]
+    .venv/bin/python benchmarks/evaluate_speed.py [--fraction 0.25] [--sizes yahoo,small,ml100k]
                                                   [--baseline main] [--work /tmp/evaluate-speed]
 
 Two inputs, each prepared once and cached in ``--work`` (never in the repository):
@@ -9,7 +9,8 @@ Two inputs, each prepared once and cached in ``--work`` (never in the repository
 - yahoo: ``etl/prepare.py --dataset synthetic`` at ``--fraction`` of the Yahoo! Music shape
   (users and positives scaled, 44,865 items), with top-50 lists for 2 models;
 - small: the shipped ml-latest-small through the real ETL, with top-50 lists for 3 models (as the
-  demo evaluates NCE-AutoRec, AutoRec and PureSVD).
+  demo evaluates NCE-AutoRec, AutoRec and PureSVD);
+- ml100k: ml-100k (``--shared``/ml-100k/u.data) through the real ETL, 3 lists as small's.
 
 The lists are synthetic, in exactly the format ``evaluation/score.py`` writes (Parquet of
 user_id, item_ids, scores plus ``_manifest.json`` listing every file): for every user, 50
@@ -191,7 +192,12 @@ def main(argv: list[str] | None = None) -> int:
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--fraction", type=float, default=0.25,
                    help="fraction of the Yahoo users and positives (1: the full shape)")
-    p.add_argument("--sizes", default="yahoo,small", help="comma-separated: yahoo, small")
+    p.add_argument("--sizes", default="yahoo,small", help="comma-separated: yahoo, small, ml100k")
+    p.add_argument("--lists", type=int, default=2, choices=[1, 2],
+                   help="yahoo: lists evaluated together (1: the pipeline's case, "
+                        "benchmarks/yahoo_scale.py; 2: an experiment's)")
+    p.add_argument("--shared", default=str(ROOT.parent / "shared" / "datasets"),
+                   help="the shared datasets (ml100k's input)")
     p.add_argument("--baseline", default="main",
                    help="commit whose evaluate.py is the baseline ('' to time this tree only)")
     p.add_argument("--only", choices=["baseline", "new"], default=None,
@@ -202,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "evaluate_speed"))
     a = p.parse_args(argv)
     sizes = a.sizes.split(",")
-    if bad := set(sizes) - {"yahoo", "small"}:
-        p.error(f"--sizes: unknown {sorted(bad)}; choose from yahoo, small")
+    if bad := set(sizes) - {"yahoo", "small", "ml100k"}:
+        p.error(f"--sizes: unknown {sorted(bad)}; choose from yahoo, small, ml100k")
     work = Path(a.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     stamp = report.stamp("evaluate_speed.py", argv)
@@ -224,15 +230,26 @@ def main(argv: list[str] | None = None) -> int:
         data = prepare(work, name, ["--dataset", "synthetic", "--users", str(users), "--items",
                                     str(YAHOO["items"]), "--positives", str(positives)],
                        a.driver_memory)
-        inputs["yahoo"] = (name, data, ["model-a", "model-b"],
+        labels = ["model-a", "model-b"][:a.lists]
+        inputs["yahoo"] = (name if a.lists == 2 else f"{name}-1list", data, labels,
                            f"synthetic at {a.fraction:g} of the Yahoo shape ({users:,} users, "
-                           f"{YAHOO['items']:,} items, {positives:,} positives), 2 lists")
+                           f"{YAHOO['items']:,} items, {positives:,} positives), "
+                           f"{a.lists} list{'s' if a.lists > 1 else ''}")
     if "small" in sizes:
         data = prepare(work, "ml-latest-small", ["--dataset", "ml-latest-small", "--input",
                                                  str(ROOT / "data" / "ml-latest-small")],
                        a.driver_memory)
         inputs["small"] = ("ml-latest-small", data, ["NCE-AutoRec", "AutoRec", "PureSVD"],
                            "ml-latest-small through the real ETL, 3 lists")
+    if "ml100k" in sizes:
+        source = Path(a.shared) / "ml-100k" / "u.data"
+        if not source.exists():
+            p.error(f"--shared {a.shared}: no ml-100k/u.data there; point --shared at the shared "
+                    "datasets folder")
+        data = prepare(work, "ml-100k", ["--dataset", "ml-100k", "--input", str(source)],
+                       a.driver_memory)
+        inputs["ml100k"] = ("ml-100k", data, ["NCE-AutoRec", "AutoRec", "PureSVD"],
+                            "ml-100k through the real ETL, 3 lists")
 
     results, before = {}, {}
     previous = Path(a.out).with_suffix(".json")
@@ -241,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         results = {name: {**e, "from_an_earlier_run": True} for name, e in before.items()
                    if name not in {n for n, *_ in inputs.values()}}
     for size, (name, data, labels, what) in inputs.items():
-        recs = [work / name / f"recs-{label}" for label in labels]
+        recs = [data.parent / f"recs-{label}" for label in labels]  # shared by 1 and 2 lists
+        (work / name).mkdir(parents=True, exist_ok=True)
         for seed, (label, r) in enumerate(zip(labels, recs)):
             write_lists(data, r, label, seed)
         entry = {"input": what, "date": stamp["date"], "commit": head}

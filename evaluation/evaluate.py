@@ -55,7 +55,8 @@ from evaluation import plots
 from evaluation.popularity import summary_from_counts
 from evaluation.score import MARKER as RECS_MARKER
 from evaluation.spark_metrics import (METRICS, encode_lists, inverse_logs, metric_key,
-                                      metrics_for, per_user_arrow, split_name, summarise)
+                                      metrics_for, split_name)
+from evaluation.user_table import USERS_PER_PARTITION, column, summary_rows, user_table
 from prepared.protocol import KS, TABLE, TOP_K
 from runtime.cli import add_options, option, strict_parser, values
 from runtime.progress import EVERY, info_lines, spark_progress
@@ -128,102 +129,73 @@ def read_recs(spark, path: str, label: str | None) -> Recs:
     return Recs(path=path, label=name, manifest=manifest, df=df, k=min(k, TOP_K))
 
 
-def truth_table(spark, prep, target: str):
-    """user_id, cold, truth (distinct item indices): a warm user's ``target`` split, a cold-start
-    user's valid and test splits. Indices, not raw ids: the per-user metrics compare them with
-    the lists ``encode_lists`` turns into indices of the same catalogue."""
-    from pyspark.sql import functions as F
-
-    layout = prep.manifest["layout"]
-    # the training rows (most of them) are never truth: dropped before the join moves any row
-    split = spark.read.parquet(f"{prep.uri}/{layout['split']}").select(S.USER_ID, S.ITEM_ID, S.SPLIT) \
-        .filter(F.col(S.SPLIT).isin("valid", "test"))
-    users = spark.read.parquet(f"{prep.uri}/{layout['users']}").select(S.USER_ID, S.COLD)
-    items = spark.read.parquet(f"{prep.uri}/{layout['items']}").select(S.ITEM_ID, S.ITEM_INDEX)
-    wanted = F.when(F.col(S.COLD), F.col(S.SPLIT).isin("valid", "test")) \
-        .otherwise(F.col(S.SPLIT) == target)
-    return (split.join(users, S.USER_ID).filter(wanted).join(F.broadcast(items), S.ITEM_ID)
-            .groupBy(S.USER_ID, S.COLD).agg(F.collect_set(S.ITEM_INDEX).alias("truth")))
-
-
-def check_recs(spark, prep, recs: Recs, encoded) -> None:
+def check_recs(wide, files: list[Recs], prep) -> None:
     """Refuse lists whose metrics would be wrong without showing it, naming the first offending
     user (in user_id order) and the fix: a user not in ``prep`` (lists for another dataset), an
     item outside its catalogue, a user on more than one row (counted once per row in every mean),
     a list that repeats an item (a repeated true item is a hit at each of its positions: one can
-    give NDCG and Recall@50 far above 1). ``encoded``: the lists as evaluated (their top TOP_K)
-    as ``encode_lists`` gives them, with each list's first repeat and smallest stray id found
-    as it encoded them. One aggregation: a shuffle by user_id of the file's rows (user_id and
-    those two) beside the dataset's users. One row of counts and first offenders reaches the
-    driver, whatever the number of users."""
+    give NDCG and Recall@50 far above 1). The files in order, each's checks in that order.
+    ``wide``: the per-user table (evaluation/user_table.py), which holds each user's row count,
+    smallest stray id and repeat per file. One aggregation for every file: one row of counts and
+    first offenders reaches the driver, whatever the number of users."""
     from pyspark.sql import functions as F
 
-    layout = prep.manifest["layout"]
-    users = spark.read.parquet(f"{prep.uri}/{layout['users']}") \
-        .select(F.col(S.USER_ID).cast("string").alias("user_id"))
     none = F.lit(None).cast("string")
-
-    def facts(df, rows, known, repeated, stray):
-        """One input of the per-user union: what ``df``'s rows tell about their user."""
-        return df.select("user_id", F.lit(rows).alias("_rows"), F.lit(known).alias("_known"),
-                         repeated.isNotNull().alias("_repeats"), repeated.alias("_repeated"),
-                         stray.isNotNull().alias("_strays"), stray.alias("_stray"))
-
-    by_user = (facts(encoded, 1, False, F.col("_repeat"), F.col("_stray"))
-               .unionByName(facts(users, 0, True, none, none))
-               .groupBy("user_id")
-               .agg(F.sum("_rows").alias("rows"), F.max("_known").alias("known"),
-                    F.max("_repeats").alias("repeats"), F.min("_repeated").alias("repeated"),
-                    F.max("_strays").alias("strays"), F.min("_stray").alias("stray")))
-    checks = {"unknown": ((F.col("rows") > 0) & ~F.col("known"), none),
-              "stray": (F.col("strays"), F.col("stray")),
-              "twice": (F.col("rows") > 1, none),
-              "repeat": (F.col("repeats"), F.col("repeated"))}
     aggs = []
-    for name, (bad, item) in checks.items():
-        aggs += [F.count(F.when(bad, 1)).alias(f"{name}_n"),
-                 F.min(F.when(bad, F.struct(F.col("user_id").alias("user"),
-                                            item.alias("item")))).alias(name)]
-    r = by_user.agg(*aggs).first()
+    for i, _ in enumerate(files):
+        rows, stray, repeat = (F.col(column(i, c)) for c in ("rows", "stray", "repeat"))
+        checks = {"unknown": ((rows > 0) & ~F.col("known"), none),
+                  "stray": (stray.isNotNull(), stray),
+                  "twice": (rows > 1, none),
+                  "repeat": (repeat.isNotNull(), repeat)}
+        for name, (bad, item) in checks.items():
+            aggs += [F.count(F.when(bad, 1)).alias(f"{name}_n_{i}"),
+                     F.min(F.when(bad, F.struct(F.col("user_id").alias("user"),
+                                                item.alias("item")))).alias(f"{name}_{i}")]
+    r = wide.agg(*aggs).first()
 
     def shown(v) -> str:
         return "null" if v is None else str(v)
 
-    where = f"--recs {recs.path}"
-    if r["unknown_n"]:
-        raise UsageError(f"{where}: {r['unknown_n']:,} user(s) are not users of --data {prep.uri}, "
-                         f"e.g. {shown(r['unknown']['user'])} (the first by user_id); score the "
-                         "dataset these recommendations are meant for")
-    if r["stray_n"]:
-        raise UsageError(f"{where}: {r['stray_n']:,} user(s) have items outside the catalogue of "
-                         f"--data {prep.uri}, first user {shown(r['stray']['user'])} with item "
-                         f"{shown(r['stray']['item'])}; re-run evaluation/score.py on that --data, "
-                         "or drop the unknown items")
-    if r["twice_n"]:
-        raise UsageError(f"{where}: {r['twice_n']:,} user(s) have more than one row (each row would "
-                         f"count in every mean), first user {shown(r['twice']['user'])}; re-run "
-                         "evaluation/score.py, or keep one list per user")
-    if r["repeat_n"]:
-        raise UsageError(f"{where}: {r['repeat_n']:,} user(s) have a list that repeats an item (a "
-                         "repeated true item would count as a hit at each position), first user "
-                         f"{shown(r['repeat']['user'])} repeats item {shown(r['repeat']['item'])}; "
-                         "re-run evaluation/score.py, or deduplicate the lists")
+    for i, recs in enumerate(files):
+        where = f"--recs {recs.path}"
+        n = {name: r[f"{name}_n_{i}"] for name in ("unknown", "stray", "twice", "repeat")}
+        first = {name: r[f"{name}_{i}"] for name in n}
+        if n["unknown"]:
+            raise UsageError(f"{where}: {n['unknown']:,} user(s) are not users of --data "
+                             f"{prep.uri}, e.g. {shown(first['unknown']['user'])} (the first by "
+                             "user_id); score the dataset these recommendations are meant for")
+        if n["stray"]:
+            raise UsageError(f"{where}: {n['stray']:,} user(s) have items outside the catalogue "
+                             f"of --data {prep.uri}, first user {shown(first['stray']['user'])} "
+                             f"with item {shown(first['stray']['item'])}; re-run "
+                             "evaluation/score.py on that --data, or drop the unknown items")
+        if n["twice"]:
+            raise UsageError(f"{where}: {n['twice']:,} user(s) have more than one row (each row "
+                             f"would count in every mean), first user "
+                             f"{shown(first['twice']['user'])}; re-run evaluation/score.py, or "
+                             "keep one list per user")
+        if n["repeat"]:
+            raise UsageError(f"{where}: {n['repeat']:,} user(s) have a list that repeats an item "
+                             "(a repeated true item would count as a hit at each position), first "
+                             f"user {shown(first['repeat']['user'])} repeats item "
+                             f"{shown(first['repeat']['item'])}; re-run evaluation/score.py, or "
+                             "deduplicate the lists")
 
 
-def popularity_counts(evaluated, labels: list[str], items) -> dict[str, tuple[np.ndarray,
-                                                                               np.ndarray]]:
+def popularity_counts(wide, labels: list[str], items) -> dict[str, tuple[np.ndarray,
+                                                                          np.ndarray]]:
     """label -> (popularity, times recommended) per item, over the warm users with a truth set
-    and a list: counted from ``evaluated``'s lists as item indices (``_items``, positions in
-    ``items``' item-index order), all files in one aggregation; at most one row per file and
-    item reaches the driver."""
+    and a list: the per-user table's per-partition counts (``column(i, "pop")``, on one row of
+    each partition), summed here; one row per partition, each the size of the catalogue, reaches
+    the driver."""
     from pyspark.sql import functions as F
 
-    counts = (evaluated.filter((F.col("group") == "warm") & F.col("_listed"))
-              .select("label", F.explode("_items").alias("_i")).groupBy("label", "_i").count()
-              .collect())
+    cols = [column(i, "pop") for i in range(len(labels))]
     times = {label: np.zeros(len(items), np.int64) for label in labels}
-    for r in counts:
-        times[r["label"]][r["_i"]] = r["count"]
+    for r in wide.filter(F.col(cols[0]).isNotNull()).select(*cols).collect():
+        for label, counts in zip(labels, r):
+            times[label] += np.asarray(counts, np.int64)
     popularity = items[S.POP_TRAIN_VALID].to_numpy()
     return {label: (popularity, times[label]) for label in labels}
 
@@ -231,17 +203,22 @@ def popularity_counts(evaluated, labels: list[str], items) -> dict[str, tuple[np
 COLD_GRID = 1000  # the cold-start plot's points: NDCG rounded to 1/COLD_GRID (below a pixel)
 
 
-def cold_start(users_df, labels: list[str]):
+def cold_start(users_df, labels: list[str], values=None):
     """The cold-start comparison of NDCG, each of ``labels[1:]`` against ``labels[0]``, over the
     cold-start users every one of them evaluated: (users, {label: (x, y) distinct points on a
     1/COLD_GRID grid}, {label: (better, worse, tied) users}), or None without such a user. One
-    aggregation in Spark: what reaches the driver is bounded by the grid, not by the users."""
+    aggregation in Spark: what reaches the driver is bounded by the grid, not by the users.
+    ``values``: those users' NDCG side by side (columns ``_v0``.. in ``labels``' order, one row
+    per user) where the caller has them (evaluate.py: from the per-user table, no shuffle);
+    else built from ``users_df`` (label, group, user_id, ndcg) by a grouping by user."""
     from pyspark.sql import functions as F
 
-    values = [F.max(F.when(F.col("label") == label, F.col("ndcg"))).alias(f"_v{i}")
-              for i, label in enumerate(labels)]
-    wide = (users_df.filter((F.col("group") == "cold") & F.col("label").isin(labels))
-            .groupBy("user_id").agg(*values).dropna())
+    if values is None:
+        values = (users_df.filter((F.col("group") == "cold") & F.col("label").isin(labels))
+                  .groupBy("user_id")
+                  .agg(*[F.max(F.when(F.col("label") == label, F.col("ndcg"))).alias(f"_v{i}")
+                         for i, label in enumerate(labels)]))
+    wide = values.dropna()
     x = F.col("_v0")
     panels = F.array(*[F.struct(F.lit(i).alias("panel"), F.col(f"_v{i}").alias("y"))
                        for i in range(1, len(labels))])
@@ -291,24 +268,34 @@ def best_other(rows: list[dict], labels: list[str]) -> str | None:
     return max(others, key=lambda label: ndcg[label]) if len(labels) > 2 and others else None
 
 
-def differences(warm, plan: list[tuple[str, str, list[str]]]):
-    """Long DataFrame (comparison, reference, label, metric, d) of the per-user differences of
-    each ``plan`` entry (comparison, reference, others): ``reference`` minus each of ``others``,
-    over the users both evaluated, for each of PAIRED. One shuffle of the warm rows by user
-    (each label's values side by side), however many comparisons."""
+def side_by_side(warm, labels: list[str]):
+    """(one row per user with each label's PAIRED values side by side, {(label, key): column})
+    from the long per-user rows ``warm`` (label, user_id, the metric keys): one shuffle by
+    user."""
     from pyspark.sql import functions as F
 
     keys = [metric_key(m) for m in PAIRED]
-    labels = list(dict.fromkeys(label for _, ref, rest in plan for label in [ref, *rest]))
-    column = {(label, k): f"_v{i}_{j}" for i, label in enumerate(labels)
-              for j, k in enumerate(keys)}
+    column_of = {(label, k): f"_v{i}_{j}" for i, label in enumerate(labels)
+                 for j, k in enumerate(keys)}
     wide = (warm.filter(F.col("label").isin(labels)).groupBy("user_id")
-            .agg(*[F.max(F.when(F.col("label") == label, F.col(k))).alias(column[label, k])
+            .agg(*[F.max(F.when(F.col("label") == label, F.col(k))).alias(column_of[label, k])
                    for label in labels for k in keys]))
+    return wide, column_of
+
+
+def differences(wide, column_of: dict, plan: list[tuple[str, str, list[str]]]):
+    """Long DataFrame (comparison, reference, label, metric, d) of the per-user differences of
+    each ``plan`` entry (comparison, reference, others): ``reference`` minus each of ``others``,
+    over the users both evaluated, for each of PAIRED. ``wide``: one row per user, each label's
+    values in the columns ``column_of[label, metric key]`` (null: not evaluated); no shuffle."""
+    from pyspark.sql import functions as F
+
+    keys = [metric_key(m) for m in PAIRED]
     entries = F.array(*[F.struct(F.lit(comparison).alias("comparison"),
                                  F.lit(reference).alias("reference"), F.lit(label).alias("label"),
                                  F.lit(m).alias("metric"),
-                                 (F.col(column[reference, k]) - F.col(column[label, k])).alias("d"))
+                                 (F.col(column_of[reference, k])
+                                  - F.col(column_of[label, k])).alias("d"))
                         for comparison, reference, rest in plan for label in rest
                         for m, k in zip(PAIRED, keys)])
     return (wide.select(F.explode(entries).alias("_x"))
@@ -316,7 +303,7 @@ def differences(warm, plan: list[tuple[str, str, list[str]]]):
             .filter(F.col("d").isNotNull()))  # a user one of them lacks, or lists too short
 
 
-def paired(users_df, labels: list[str], best: str | None = None) -> list[dict]:
+def paired(users_df, labels: list[str], best: str | None = None, side=None) -> list[dict]:
     """Per-user paired differences over the warm users both evaluated: the first label minus each
     other one (comparison "first") and, given ``best`` (``best_other``), the best minus each label
     that is neither the first nor the best (comparison "best").
@@ -328,19 +315,23 @@ def paired(users_df, labels: list[str], best: str | None = None) -> list[dict]:
     correction (``t_p_holm``, ``wilcoxon_p_holm``) runs over one family per test and per metric:
     every comparison of that metric in the list, against the first and against the best alike.
     Two models' CIs that overlap can still differ with a CI on their difference that excludes
-    zero: the users are the same, and much of each user's variance is shared."""
+    zero: the users are the same, and much of each user's variance is shared.
+
+    ``side``: (wide, column_of) as ``side_by_side`` gives them, over the warm users, where the
+    caller has them (evaluate.py: its per-user table); else built from ``users_df``'s warm rows."""
     from pyspark.sql import functions as F
 
     from evaluation.significance import holm, paired_moments, t_test_p
 
     if len(labels) < 2:
         return []
-    warm = users_df.filter(F.col("group") == "warm")
     plan = [("first", labels[0], labels[1:])]
     others = [label for label in labels[1:] if label != best]
     if best is not None and others:
         plan.append(("best", best, others))
-    diffs = differences(warm, plan)
+    if side is None:
+        side = side_by_side(users_df.filter(F.col("group") == "warm"), labels)
+    diffs = differences(*side, plan)
     keys = ["comparison", "reference", "label", "metric"]
     moments, signed_rank = paired_moments(diffs, keys)
     out = []
@@ -596,77 +587,82 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
     items = spark.read.parquet(f"{prep.uri}/{prep.manifest['layout']['items']}") \
         .select(S.ITEM_INDEX, S.ITEM_ID, S.POP_TRAIN_VALID).toPandas().sort_values(S.ITEM_INDEX)
     catalogue = items[S.ITEM_ID].astype(str).tolist()  # position = item index
-    encoded = {}
     for f in files:  # the manifest's word first: it explains unknown users and items at once
         if f.manifest.get("data") and f.manifest.get("dataset") != prep.dataset:
             raise UsageError(f"--recs {f.path} was scored on dataset {f.manifest['dataset']}, "
                              f"but --data {data} is {prep.dataset}")
-        log.info("checking the users and lists of %s (%s)", f.path, f.label)
-        progress.phase(f"checking {f.label}")
-        # the lists as item indices, read and encoded once: the check and the metrics read them
-        encoded[f.label] = encode_lists(f.df, catalogue).cache()
-        try:
-            check_recs(spark, prep, f, encoded[f.label])
-        except UsageError:
-            for df in encoded.values():
-                df.unpersist()
-            raise
+    # the NDCG discounts as Spark SQL computes them (the numpy metrics then equal the SQL's), up
+    # to the largest possible truth set: the catalogue (one item-sized job)
+    inverse_log = inverse_logs(spark, TOP_K + 1 + len(catalogue))
 
-    progress.phase("truth sets")
-    truth = truth_table(spark, prep, target).cache()
-    counts = truth.groupBy(S.COLD).agg(F.count(F.lit(1)).alias("count"),
-                                       F.max(F.size("truth")).alias("largest")).collect()
-    n_truth = {bool(r[S.COLD]): r["count"] for r in counts}
-    # the NDCG discounts as Spark SQL computes them (the numpy metrics then equal the SQL's)
-    inverse_log = inverse_logs(spark, max([TOP_K + 1] + [r["largest"] for r in counts]))
+    progress.phase("per-user metrics")
+    # one shuffle of the users' truth sets and every file's lists (as item indices) by user, and
+    # one numpy pass per partition: the metrics, the input checks' facts and the popularity
+    # counts (evaluation/user_table.py); cached, everything below reads it, never recomputes it
+    n_users = int(prep.manifest.get("counts", {}).get("users") or 0)
+    partitions = max(int(prep.manifest.get("spark", {}).get("shuffle_partitions", 8)),
+                     math.ceil(n_users / USERS_PER_PARTITION))
+    wide = user_table(spark, prep, [encode_lists(f.df, catalogue) for f in files],
+                      [f.k for f in files], target, inverse_log, len(catalogue),
+                      partitions).cache()
+    try:
+        log.info("checking the users and lists of %s", ", ".join(f.path for f in files))
+        check_recs(wide, files, prep)
+    except UsageError:
+        wide.unpersist()
+        raise
+    group = F.when(F.col(S.COLD), "cold").otherwise("warm")
+    unlisted = [F.count(F.when(~F.col(column(i, "listed")), 1)).alias(f"_m{i}")
+                for i in range(len(files))]
+    counts = wide.filter(F.col("truth")).groupBy(group.alias("group")) \
+        .agg(F.count(F.lit(1)).alias("count"), *unlisted).collect()
+    n_truth = {r["group"] == "cold": r["count"] for r in counts}
     if not n_truth.get(False):
+        wide.unpersist()
         raise UsageError(f"--data {data}: no warm user has a {target} item, so there is nothing to "
                          f"evaluate (was it prepared with --holdout-fraction 0?)")
     log.info("evaluating %d file(s) on %s: %s warm users with a %s item, %s cold-start users",
              len(files), prep.dataset, f"{n_truth.get(False, 0):,}", target,
              f"{n_truth.get(True, 0):,}")
-
-    progress.phase("per-user metrics")
-    # one join per file, of every user with a truth set with their list (null: none), and one
-    # pass of numpy over it gives every metric, the users without a list and the lists as item
-    # indices (for the popularity analysis): cached, it is read again, never recomputed
-    per_file = []
+    missing = {f.label: {r["group"]: r[f"_m{i}"] for r in counts if r[f"_m{i}"]}
+               for i, f in enumerate(files)}
     for f in files:
-        joined = truth.join(encoded[f.label].select("user_id", "_items"), "user_id", "left")
-        per_file.append(per_user_arrow(joined, k=f.k, inverse_log=inverse_log).select(
-            F.lit(f.label).alias("label"),
-            F.when(F.col(S.COLD), "cold").otherwise("warm").alias("group"), "user_id",
-            *[metric_key(m) for m in metrics_for(f.k)], "_items", "_listed"))
-    evaluated = per_file[0]
-    for df in per_file[1:]:  # a file of shorter lists lacks some metric columns: null
-        evaluated = evaluated.unionByName(df, allowMissingColumns=True)
-    evaluated = evaluated.cache()
-    missing = {f.label: {} for f in files}
-    for r in (evaluated.filter(~F.col("_listed")).groupBy("label", "group").count().collect()):
-        missing[r["label"]][r["group"]] = r["count"]
-    for df in encoded.values():  # the lists live on in ``evaluated``
-        df.unpersist()
-    for f in files:
-        for group, n in missing[f.label].items():
+        for g, n in missing[f.label].items():
             log.warning("%s: %s %s users with a truth set have no recommendations in %s and are "
-                        "not evaluated", f.label, f"{n:,}", group, f.path)
-    users_df = evaluated.filter(F.col("_listed")).select(
-        *[c for c in evaluated.columns if not c.startswith("_")])
+                        "not evaluated", f.label, f"{n:,}", g, f.path)
+    # the long per-user rows (label, group, user_id, metrics) of the listed users: one select of
+    # the cached table per file
+    per_file = [wide.filter(F.col(column(i, "listed"))).select(
+        F.lit(f.label).alias("label"), group.alias("group"), "user_id",
+        *[F.col(column(i, metric_key(m))).alias(metric_key(m)) for m in metrics_for(f.k)])
+        for i, f in enumerate(files)]
+    users_df = per_file[0]
+    for df in per_file[1:]:  # a file of shorter lists lacks some metric columns: null
+        users_df = users_df.unionByName(df, allowMissingColumns=True)
 
+    # the means and CIs from the partitions' moments: P rows reach the driver, not an
+    # aggregation of every metric over every user
+    moments = [column(i, "moments") for i in range(len(files))]
+    parts = wide.filter(F.col(moments[0]).isNotNull()).select(*moments).collect()
     rows = [{**r, "target": target if r["group"] == "warm" else "valid+test"}
-            for r in summarise(users_df, ["label", "group"])]
+            for r in summary_rows([list(p) for p in parts], [f.label for f in files],
+                                  [f.k for f in files])]
     order = {f.label: i for i, f in enumerate(files)}
     rows.sort(key=lambda r: (order[r["label"]], r["group"] != "warm", METRICS.index(r["metric"])))
     log.info("metrics of %s user(s) x %d file(s) done (%.0fs so far); popularity of the "
              "recommendations next", f"{sum(n_truth.values()):,}", len(files),
              time.perf_counter() - t0)
+    index = {f.label: i for i, f in enumerate(files)}
 
     progress.phase("paired differences")
     long_enough = [f.label for f in files if f.k >= TOP_K and f.label in compared]
     long_enough.sort(key=compared.index)
-    pairs = paired(users_df, long_enough, best_other(rows, long_enough))
+    warm = wide.filter(F.col("truth") & ~F.col(S.COLD))  # each label's values: null unlisted
+    pairs = paired(users_df, long_enough, best_other(rows, long_enough),
+                   side=(warm, {(label, metric_key(m)): column(index[label], metric_key(m))
+                                for label in long_enough for m in PAIRED}))
     progress.phase("popularity")
-    pop_counts = popularity_counts(evaluated, [f.label for f in files], items)
+    pop_counts = popularity_counts(wide, [f.label for f in files], items)
     pop = {label: summary_from_counts(c, p) for label, (p, c) in pop_counts.items()}
     title = f"{prep.dataset}, {target} users"
     out_files = {"metrics.csv": metrics_csv(rows).encode(),
@@ -678,7 +674,9 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
     # the cold-start plot compares NDCG, which files of lists shorter than TOP_K do not have
     labels_in = long_enough
     progress.phase("cold-start plot")
-    cold = cold_start(users_df, labels_in) if len(labels_in) > 1 else None
+    ndcg = wide.filter(F.col("truth") & F.col(S.COLD)).select(  # null: not listed
+        *[F.col(column(index[label], "ndcg")).alias(f"_v{j}") for j, label in enumerate(labels_in)])
+    cold = cold_start(users_df, labels_in, values=ndcg) if len(labels_in) > 1 else None
     if cold is not None:
         n_cold, points, tallies = cold
         out_files["cold_start.png"] = plots.png_bytes(plots.cold_start_scatter(
@@ -707,8 +705,7 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
                     "labels": [f.label for f in files], "rows": rows, "paired": pairs}
         manifest = publisher.write_manifest(manifest)  # last: lists every file
         progress.phase("published")
-    truth.unpersist()
-    evaluated.unpersist()
+    wide.unpersist()
     return manifest
 
 

@@ -287,6 +287,15 @@ def test_evaluation_refuses_bad_input(spark, scored, evaluated, small_prepared, 
     shutil.rmtree(empty / S.SPLIT_DIR)
     (empty / S.SPLIT_DIR).mkdir()
     split[split[S.SPLIT] != "test"].to_parquet(empty / S.SPLIT_DIR / "part-0.parquet")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rows = pq.read_table(empty / S.ROWS_DIR)  # the user rows hold the same truth sets
+    shutil.rmtree(empty / S.ROWS_DIR)
+    (empty / S.ROWS_DIR).mkdir()
+    at = rows.schema.get_field_index(S.TEST_ITEMS)
+    pq.write_table(rows.set_column(at, S.TEST_ITEMS, pa.array([[]] * rows.num_rows,
+                                                              pa.list_(pa.int32()))),
+                   empty / S.ROWS_DIR / "part-0.parquet")
     relist_files(empty)
     with pytest.raises(UsageError, match="no warm user has a test item"):
         evaluate(spark, recs=[str(base / "recs")], data=str(empty), output=str(tmp_path / "o"),

@@ -1,0 +1,232 @@
+"""Everything evaluation needs per user, in one shuffle and one numpy pass per partition.
+
+The dataset's user rows (user_id, cold, valid_items, test_items: item indices, one row per user)
+and every recommendation file's lists (``encode_lists``' item indices with their first stray id
+and first repeat) are hash-partitioned together by user_id; each partition is then read whole
+into numpy (a user's rows all land in the same partition) and gives one wide row per user:
+
+    user_id, cold, known (a user of the dataset), truth (evaluated: a non-empty truth set),
+    and per file i (columns ``column(i, name)``): rows (the file's rows of this user), stray and
+    repeat (the smallest stray id and repeated item over those rows), listed (evaluated and with
+    a list) and every metric of ``metrics_for(k)`` (null unless listed); on the partition's
+    first row only (null elsewhere), the partition's sums: ``moments`` (per group of GROUPS and
+    metric: users, mean, sum of squared deviations, of the listed users; ``summary_rows`` merges
+    them) and ``pop`` (times each item index was recommended to its warm listed users).
+
+The truth set is the protocol's (a warm user's target split, a cold-start user's valid and test
+splits), from the rows table's item-index lists: the same sets ``truth_table`` builds from the
+split table with a join and a grouping, without either. The metrics are ``metric_arrays``', the
+function the per-batch path (``batch_metrics``) calls, on the same hits and truth sizes: the same
+values to the last bit. The input checks, the paired differences, the cold-start comparison and
+the popularity analysis all read this table (cached), so nothing is joined or grouped by user
+again, and nothing that grows with the users reaches the driver.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from evaluation.spark_metrics import _flat, metric_arrays, metric_key, metrics_for
+from prepared import schema as S
+from prepared.protocol import KS
+
+GROUPS = ("warm", "cold")
+USERS_PER_PARTITION = 100_000  # a partition is held whole in a Python worker: ~0.3 GB per file
+
+
+def column(i: int, name: str) -> str:
+    """The wide table's column ``name`` (a metric key, or rows, stray, repeat, listed, pop) of
+    file ``i``."""
+    return f"f{i}__{name}"
+
+
+def _member(keys: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
+    """Whether each of ``keys`` is in ``sorted_keys`` (ascending, distinct): a binary search,
+    without the sort of both that ``np.isin`` does."""
+    if not len(sorted_keys):
+        return np.zeros(len(keys), bool)
+    at = np.searchsorted(sorted_keys, keys).clip(0, len(sorted_keys) - 1)
+    return sorted_keys[at] == keys
+
+
+def partition_rows(table, ks: list[int], target: str, inverse_log: np.ndarray, n_items: int):
+    """One partition (a pyarrow Table: user_id, _src (0: a user row, i + 1: a row of file i),
+    cold, _a (valid items / the list), _b (test items), _stray, _repeat) -> the wide rows of its
+    users (module docstring), as a dict of Arrow arrays."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    uid = table.column("user_id").combine_chunks()
+    codes_arr = pc.dictionary_encode(uid, null_encoding="encode")
+    users = codes_arr.dictionary
+    codes = codes_arr.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    n_users = len(users)
+    src = table.column("_src").to_numpy().astype(np.int64)
+
+    def part(s):  # the rows of one source, with their user codes
+        mask = src == s
+        return table.filter(pa.array(mask)), codes[mask]
+
+    rows, owner_u = part(0)
+    known = np.zeros(n_users, bool)
+    known[owner_u] = True
+    cold = np.zeros(n_users, bool)
+    cold[owner_u] = rows.column(S.COLD).to_numpy().astype(bool)
+    # truth: (user, item) keys, distinct; a warm user's target split, a cold user's both
+    width = n_items + 1
+    keys = []
+    for name, split in (("_a", "valid"), ("_b", "test")):
+        values, _, owner = _flat(rows.column(name))
+        user = owner_u[owner]
+        item = values.to_numpy(zero_copy_only=False).astype(np.int64)
+        take = (cold[user] | (split == target)) & (item >= 0)
+        keys.append(user[take] * width + item[take])
+    truth_keys = np.unique(np.concatenate(keys))
+    n = np.bincount(truth_keys // width, minlength=n_users)
+    evaluated = np.flatnonzero(known & (n > 0))
+    slot = np.full(n_users, -1, np.int64)
+    slot[evaluated] = np.arange(len(evaluated))
+    n_eval = n[evaluated].astype(np.float64)
+
+    out = {"user_id": users, "cold": pa.array(cold, mask=~known), "known": pa.array(known),
+           "truth": pa.array(slot >= 0)}
+    for i, k in enumerate(ks):
+        recs, owner_r = part(i + 1)
+        count = np.bincount(owner_r, minlength=n_users)
+        out[column(i, "rows")] = pa.array(count.astype(np.int32))
+        for name in ("stray", "repeat"):  # the smallest over a user's rows (more than one: refused)
+            worst = [None] * n_users
+            col = recs.column(f"_{name}")
+            for j in np.flatnonzero(col.is_valid().to_numpy(zero_copy_only=False)):
+                u, v = owner_r[j], col[int(j)].as_py()
+                worst[u] = v if worst[u] is None else min(worst[u], v)
+            out[column(i, name)] = pa.array(worst, pa.string())
+        # a user's list: their first row (a user on two rows is refused by the checks)
+        first = np.full(n_users, -1, np.int64)
+        seen, at = np.unique(owner_r, return_index=True)
+        first[seen] = at
+        values, lengths, owner = _flat(recs.column("_a"))
+        item = values.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        starts = np.zeros(len(lengths), np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        position = np.arange(len(item)) - starts[owner]
+        user = owner_r[owner]
+        chosen = (first[user] == owner) & (slot[user] >= 0)
+        listed_users = np.zeros(n_users, bool)
+        listed_users[seen] = True
+        listed = listed_users[evaluated]
+        length = max(K for K in KS if K <= k)
+        inside = chosen & (position < length)
+        hit = (item >= 0) & _member(user * width + item, truth_keys)
+        hits = np.zeros((len(evaluated), length))
+        hits[slot[user[inside]], position[inside]] = hit[inside]
+        metrics = metric_arrays(hits, n_eval, k, inverse_log)
+        is_listed = np.zeros(n_users, bool)
+        is_listed[evaluated] = listed
+        out[column(i, "listed")] = pa.array(is_listed)
+        for m, v in metrics.items():
+            full = np.zeros(n_users)
+            full[evaluated] = v
+            out[column(i, metric_key(m))] = pa.array(full, pa.float64(), mask=~is_listed)
+        # the moments of each metric per group (warm, cold) of the listed users: merged over
+        # the partitions on the driver (``summary_rows``) instead of an aggregation over users
+        moments = np.zeros((len(GROUPS), len(metrics), 3))
+        for g, is_cold in enumerate((False, True)):
+            mine = listed & (cold[evaluated] == is_cold)
+            for j, v in enumerate(metrics.values()):
+                x = v[mine]
+                if len(x):
+                    mean = x.sum() / len(x)
+                    moments[g, j] = (len(x), mean, ((x - mean) ** 2).sum())
+        out[column(i, "moments")] = pa.array([moments.ravel().tolist()] + [None] * (n_users - 1),
+                                             pa.list_(pa.float64()))
+        # popularity: every listed warm user's whole list (its top TOP_K)
+        counted = chosen & is_listed[user] & ~cold[user] & (item >= 0)
+        pop = np.bincount(item[counted], minlength=n_items).astype(np.int64)
+        out[column(i, "pop")] = pa.array([pop.tolist()] + [None] * (n_users - 1),
+                                         pa.list_(pa.int64())) if n_users else \
+            pa.array([], pa.list_(pa.int64()))
+    return out
+
+
+def wide_schema(ks: list[int]):
+    """The Spark schema of ``partition_rows``' output."""
+    from pyspark.sql.types import (ArrayType, BooleanType, DoubleType, IntegerType, LongType,
+                                   StringType, StructField, StructType)
+
+    fields = [StructField("user_id", StringType()), StructField("cold", BooleanType()),
+              StructField("known", BooleanType()), StructField("truth", BooleanType())]
+    for i, k in enumerate(ks):
+        fields += [StructField(column(i, "rows"), IntegerType()),
+                   StructField(column(i, "stray"), StringType()),
+                   StructField(column(i, "repeat"), StringType()),
+                   StructField(column(i, "listed"), BooleanType())]
+        fields += [StructField(column(i, metric_key(m)), DoubleType()) for m in metrics_for(k)]
+        fields += [StructField(column(i, "moments"), ArrayType(DoubleType())),
+                   StructField(column(i, "pop"), ArrayType(LongType()))]
+    return StructType(fields)
+
+
+def user_table(spark, prep, encoded: list, ks: list[int], target: str,
+               inverse_log: np.ndarray, n_items: int, partitions: int):
+    """The wide per-user table (module docstring) of ``prep``'s users and the ``encoded`` lists
+    (one DataFrame per file, ``encode_lists``' output; ``ks`` their list lengths), over
+    ``partitions`` hash partitions of user_id. Lazy: the caller caches it."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    rows = spark.read.parquet(f"{prep.uri}/{prep.manifest['layout']['rows']}")
+    none_s, none_a = F.lit(None).cast("string"), F.lit(None).cast("array<int>")
+    parts = [rows.select(F.col(S.USER_ID).cast("string").alias("user_id"),
+                         F.lit(0).alias("_src"), F.col(S.COLD).alias("cold"),
+                         F.col(S.VALID_ITEMS).cast("array<int>").alias("_a"),
+                         F.col(S.TEST_ITEMS).cast("array<int>").alias("_b"),
+                         none_s.alias("_stray"), none_s.alias("_repeat"))]
+    for i, df in enumerate(encoded):
+        parts.append(df.select("user_id", F.lit(i + 1).alias("_src"),
+                               F.lit(None).cast("boolean").alias("cold"), F.col("_items").alias("_a"),
+                               none_a.alias("_b"), "_stray", "_repeat"))
+    both = parts[0]
+    for p in parts[1:]:
+        both = both.unionByName(p)
+    schema = wide_schema(ks)
+    names = schema.fieldNames()
+
+    def run(batches):
+        batches = list(batches)
+        if not batches or not sum(b.num_rows for b in batches):
+            return
+        table = pa.Table.from_batches(batches)
+        cols = partition_rows(table, ks, target, inverse_log, n_items)
+        yield pa.RecordBatch.from_arrays([cols[c] for c in names], names=names)
+
+    return both.repartition(partitions, "user_id").mapInArrow(run, schema)
+
+
+def summary_rows(parts: list, labels: list[str], ks: list[int]) -> list[dict]:
+    """``summarise``'s rows (label, group, metric, mean, ci95 = 1.96 std_pop / sqrt(n), users)
+    from the partitions' ``moments`` (``parts``: one list per partition, each with one moments
+    array per file, None for a partition without users), merged pairwise (Chan et al.: exact
+    in exact arithmetic; in floating point within a few ulps of Spark's avg and stddev_pop)."""
+    out = []
+    for i, (label, k) in enumerate(zip(labels, ks)):
+        names = metrics_for(k)
+        total = np.zeros((len(GROUPS), len(names), 3))
+        for part in parts:
+            if part[i] is None:
+                continue
+            m = np.asarray(part[i], np.float64).reshape(total.shape)
+            n_a, n_b = total[..., 0], m[..., 0]
+            n = n_a + n_b
+            delta = m[..., 1] - total[..., 1]
+            safe = np.where(n > 0, n, 1.0)
+            total = np.stack([n, total[..., 1] + delta * n_b / safe,
+                              total[..., 2] + m[..., 2] + delta ** 2 * n_a * n_b / safe], axis=-1)
+        for g, group in enumerate(GROUPS):
+            for j, name in enumerate(names):
+                n, mean, m2 = total[g, j]
+                if n == 0:  # no listed user in this group
+                    continue
+                out.append({"label": label, "group": group, "metric": name, "mean": float(mean),
+                            "ci95": float(1.96 * np.sqrt(m2 / n) / n ** 0.5), "users": int(n)})
+    return out

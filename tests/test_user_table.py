@@ -1,0 +1,135 @@
+"""evaluation/user_table.py's partition pass (``partition_rows``, the body of the mapInArrow that
+evaluate.py runs over each hash partition of users) against the per-batch path it replaces
+(``batch_metrics`` on the protocol's truth sets, bit for bit) and against hand-counted check facts
+and popularity counts, on a partition built here with its rows in shuffled order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from evaluation.spark_metrics import batch_metrics, metric_key, metrics_for
+from evaluation.user_table import column, partition_rows, summary_rows
+
+N_ITEMS = 300
+INVERSE_LOG = np.concatenate([[np.inf], 1.0 / np.log2(np.arange(1, N_ITEMS + 52) + 1.0)])
+
+
+def make_partition(rng: np.random.Generator, users: int, ks: list[int]):
+    """A partition table (user rows, then each file's rows, shuffled together) and what it holds:
+    per user cold, valid, test; per file the lists by user (an unknown user "zz" in file 0, user
+    u3 on two rows of file 0, u4 without a list in file 1)."""
+    cold = {f"u{u}": u % 4 == 0 for u in range(users)}
+    valid = {f"u{u}": [] if u % 7 == 1 else
+             sorted(rng.choice(N_ITEMS, int(rng.integers(1, 6)), replace=False).tolist())
+             for u in range(users)}
+    test = {f"u{u}": [] if u % 5 == 2 else
+            sorted(rng.choice(N_ITEMS, int(rng.integers(1, 9)), replace=False).tolist())
+            for u in range(users)}
+    rows = [{"user_id": u, "_src": 0, "cold": cold[u], "_a": valid[u], "_b": test[u],
+             "_stray": None, "_repeat": None} for u in cold]
+    lists = []
+    for i, k in enumerate(ks):
+        mine = {}
+        for u in cold:
+            if i == 1 and u == "u4":
+                continue
+            pool = valid[u] + test[u]
+            head = [int(x) for x in pool[:int(rng.integers(0, len(pool) + 1))]]
+            rest = [int(x) for x in rng.permutation(N_ITEMS) if x not in head]
+            mine[u] = (head + rest)[:k]
+            rng.shuffle(mine[u])
+        mine["zz"] = list(range(k))
+        lists.append(mine)
+        for u, items in mine.items():
+            rows.append({"user_id": u, "_src": i + 1, "cold": None, "_a": items, "_b": None,
+                         "_stray": "s9" if (i, u) == (0, "u6") else None,
+                         "_repeat": None})
+        if i == 0:  # u3 again, with a stray and a repeat of its own
+            rows.append({"user_id": "u3", "_src": 1, "cold": None, "_a": list(range(k)),
+                         "_b": None, "_stray": "s1", "_repeat": "7"})
+    order = rng.permutation(len(rows))
+    table = pa.Table.from_pylist([rows[j] for j in order], schema=pa.schema([
+        ("user_id", pa.string()), ("_src", pa.int32()), ("cold", pa.bool_()),
+        ("_a", pa.list_(pa.int32())), ("_b", pa.list_(pa.int32())), ("_stray", pa.string()),
+        ("_repeat", pa.string())]))
+    return table, cold, valid, test, lists
+
+
+@pytest.mark.parametrize("target", ["test", "valid"])
+def test_partition_rows_equal_the_batch_path_and_count_the_checks(target):
+    rng = np.random.default_rng(1)
+    ks = [50, 12]
+    table, cold, valid, test, lists = make_partition(rng, 120, ks)
+    out = partition_rows(table, ks, target, INVERSE_LOG, N_ITEMS)
+    users = out["user_id"].to_pylist()
+    assert sorted(users) == sorted([*cold, "zz"])
+    at = {u: j for j, u in enumerate(users)}
+    truth = {u: sorted(set(valid[u] + test[u])) if cold[u] else
+             (valid[u] if target == "valid" else test[u]) for u in cold}
+    evaluated = [u for u in cold if truth[u]]
+    assert 20 < len(evaluated) < len(cold)  # some users have no truth set: not evaluated
+    assert out["truth"].to_pylist() == [u in evaluated for u in users]
+    assert out["known"].to_pylist() == [u != "zz" for u in users]
+    assert out["cold"].to_pylist()[at["zz"]] is None
+    # the check facts: rows per user, the smallest stray and repeat over a user's rows
+    rows0 = out[column(0, "rows")].to_pylist()
+    assert rows0[at["u3"]] == 2 and rows0[at["zz"]] == 1 and rows0[at["u5"]] == 1
+    assert out[column(1, "rows")].to_pylist()[at["u4"]] == 0
+    assert [u for u, s in zip(users, out[column(0, "stray")].to_pylist()) if s] == ["u3", "u6"]
+    assert out[column(0, "stray")].to_pylist()[at["u3"]] == "s1"
+    assert [(u, r) for u, r in zip(users, out[column(0, "repeat")].to_pylist()) if r] == \
+        [("u3", "7")]
+    for i, k in enumerate(ks):
+        # the same users through batch_metrics, each with their first list in table order
+        first = {}
+        for u, src, items in zip(table.column("user_id").to_pylist(),
+                                 table.column("_src").to_pylist(), table.column("_a").to_pylist()):
+            if src == i + 1 and u not in first:
+                first[u] = items
+        ref = batch_metrics(pa.RecordBatch.from_pydict({
+            "user_id": pa.array(evaluated), "cold": pa.array([cold[u] for u in evaluated]),
+            "_items": pa.array([first.get(u) for u in evaluated], pa.list_(pa.int32())),
+            "truth": pa.array([truth[u] for u in evaluated], pa.list_(pa.int32()))}),
+            k, inverse_log=INVERSE_LOG)
+        rows = [at[u] for u in evaluated]
+        listed = np.array(out[column(i, "listed")].to_pylist())
+        assert listed[rows].tolist() == ref.column("_listed").to_pylist()
+        assert not listed[[at["zz"]]].any()  # an unknown user is never evaluated
+        assert listed[at["u4"]] == (i == 0)  # u4 (evaluated) has no list in file 1
+        for m in metrics_for(k):
+            got = np.array(out[column(i, metric_key(m))].to_pylist(), dtype=float)
+            want = np.array(ref.column(metric_key(m)).to_pylist(), dtype=float)
+            np.testing.assert_array_equal(got[rows], want, err_msg=m)  # bit for bit, nulls too
+            assert np.isnan(np.delete(got, rows)).all(), m  # not evaluated: null
+        # popularity: each listed warm user's whole list, hand-counted
+        want = np.zeros(N_ITEMS, np.int64)
+        for u in evaluated:
+            if not cold[u] and first.get(u) is not None:
+                np.add.at(want, first[u], 1)
+        pop = out[column(i, "pop")].to_pylist()
+        assert pop[0] == want.tolist() and want.sum() > 0
+        assert all(p is None for p in pop[1:])  # one row per partition carries the counts
+
+
+def test_the_partitions_moments_merge_to_each_groups_mean_and_ci():
+    """Three partitions' moments, merged, against numpy's mean and std over all their users."""
+    rng = np.random.default_rng(2)
+    ks = [50, 12]
+    outs = [partition_rows(make_partition(rng, users, ks)[0], ks, "test", INVERSE_LOG, N_ITEMS)
+            for users in (40, 90, 7)]
+    parts = [[o[column(i, "moments")].to_pylist()[0] for i in range(len(ks))] for o in outs]
+    got = {(r["label"], r["group"], r["metric"]): r
+           for r in summary_rows(parts + [[None, None]], ["a", "b"], ks)}
+    for i, (label, k) in enumerate(zip(["a", "b"], ks)):
+        for group in ("warm", "cold"):
+            for m in metrics_for(k):
+                x = np.concatenate([np.array(o[column(i, metric_key(m))].to_pylist(), float)[
+                    np.array(o[column(i, "listed")].to_pylist())
+                    & (np.array(o["cold"].to_pylist()) == (group == "cold"))] for o in outs])
+                r = got.pop((label, group, m))
+                assert r["users"] == len(x) > 10
+                assert abs(r["mean"] - x.mean()) < 1e-12, (label, group, m)
+                assert abs(r["ci95"] - 1.96 * x.std() / len(x) ** 0.5) < 1e-12, (label, group, m)
+    assert not got  # nothing beyond the groups and metrics of each file's k
