@@ -42,7 +42,6 @@ import torch  # noqa: E402
 
 from benchmarks import report  # noqa: E402
 from benchmarks.baselines import prepare  # noqa: E402
-from benchmarks.collapse import commit  # noqa: E402
 from benchmarks.tune_defaults import load, train_one  # noqa: E402
 from models.autorec import AutoRec  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
@@ -134,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write(results: list[dict], commands: list[str], args) -> None:
-    stamp = {**report.stamp("batch_defaults.py"), "commit": commit(), "epochs_cap": EPOCHS,
+    stamp = {**report.stamp("batch_defaults.py"), "epochs_cap": EPOCHS,
              "reference": REFERENCE}
     commands = commands + [stamp["command"] + f" (commit {stamp['commit']}, {stamp['date']})"]
     lines = ["# Batch size and learning rate of the AutoRec family: quality against time\n",

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -87,14 +86,6 @@ def code_rank(first):
     return watch
 
 
-def commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                         text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
-    return out.stdout.strip() + ("+uncommitted" if dirty else "")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", nargs="+", required=True, help="prepared directories")
@@ -146,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write(results: list[dict], datasets: dict, commands: list[str], args) -> None:
-    stamp = {**report.stamp("collapse.py"), "commit": commit()}
+    stamp = report.stamp("collapse.py")
     commands = commands + [f"{stamp['command']} (commit {stamp['commit']}, {stamp['date']})"]
     lines = ["# The AutoRec family on a large, very sparse set: collapse or not\n",
              "Commands: " + "; ".join(f"`{c}`" for c in commands) + "  ",

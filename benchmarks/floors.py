@@ -62,7 +62,6 @@ import json
 import math
 import multiprocessing as mp
 import os
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -596,14 +595,6 @@ def same_cpu(floors: dict | None = None) -> bool | None:
     return floors.get("cpu") == cpu()
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
 UNITS = {"matmul": (1e9, "GFLOP/s"), "sort": (1e6, "M keys/s")}
 
 
@@ -621,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(RESULTS))
     a = p.parse_args(argv)
     from benchmarks import report
-    stamp = {**report.stamp("floors.py", argv), "commit": commit(), "cpu": cpu()}
+    stamp = {**report.stamp("floors.py", argv), "cpu": cpu()}
     measured, at, candidates = {}, {}, {}
     for name, planned in rate_plan(a.workers).items():
         if isinstance(planned, list):  # several ways to do the same work: the best is the rate

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,16 +29,9 @@ def stamp(script: str, argv: list[str] | None = None) -> dict:
 def commit() -> str:
     """The code's commit, ``+dirty`` when tracked code outside the results differs from it (a
     rewritten result file is not a change to the code that produced it)."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":(exclude)benchmarks/results", ":(exclude)*.md"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (sha or "unknown") + ("+dirty" if dirty else "")
+    from infra.demo import commit as code_commit
+
+    return code_commit(exclude=("benchmarks/results", "*.md"))
 
 
 def publish(out: Path, payload: dict, lines: list[str]) -> None:

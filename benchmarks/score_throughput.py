@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import floors  # noqa: E402
+from benchmarks import floors, report  # noqa: E402
 from infra.submit import spark_submit  # noqa: E402
 from runtime.runs import MODEL_FILE  # noqa: E402
 
@@ -203,7 +203,7 @@ def write(rows: list[dict], args) -> None:
     except FileNotFoundError:
         measured, floors_note = {}, "no floors.json"
     out.with_suffix(".json").write_text(json.dumps(
-        {"machine": machine, "cpu": floors.cpu(), "commit": floors.commit(), "command": command,
+        {"machine": machine, "cpu": floors.cpu(), "commit": report.commit(), "command": command,
          "date": time.strftime("%Y-%m-%d"), "floors": floors_note,
          "best_matmul": {k: {"rate": v, "at": measured.get("measured_at", {}).get(k)}
                          for k, v in measured.get("measured", {}).items()
@@ -211,7 +211,7 @@ def write(rows: list[dict], args) -> None:
          "k": K, "width": WIDTH, "results": rows}, indent=2) + "\n")
     lines = ["# Batch-scoring throughput (users/s, top 50, width 200)", "",
              f"Command: `{command}`  ",
-             f"Commit: {floors.commit()}; machine: {machine}; CPU: {floors.cpu()}; "
+             f"Commit: {report.commit()}; machine: {machine}; CPU: {floors.cpu()}; "
              f"{time.strftime('%Y-%m-%d')}; {floors_note}.  ",
              "Spark: `evaluation.score.score` on local[2] (second, warm call; from opening the data "
              "to the published Parquet). Reference: one torch process, `Recommender.recommend` "

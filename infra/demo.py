@@ -161,13 +161,15 @@ def machine() -> dict:
             "os": platform.system(), "python": platform.python_version()}
 
 
-def commit() -> str:
-    """The code's commit, ``+dirty`` when the work tree differs from it."""
+def commit(exclude: tuple[str, ...] = ()) -> str:
+    """The code's commit, ``+dirty`` when the work tree differs from it (paths matching
+    ``exclude``, git pathspecs, left out of that comparison)."""
+    spec = ["--", ".", *(f":(exclude){p}" for p in exclude)] if exclude else []
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", *spec],
+                               cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (sha or "unknown") + ("+dirty" if dirty else "")
