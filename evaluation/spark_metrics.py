@@ -291,23 +291,3 @@ def batch_metrics(batch, k: int, recs_col: str = "_items", truth_col: str = "tru
     for m, v in metrics.items():
         columns[metric_key(m)] = pa.array(v, pa.float64(), mask=~listed)
     return pa.RecordBatch.from_pydict(columns)
-
-
-def per_user_arrow(df, k: int = TOP_K, recs_col: str = "_items", truth_col: str = "truth",
-                   keep: tuple[str, ...] = ("user_id", "cold"),
-                   inverse_log: np.ndarray | None = None):
-    """``per_user``'s metrics by numpy on Arrow batches (``mapInArrow``) of item indices
-    (``encode_lists``' lists, truth sets of item indices): ``df``'s ``keep`` columns,
-    ``recs_col``, ``_listed`` (false where ``recs_col`` is null: a user with a truth set and no
-    list, whose metrics are null) and one column per metric of ``metrics_for(k)``."""
-    from pyspark.sql.types import BooleanType, DoubleType, StructField, StructType
-
-    schema = StructType([df.schema[c] for c in keep] + [df.schema[recs_col],
-                                                          StructField("_listed", BooleanType())]
-                        + [StructField(metric_key(m), DoubleType()) for m in metrics_for(k)])
-
-    def run(batches):
-        for b in batches:
-            yield batch_metrics(b, k, recs_col, truth_col, keep, inverse_log)
-
-    return df.select(*keep, recs_col, truth_col).mapInArrow(run, schema)

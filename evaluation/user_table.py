@@ -14,8 +14,8 @@ into numpy (a user's rows all land in the same partition) and gives one wide row
     them) and ``pop`` (times each item index was recommended to its warm listed users).
 
 The truth set is the protocol's (a warm user's target split, a cold-start user's valid and test
-splits), from the rows table's item-index lists: the same sets ``truth_table`` builds from the
-split table with a join and a grouping, without either. The metrics are ``metric_arrays``', the
+splits), from the rows table's item-index lists: the same sets a join and a grouping of the
+split table give (how evaluation built them before), without either. The metrics are ``metric_arrays``', the
 function the per-batch path (``batch_metrics``) calls, on the same hits and truth sizes: the same
 values to the last bit. The input checks, the paired differences, the cold-start comparison and
 the popularity analysis all read this table (cached), so nothing is joined or grouped by user
