@@ -88,6 +88,110 @@ def summarise(folder: Path) -> dict:
     }
 
 
+def dataset_of(folder: Path) -> str:
+    """``experiment-ml-100k-levers`` -> ``ml-100k``: the set an experiment ran on, by its name."""
+    name = folder.name.removeprefix("experiment-")
+    for suffix in ("-levers", "-modes"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def paired_diff(paired: list[dict], a: str, b: str) -> tuple[float, float, dict] | None:
+    """``a`` minus ``b`` (test NDCG, paired per user, pooled over seeds) from whichever of the
+    experiment's comparisons holds the pair, with its row; None where none does."""
+    for r in paired:
+        if r["metric"] != "NDCG" or r.get("seed", "pooled") != "pooled":
+            continue
+        if (r["reference"], r["label"]) == (a, b):
+            return float(r["mean_difference"]), float(r["ci95"]), r
+        if (r["reference"], r["label"]) == (b, a):
+            return -float(r["mean_difference"]), float(r["ci95"]), r
+    return None
+
+
+def summarise_levers(folder: Path, protocol: Path | None) -> dict:
+    """Issue 32's reading of a levers experiment (benchmarks/grids/levers.yaml): the strongest
+    AutoRec-family row, chosen by validation NDCG, against the best baseline by test NDCG (the
+    bar only rises that way), and the NCE head's increment over AutoRec searched over the same
+    levers; beside them the paper's NCE-AutoRec of the protocol experiment on the same set."""
+    table = {r["model"]: r for r in read_csv(folder / "table.csv")}
+    paired = read_csv(folder / "paired.csv")
+    family = [m for m in table if m in FAMILY]
+    baselines = [m for m in table if m not in FAMILY and m != FLOOR]
+    if not {"nce-autorec", "autorec"} <= set(family) or not baselines:
+        raise SystemExit(f"{folder}: a levers experiment needs nce-autorec, autorec and at least "
+                         "one baseline (its --models)")
+    strongest = max(family, key=lambda m: float(table[m]["valid_ndcg"]))
+    best = max(baselines, key=lambda m: float(table[m]["NDCG mean"]))
+    ndcg = lambda t, m: (float(t[m]["NDCG mean"]), float(t[m]["NDCG ci95"]))  # noqa: E731
+    vs_best, increment = paired_diff(paired, strongest, best), paired_diff(paired, "nce-autorec",
+                                                                           "autorec")
+    out = {"experiment": folder.name.removeprefix("experiment-"), "dataset": dataset_of(folder),
+           "seeds": int(table["nce-autorec"].get("seeds") or 1),
+           "strongest": strongest, "strongest_chosen": table[strongest]["chosen"],
+           "strongest_ndcg": ndcg(table, strongest), "best_baseline": best,
+           "best_baseline_chosen": table[best]["chosen"], "best_baseline_ndcg": ndcg(table, best),
+           "strongest_minus_best": vs_best[:2] if vs_best else None,
+           "nce_chosen": table["nce-autorec"]["chosen"], "autorec_chosen": table["autorec"]["chosen"],
+           "nce_ndcg": ndcg(table, "nce-autorec"), "autorec_ndcg": ndcg(table, "autorec"),
+           "increment": increment[:2] if increment else None,
+           "increment_p_holm": (float(increment[2]["t_p_holm"]),
+                                float(increment[2]["wilcoxon_p_holm"])) if increment else None,
+           "top10_share": {m: float(table[m]["share_top10pct"])
+                           for m in ("nce-autorec", "autorec", best)}}
+    if protocol is not None:
+        ptable = {r["model"]: r for r in read_csv(protocol / "table.csv")}
+        pbase = [m for m in ptable if m not in FAMILY and m != FLOOR]
+        pbest = max(pbase, key=lambda m: float(ptable[m]["NDCG mean"])) if pbase else None
+        out["paper_nce"] = ndcg(ptable, "nce-autorec") if "nce-autorec" in ptable else None
+        out["paper_nce_chosen"] = ptable.get("nce-autorec", {}).get("chosen")
+        # the protocol's best baseline must be in the levers experiment, or the bar is too low
+        out["protocol_best_baseline"] = pbest
+        out["protocol_best_in_levers"] = pbest in table
+    out["goal"] = {
+        "strongest_at_or_above_best_baseline": bool(vs_best and vs_best[0] + vs_best[1] >= 0),
+        "nce_increment_positive": bool(increment and increment[0] - increment[1] > 0)}
+    return out
+
+
+def render_levers(rows: list[dict]) -> list[str]:
+    pm = lambda x, signed=False: "–" if x is None else (  # noqa: E731
+        f"{x[0]:+.4f} ± {x[1]:.4f}" if signed else f"{x[0]:.4f} ± {x[1]:.4f}")
+    yes = lambda flag: "yes" if flag else "**no**"  # noqa: E731
+    lines = ["", "## The AutoRec family with the levers (issue 32; extensions beyond the paper)", "",
+             "From each levers experiment (`benchmarks/grids/levers.yaml`: width x lambda, then "
+             "the confidence on positives, input dropout, the NCE head's scale, beta and a "
+             "fine-tune mode one at a time, then together; every choice on validation). "
+             "Strongest: the family row with the best validation NDCG. Best baseline: the "
+             "baseline of that experiment with the best test NDCG. The paper's NCE-AutoRec: the "
+             "protocol experiment's on the same set (width 200, no levers).", "",
+             "| set | seeds | the paper's NCE-AutoRec | strongest family row (chosen) | best baseline "
+             "(chosen) | strongest − best baseline | NCE-AutoRec (levers) | AutoRec (levers) "
+             "| NCE head's increment: NCE − AutoRec, same levers |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p = r.get("increment_p_holm")
+        lines.append(
+            f"| {r['dataset']} | {r['seeds']} | {pm(r.get('paper_nce'))} "
+            f"| {r['strongest']} {pm(r['strongest_ndcg'])} ({r['strongest_chosen']}) "
+            f"| {r['best_baseline']} {pm(r['best_baseline_ndcg'])} ({r['best_baseline_chosen']}) "
+            f"| {pm(r['strongest_minus_best'], True)} "
+            f"| {pm(r['nce_ndcg'])} ({r['nce_chosen']}) | {pm(r['autorec_ndcg'])} "
+            f"({r['autorec_chosen']}) | {pm(r['increment'], True)}"
+            + (f" (p {p[0]:.2g} t, {p[1]:.2g} Wilcoxon, Holm)" if p else "") + " |")
+    lines += ["", "Goal (issue 32), per set:", "",
+              "| set | strongest family row at or above the best baseline | NCE head's increment "
+              "CI > 0 | the protocol's best baseline in the levers experiment |",
+              "|---|---|---|---|"]
+    for r in rows:
+        g = r["goal"]
+        lines.append(f"| {r['dataset']} | {yes(g['strongest_at_or_above_best_baseline'])} "
+                     f"| {yes(g['nce_increment_positive'])} "
+                     f"| {r.get('protocol_best_baseline') or '–'}: "
+                     f"{yes(r.get('protocol_best_in_levers', True))} |")
+    return lines
+
+
 def render(rows: list[dict]) -> list[str]:
     def pm(x: tuple[float, float], signed: bool = False) -> str:
         return f"{x[0]:+.4f} ± {x[1]:.4f}" if signed else f"{x[0]:.4f} ± {x[1]:.4f}"
@@ -133,7 +237,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/nce_report"),
                     help="writes OUT.md and OUT.json (default: %(default)s)")
     args = ap.parse_args(argv)
+    # a levers experiment is read twice: as any experiment (its NCE-AutoRec against its AutoRec
+    # and best baseline) and for issue 32's section, beside the protocol experiment of its set
     rows = [summarise(f) for f in args.folders]
+    protocol = {dataset_of(f): f for f in args.folders
+                if f.name.removeprefix("experiment-") == dataset_of(f)}
+    levers = [summarise_levers(f, protocol.get(dataset_of(f))) for f in args.folders
+              if f.name.endswith("-levers")]
     run = stamp("nce_report.py", argv)
     lines = ["# NCE-AutoRec against AutoRec and the best baseline, per experiment", "",
              f"Command: `{run['command']}`  ", f"Date: {run['date']}.  ",
@@ -141,9 +251,10 @@ def main(argv: list[str] | None = None) -> None:
              "other, 95% CI; where given, p-values of the paired t-test and the Wilcoxon "
              "signed-rank test over users, Holm-corrected over the experiment's NDCG comparisons); "
              "every model chosen on validation (`experiment/run.py`). "
-             "The goal's reading is in `benchmarks/nce_report.py`.", ""] + render(rows)
-    publish(args.out, {"run": run, "experiments": rows}, lines)
-    print("\n".join(render(rows)))
+             "The goal's reading is in `benchmarks/nce_report.py`.", ""] + render(rows) \
+        + (render_levers(levers) if levers else [])
+    publish(args.out, {"run": run, "experiments": rows, "levers": levers}, lines)
+    print("\n".join(render(rows) + (render_levers(levers) if levers else [])))
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ from dataclasses import dataclass
 
 from models.registry import MODELS
 from prepared.errors import UsageError
-from prepared.protocol import TABLE, TOP_K
+from prepared.protocol import STANDARD, TABLE, TOP_K
 from prepared.reader import Prepared, open_prepared
 from runtime.atomic import write_text
 from runtime.runs import RUN_RECORD, finished_summary
@@ -135,6 +135,11 @@ class ExperimentConfig:
                                                "above popularity's or its code collapsed (by "
                                                "default such a model is scored from its run, "
                                                "not registered)")
+    stop_after: str = option("evaluate", choices=("search", "evaluate"),
+                             help="search: stop once every model's trials ran and its best point "
+                                  "is chosen (search.md ranks every trial), before the final "
+                                  "retraining; rerun with --stop-after evaluate to go on. The "
+                                  "grid file may grow in between: a staged search")
 
     def model_list(self) -> list[str]:
         return [m.strip() for m in self.models.split(",") if m.strip()]
@@ -690,7 +695,8 @@ def table_rows(state: dict, rows: list[dict], pop: dict | None = None,
                     "paired_seed_sd": (against("first", s["evaluation_label"]) or {}).get(
                         "seed_sd", math.nan),
                     "best": against("best", s["evaluation_label"]),
-                    **{m: (mine[m]["mean"], mine[m]["ci95"]) for m in TABLE if m in mine}})
+                    **{m: (mine[m]["mean"], mine[m]["ci95"]) for m in (*TABLE, *STANDARD)
+                       if m in mine}})
     return out
 
 
@@ -757,7 +763,28 @@ def table_md(rows: list[dict], title: str) -> str:
                         else r.get("health") or "–") + " |"
                      + (f" {r.get('seeds', 1)} | {spread(r.get('seed_spread'))} |"
                         if seeds > 1 else ""))
+    lines += standard_md(rows, seeds)
     return "\n".join(lines) + "\n"
+
+
+def standard_md(rows: list[dict], seeds: int) -> list[str]:
+    """The second table: the common conventions (``STANDARD``) of the same lists and users,
+    that a number may be set beside a published table using them. Not the paper's definitions,
+    so never in its columns."""
+    if not any(m in r for r in rows for m in STANDARD):
+        return []
+    lines = ["", "## The common conventions (an extension beside the paper's metrics)", "",
+             "The same lists and users, mean ± 95% CI" + (" (pooled over the seeds as above)"
+                                                         if seeds > 1 else "")
+             + ": NDCG@K (truncated) with its ideal over min(|T|, K) test items, where the "
+             "paper's NDCG ranks the whole top-50 against an untruncated ideal; Recall@K over "
+             "|T| as the paper's; HR@K, 1 where any test item is in the top K; MRR@K, 1 / the rank "
+             "of the first test item in the top K (0 where none is).", "",
+             "| model | " + " | ".join(STANDARD) + " |", "|" + "---|" * (len(STANDARD) + 1)]
+    for r in rows:
+        lines.append(f"| {r['model']} | " + " | ".join(
+            f"{r[m][0]:.4f} ± {r[m][1]:.4f}" if m in r else "–" for m in STANDARD) + " |")
+    return lines
 
 
 def spread(x: tuple[float, float, float] | None) -> str:
@@ -777,7 +804,7 @@ def table_csv(rows: list[dict]) -> str:
                 "median_popularity", "share_top10pct", "chosen",
                 "valid_ndcg", "epochs", "trials", "search_minutes", "final_minutes", "users",
                 "health", "seeds", "ndcg_seed_sd", "ndcg_seed_min", "ndcg_seed_max",
-                "paired_seed_sd"])
+                "paired_seed_sd", *[f"{m} {x}" for m in STANDARD for x in ("mean", "ci95")]])
     num = lambda x: "" if x is None or math.isnan(x) else f"{x:.6f}"  # noqa: E731
     for r in rows:
         d, p, b = r.get("paired_ndcg"), r.get("paired_p"), r.get("best")
@@ -793,7 +820,8 @@ def table_csv(rows: list[dict]) -> str:
                     r["epochs"], r["trials"], f"{r['search_minutes']:.2f}",
                     f"{r['final_minutes']:.2f}", r["users"], r.get("health", ""),
                     r.get("seeds", 1), *map(num, r.get("seed_spread") or (None,) * 3),
-                    num(r.get("paired_seed_sd"))])
+                    num(r.get("paired_seed_sd")),
+                    *[f"{r[m][i]:.6f}" if m in r else "" for m in STANDARD for i in (0, 1)]])
     return buf.getvalue()
 
 
@@ -904,6 +932,8 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
         search(cfg, root, model, pts, state, prep.n_items)
         s["chosen"] = select(root, model, pts)
         write_json(root / "experiment.json", state)
+        if cfg.stop_after == "search":
+            continue
         s["chosen"] = reseed_choice(cfg, root, model, pts, s["chosen"], state, prep.n_items)
         write_json(root / "experiment.json", state)
         seeds = final_seeds(cfg)
@@ -927,6 +957,12 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
         s["finals"] = finals
         s["final"] = finals[str(cfg.seed)]  # the first seed's: registered, and its epochs
         write_json(root / "experiment.json", state)
+
+    if cfg.stop_after == "search":
+        write_text(root / "search.md", search_md(state, list(points), cfg.name))
+        state["search"] = str(root / "search.md")
+        write_json(root / "experiment.json", state)
+        return state
 
     from evaluation.evaluate import evaluate
     from evaluation.score import score
@@ -991,6 +1027,23 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
     return state
 
 
+def search_md(state: dict, models: list[str], name: str) -> str:
+    """``--stop-after search``'s report: per model, every finished trial, best validation NDCG
+    first (what the next stage of a staged search reads to grow the grid)."""
+    out = [f"# {name}: the search (--stop-after search)", "",
+           "Every finished trial by validation NDCG, best first; nothing was retrained or read "
+           "on test. Rerun with --stop-after evaluate to retrain the choices and evaluate them.", ""]
+    for m in models:
+        c = state["models"][m]["chosen"]
+        out += [f"## {m}: {c['finished']} of {c['trials']} trial(s) finished", "",
+                "| rank | point | valid NDCG | best epoch |", "|---|---|---|---|"]
+        ranked = sorted(c["all"], key=lambda r: -r["valid_ndcg"])
+        out += [f"| {i} | {fmt_point(r['point'])} | {r['valid_ndcg']:.4f} | {r['best_epoch']} |"
+                for i, r in enumerate(ranked, 1)]
+        out.append("")
+    return "\n".join(out)
+
+
 def seed_label(model: str, seed: int, seeds: int) -> str:
     """The evaluation label of one seed's lists: the model itself with one seed (as before
     --seeds), ``MODEL seed S`` with several (each seed's metrics land in its own run)."""
@@ -1007,7 +1060,7 @@ def pool_over_seeds(spark, evaluation: Path, labels: dict[str, list[str]],
     from evaluation.seeds import pooled_metrics, pooled_pairs
 
     users = spark.read.parquet(str(evaluation / "per_user"))
-    rows = pooled_metrics(users, labels, list(TABLE))
+    rows = pooled_metrics(users, labels, [*TABLE, *STANDARD])
     models = list(labels)
     plan = [("first", models[0], models[1:])] if len(models) > 1 else []
     best = best_other(rows, models)
@@ -1125,14 +1178,19 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)  # --config FILE's errors are UsageErrors
         check_job_paths(args, ExperimentConfig)  # under ray job submit: see check_job_paths
         join_address(args.ray_address)  # a job server's http address fails here, not mid-run
-        state = run_experiment(ExperimentConfig(**values(args, ExperimentConfig)),
-                               args.mlflow_uri, args.ray_address)
+        cfg = ExperimentConfig(**values(args, ExperimentConfig))
+        state = run_experiment(cfg, args.mlflow_uri, args.ray_address)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:  # a trial crashed, no trial finished, a final run failed
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if cfg.stop_after == "search":
+        print("\n" + Path(state["search"]).read_text(), flush=True)
+        print(f"search: {state['search']}; rerun with --stop-after evaluate to retrain, score and "
+              "evaluate the choices", flush=True)
+        return 0
     print("\n" + Path(state["table"]).read_text(), flush=True)
     print(f"table: {state['table']} (and table.csv); figures: "
           f"{', '.join(Path(f).name for f in state['figures']) or 'none (no setting varied)'} in "

@@ -19,6 +19,11 @@ KS = (5, 10, 15, 20, 50)
 # the paper's table columns, in its order: what the evaluation and the experiment tabulate
 TABLE = ("R-Precision", "NDCG", "MAP@5", "MAP@50", "Precision@5", "Precision@50", "Recall@5",
          "Recall@50")
+# the common conventions beside them (an extension: issue 31), that a number may be set beside a
+# published table that uses them: NDCG@K with the ideal over min(|T|, K), Recall@K, HR@K and MRR@K
+# at K 20 and 50 (Recall@50 is the paper's too). The experiment tabulates them after TABLE.
+STANDARD = ("NDCG@20 (truncated)", "Recall@20", "HR@20", "MRR@20", "NDCG@50 (truncated)", "HR@50",
+            "MRR@50")
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)

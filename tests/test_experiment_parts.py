@@ -134,6 +134,22 @@ def test_selection_takes_the_best_finished_trial_and_skips_failed_and_unfinished
     assert chosen["search_seconds"] == pytest.approx(180.0)
 
 
+def test_a_search_only_run_ranks_every_finished_trial_best_first(tmp_path):
+    from experiment.run import build_parser, search_md
+
+    pts = [{"lam": 1.0}, {"lam": 2.0}, {"lam": 3.0}]
+    for p, v in zip(pts, (0.21, 0.25, 0.23)):
+        finished_trial(tmp_path, "autorec", p, v, best_epoch=int(p["lam"]) + 4)
+    state = {"models": {"autorec": {"chosen": select(tmp_path, "autorec", pts)}}}
+    md = search_md(state, ["autorec"], "e")
+    rows = [line for line in md.splitlines() if line.startswith("| ") and "rank" not in line]
+    assert [r.split(" | ")[1] for r in rows] == ["lam=2", "lam=3", "lam=1"]
+    assert rows[0].endswith("| 0.2500 | 6 |") and "3 of 3 trial(s)" in md
+    args = build_parser().parse_args(["--data", "d", "--stop-after", "search"])
+    assert args.stop_after == "search"
+    assert build_parser().parse_args(["--data", "d"]).stop_after == "evaluate"
+
+
 def test_the_final_run_retrains_on_train_and_valid_for_the_chosen_epochs(tmp_path):
     cfg = exp(tmp_path)
     joint = final_config(cfg, tmp_path, "nce-autorec", {
@@ -232,6 +248,36 @@ def test_the_table_holds_every_model_with_cis_and_the_choice():
     assert csv_text.splitlines()[1].startswith("autorec,,,0.310000,0.020000")
     assert "0.290000,0.020000" in csv_text.splitlines()[2]
     assert ",-0.020000,0.005000,0.0031,0.00042,,,,,," in csv_text.splitlines()[2]
+
+
+def test_the_common_conventions_get_their_own_table_and_columns():
+    """NDCG@20 (truncated), HR@K, MRR@K beside the paper's metrics: in a second table of
+    table.md and at the end of table.csv, never in the paper's columns."""
+    from prepared.protocol import STANDARD
+
+    state = {"models": {"autorec": {
+        "evaluation_label": "autorec",
+        "chosen": {"point": {"lam": 30.0}, "valid_ndcg": 0.25, "trials": 3,
+                   "search_seconds": 120.0},
+        "final": {"epochs_run": 9, "wall_seconds": 30.0}}}}
+    rows = [{"label": "autorec", "group": "warm", "metric": m, "mean": x, "ci95": 0.01,
+             "users": 900} for m, x in (("NDCG", 0.31), ("NDCG@20 (truncated)", 0.27),
+                                         ("HR@20", 0.81), ("MRR@50", 0.44), ("F1@5", 0.1))]
+    t = table_rows(state, rows)
+    assert t[0]["NDCG@20 (truncated)"] == (0.27, 0.01) and "F1@5" not in t[0]
+    md = table_md(t, "toy")
+    main, standard = md.split("## The common conventions")
+    assert "NDCG@20" not in main and "| model | " + " | ".join(STANDARD) + " |" in standard
+    assert "| autorec | 0.2700 ± 0.0100 | – | 0.8100 ± 0.0100 | – | – | – | 0.4400 ± 0.0100 |" \
+        in standard
+    head, row = table_csv(t).splitlines()[:2]
+    assert head.endswith("NDCG@20 (truncated) mean,NDCG@20 (truncated) ci95,Recall@20 mean,"
+                         "Recall@20 ci95,HR@20 mean,HR@20 ci95,MRR@20 mean,MRR@20 ci95,"
+                         "NDCG@50 (truncated) mean,NDCG@50 (truncated) ci95,HR@50 mean,HR@50 ci95,"
+                         "MRR@50 mean,MRR@50 ci95")
+    assert row.endswith(",0.270000,0.010000,,,0.810000,0.010000,,,,,,,0.440000,0.010000")
+    # without them (an evaluation from before them): no second table
+    assert "common conventions" not in table_md(table_rows(state, rows[:1]), "toy")
 
 
 def test_the_table_compares_each_model_with_the_best_after_the_first_too():
@@ -413,14 +459,15 @@ def test_the_table_pools_seeds_with_their_spread():
     assert "each with 2 seeds" in md and "| seeds | NDCG seed sd (min–max) |" in md
     assert "| -0.0100 ± 0.0120 |" in md and "| 2 | 0.0030 (0.2380–0.2420) |" in md
     head, _, second = table_csv(t).splitlines()
-    assert head.endswith(",seeds,ndcg_seed_sd,ndcg_seed_min,ndcg_seed_max,paired_seed_sd")
-    assert second.endswith(",2,0.003000,0.238000,0.242000,0.010000")
+    blank = "," * 14  # the common conventions' columns (none in these rows)
+    assert ",seeds,ndcg_seed_sd,ndcg_seed_min,ndcg_seed_max,paired_seed_sd,NDCG@20" in head
+    assert second.endswith(",2,0.003000,0.238000,0.242000,0.010000" + blank)
     # one seed: the table as before --seeds (no seed columns), the csv's seed columns empty
     one = table_rows(state, [{k: v for k, v in r.items() if not k.startswith("seed")}
                              for r in rows], None, pairs[1:2])
     assert "seeds" not in table_md(one, "toy")
-    assert table_csv(one).splitlines()[1].endswith(",1,,,,")  # the first: no pair of its own
-    assert table_csv(one).splitlines()[2].endswith(",1,,,,0.010000")
+    assert table_csv(one).splitlines()[1].endswith(",1,,,," + blank)  # no pair of its own
+    assert table_csv(one).splitlines()[2].endswith(",1,,,,0.010000" + blank)
 
 
 def test_the_seed_spread_decides_whether_the_two_best_are_rerun():

@@ -88,3 +88,71 @@ def test_the_holm_p_values_are_quoted_where_paired_csv_has_them(tmp_path):
     assert "| yes (p 0.41 t, 0.5 Wilcoxon, Holm) | yes (p 0.0012 t" in text
     assert summarise(experiment(tmp_path, name="experiment-old"))["p_holm"] == {
         "nce_minus_autorec": None, "nce_minus_best": None}
+
+
+LEVERS = ["model", "NDCG mean", "NDCG ci95", "share_top10pct", "median_popularity", "chosen",
+          "valid_ndcg", "seeds"]
+LEVERS_PAIRED = PAIRED + ["seed", "t_p_holm", "wilcoxon_p_holm"]
+
+
+def levers_experiment(tmp_path, increment=(0.004, 0.003), best_minus_strongest=(0.001, 0.004)):
+    """nce-autorec (first) and autorec searched over the levers, two baselines: autorec has the
+    better validation NDCG (so it is the strongest) though nce-autorec's test NDCG is higher."""
+    folder = tmp_path / "experiment-toy-levers"
+    folder.mkdir()
+    table = [["nce-autorec", 0.262, 0.01, 0.6, 80, "lam=30, pos_weight=3", 0.270, 3],
+             ["autorec", 0.258, 0.01, 0.7, 90, "lam=30, width=1000", 0.275, 3],
+             ["nce-plrec", 0.259, 0.01, 0.65, 85, "rank=200", 0.268, 1],
+             ["ease", 0.250, 0.01, 0.66, 86, "lam=500", 0.266, 1],
+             ["popularity", 0.15, 0.01, 1.0, 300, "", 0.16, 1]]
+    paired = [["nce-autorec", "autorec", "NDCG", *increment, "pooled", 0.02, 0.03],
+              ["nce-autorec", "autorec", "NDCG", 0.9, 0.001, "0", 0.5, 0.5],  # a seed's: unread
+              ["nce-autorec", "nce-plrec", "NDCG", 0.003, 0.004, "pooled", 0.4, 0.4],
+              # the best baseline is the "best after the first": its rows are it minus each
+              ["nce-plrec", "autorec", "NDCG", *best_minus_strongest, "pooled", 0.6, 0.7],
+              ["nce-plrec", "ease", "NDCG", 0.009, 0.004, "pooled", 0.01, 0.01]]
+    for name, header, rows in (("table.csv", LEVERS, table), ("paired.csv", LEVERS_PAIRED, paired)):
+        with (folder / name).open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(header)
+            w.writerows(rows)
+    return folder
+
+
+def test_the_levers_section_reads_the_strongest_by_validation_and_the_same_lever_increment(
+        tmp_path):
+    from benchmarks.nce_report import summarise_levers
+
+    protocol = experiment(tmp_path)  # experiment-toy: its best baseline is ease
+    r = summarise_levers(levers_experiment(tmp_path), protocol)
+    assert r["dataset"] == "toy" and r["seeds"] == 3
+    assert r["strongest"] == "autorec"  # by validation NDCG, not nce-autorec's higher test
+    assert r["best_baseline"] == "nce-plrec" and r["best_baseline_ndcg"] == (0.259, 0.01)
+    assert r["strongest_minus_best"] == (-0.001, 0.004)  # nce-plrec − autorec, turned round
+    assert r["increment"] == (0.004, 0.003) and r["increment_p_holm"] == (0.02, 0.03)
+    assert r["paper_nce"] == (0.25, 0.01) and r["protocol_best_baseline"] == "ease"
+    assert r["protocol_best_in_levers"]
+    assert r["goal"] == {"strongest_at_or_above_best_baseline": True,
+                         "nce_increment_positive": True}
+
+
+@pytest.mark.parametrize("change, failed", [
+    ({"increment": (0.002, 0.003)}, "nce_increment_positive"),                   # CI has 0
+    ({"best_minus_strongest": (0.006, 0.004)}, "strongest_at_or_above_best_baseline"),  # below
+])
+def test_each_part_of_the_levers_goal_fails_on_its_own(tmp_path, change, failed):
+    from benchmarks.nce_report import summarise_levers
+
+    goal = summarise_levers(levers_experiment(tmp_path, **change), None)["goal"]
+    assert [k for k, ok in goal.items() if not ok] == [failed]
+
+
+def test_the_report_has_a_levers_section_beside_the_protocol_experiment(tmp_path):
+    out = tmp_path / "report"
+    main([str(experiment(tmp_path)), str(levers_experiment(tmp_path)), "--out", str(out)])
+    text = out.with_suffix(".md").read_text()
+    assert "## The AutoRec family with the levers" in text
+    assert ("| toy | 3 | 0.2500 ± 0.0100 | autorec 0.2580 ± 0.0100 (lam=30, width=1000) "
+            "| nce-plrec 0.2590 ± 0.0100 (rank=200) | -0.0010 ± 0.0040 |") in text
+    assert "| +0.0040 ± 0.0030 (p 0.02 t, 0.03 Wilcoxon, Holm) |" in text
+    assert "| toy | yes | yes | ease: yes |" in text
