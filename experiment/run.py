@@ -958,10 +958,11 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
         s["final"] = finals[str(cfg.seed)]  # the first seed's: registered, and its epochs
         write_json(root / "experiment.json", state)
 
+    # every trial ranked, in every run: what a staged search reads to grow its grid
+    write_text(root / "search.md", search_md(state, list(points), cfg.name))
+    state["search"] = str(root / "search.md")
+    write_json(root / "experiment.json", state)
     if cfg.stop_after == "search":
-        write_text(root / "search.md", search_md(state, list(points), cfg.name))
-        state["search"] = str(root / "search.md")
-        write_json(root / "experiment.json", state)
         return state
 
     from evaluation.evaluate import evaluate
@@ -1028,11 +1029,12 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
 
 
 def search_md(state: dict, models: list[str], name: str) -> str:
-    """``--stop-after search``'s report: per model, every finished trial, best validation NDCG
-    first (what the next stage of a staged search reads to grow the grid)."""
-    out = [f"# {name}: the search (--stop-after search)", "",
-           "Every finished trial by validation NDCG, best first; nothing was retrained or read "
-           "on test. Rerun with --stop-after evaluate to retrain the choices and evaluate them.", ""]
+    """search.md: per model, every finished trial, best validation NDCG first (what the next
+    stage of a staged search, ``--stop-after search``, reads to grow the grid)."""
+    out = [f"# {name}: the search", "",
+           "Every finished trial by validation NDCG, best first (one seed, the search's); the "
+           "choice may differ where the seeds settled it (``reseed_choice``: the table's "
+           "'chosen'). Nothing here was read on test.", ""]
     for m in models:
         c = state["models"][m]["chosen"]
         out += [f"## {m}: {c['finished']} of {c['trials']} trial(s) finished", "",

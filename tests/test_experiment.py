@@ -152,6 +152,16 @@ def test_the_experiment_selects_retrains_registers_scores_and_tables(killed_and_
         assert float(r["NDCG mean"]) == pytest.approx(sum(pair) / 2, abs=2e-6)
         assert float(r["ndcg_seed_min"]) == pytest.approx(min(pair), abs=2e-6)
         assert r["seeds"] == "2"
+        # the common conventions, pooled the same way (their own table and columns)
+        hr = [float(next(x["mean"] for x in csv.DictReader(
+            (root / "evaluation" / "metrics.csv").open()) if x["label"] == f"{r['model']} seed {s}"
+            and x["group"] == "warm" and (x["metric"], x["K"]) == ("HR", "20"))) for s in (0, 1)]
+        assert float(r["HR@20 mean"]) == pytest.approx(sum(hr) / 2, abs=2e-6)
+        assert float(r["NDCG@20 (truncated) mean"]) > 0 and float(r["MRR@50 mean"]) > 0
+    assert "## The common conventions" in table
+    # every trial ranked by validation NDCG
+    ranked = (root / "search.md").read_text()
+    assert "## autorec: 2 of 2 trial(s) finished" in ranked and "| 2 | lam=" in ranked
     paired = list(csv.DictReader((root / "paired.csv").open()))
     ndcg_pairs = {r["seed"]: r for r in paired if r["metric"] == "NDCG"}
     assert sorted(ndcg_pairs) == ["0", "1", "pooled"]
