@@ -7,11 +7,12 @@ A figure is tagged by an HTML comment right after it, invisible when rendered:
     38%<!-- fold_in.json results[0].share *100 -->
 
 The tag names a file under ``benchmarks/results`` (``.json``, or ``.csv`` read as a list of rows)
-and a key path into it: ``.`` between keys, ``[3]`` or ``[-1]`` for a list index, and
+and a key path into it: ``.`` between keys, ``[3]`` or ``[-1]`` for a list index,
 ``[field=value,...]`` for the one list element whose fields equal those values (numbers compared
-as numbers). Key paths and numbers may be combined by ``*``, ``/``, ``+`` and ``-`` (a space before each),
-strictly left to right, for a figure
-the file holds only in parts: ``*100`` for a fraction quoted as a percentage, ``a / b`` for a
+as numbers), and ``["key"]`` for a key that holds a dot or a bracket (evaluate_speed's
+``results["yahoo-0.25"].new.evaluate_seconds``). Key paths and numbers may be combined by
+``*``, ``/``, ``+`` and ``-`` (a space before each), strictly left to right, for a figure the
+file holds only in parts: ``*100`` for a fraction quoted as a percentage, ``a / b`` for a
 ratio of two entries, ``4096 / a.users_per_second *1000`` for ms a step. The figure written just
 before the tag must agree with the artifact at the precision written: 0.1415 accepts 0.14153, 0.79
 does not accept 0.57; an integer's trailing zeros are not significant (19,600 accepts 19,612).
@@ -41,7 +42,9 @@ OPS = {"*": operator.mul, "/": operator.truediv, "+": operator.add, "-": operato
 FIGURE = re.compile(
     r"(?<![\w.+\u2212-])(?P<num>[-+\u2212]?\d(?:[\d,]*\d)?(?:\.\d+)?(?:[eE][-+]?\d+)?)"
     r"(?:\s?[A-Za-z%\u00d7\u00b5/]+)?[*`]*$")
-SELECT = re.compile(r"^(?P<name>[^\[\]]*)(?P<brackets>(?:\[[^\]]*\])*)$")
+# a bracket: an index, a selector or a quoted key (whose quotes may hold '.', '[' and ']')
+BRACKET = r'\[(?:"[^"]*"|[^\]"])*\]'
+SELECT = re.compile(rf'^(?P<name>[^\[\]"]*)(?P<brackets>(?:{BRACKET})*)$')
 
 
 @dataclass(frozen=True)
@@ -91,12 +94,16 @@ def find_tags(doc: Path, root: Path = ROOT) -> list[Tag]:
 
 
 def split_key(key: str) -> list[str]:
-    """``a.b[x=1.5].c`` -> ['a', 'b', '[x=1.5]', 'c']: dots inside brackets do not split."""
-    parts, depth, cur = [], 0, ""
+    """``a.b[x=1.5].c`` -> ['a', 'b', '[x=1.5]', 'c']: dots inside brackets do not split, nor
+    do dots or brackets inside quotes (``r["yahoo-0.25"].s`` -> ['r', '["yahoo-0.25"]', 's'])."""
+    if key.count('"') % 2:
+        raise FigureError(f"unbalanced quote in key {key!r} (write [\"key\"])")
+    parts, depth, quoted, cur = [], 0, False, ""
     for ch in key:
-        depth += ch == "["
-        depth -= ch == "]"
-        if ch == "." and depth == 0:
+        quoted ^= ch == '"'
+        depth += ch == "[" and not quoted
+        depth -= ch == "]" and not quoted
+        if ch == "." and depth == 0 and not quoted:
             parts.append(cur)
             cur = ""
         else:
@@ -109,7 +116,7 @@ def split_key(key: str) -> list[str]:
             raise FigureError(f"malformed key segment {part!r}")
         if m.group("name"):
             out.append(m.group("name"))
-        out += re.findall(r"\[[^\]]*\]", m.group("brackets"))
+        out += re.findall(BRACKET, m.group("brackets"))
     return out
 
 
@@ -124,7 +131,10 @@ def _same(value, wanted: str) -> bool:
 
 def step(node, segment: str, where: str):
     """One key segment applied to a JSON node; ``where`` (the path so far) names a failure."""
-    if segment.startswith("["):
+    quoted = re.fullmatch(r'\["([^"]*)"\]', segment)
+    if quoted:  # a dict's key, taken as written between the quotes
+        segment = quoted.group(1)
+    elif segment.startswith("["):
         inner = segment[1:-1]
         if not isinstance(node, list):
             raise FigureError(f"{where} is not a list, cannot apply {segment}")
@@ -143,7 +153,9 @@ def step(node, segment: str, where: str):
         return hits[0]
     if not isinstance(node, dict) or segment not in node:
         keys = sorted(node)[:12] if isinstance(node, dict) else type(node).__name__
-        raise FigureError(f"{where} has no key {segment!r} (has {keys})")
+        hint = ('; a key holding a dot is named as ["key.with.dots"]'
+                if isinstance(node, dict) and any("." in k for k in node) else "")
+        raise FigureError(f"{where} has no key {segment!r} (has {keys}){hint}")
     return node[segment]
 
 

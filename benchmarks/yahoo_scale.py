@@ -16,7 +16,8 @@ second: the stage's peak, and that peak less what was in use when the stage star
 process of the stage together: the Spark JVM and its Python workers, the Ray head, object store
 and workers). Outputs go to ``--work`` (default: a new folder under /tmp; several GiB), never to
 the repository; ``--stages`` reruns some stages over a previous ``--work``. Results (merged per
-stage with a previous run's): ``benchmarks/results/yahoo_scale.{json,md}``.
+stage with a previous run's): ``benchmarks/results/yahoo_scale.{json,md}``, with the CPU (model,
+cores, the vector instructions torch uses: ``floors.cpu``) of the run and of each stage.
 """
 
 from __future__ import annotations
@@ -104,6 +105,12 @@ def epoch_times(mlflow_uri: str, summary: dict) -> list[dict]:
             for e in sorted(history["epoch_seconds"])]
 
 
+def cpu_note(stage: dict, cpu: str) -> str:
+    """'' for a stage run on ``cpu`` (this run's); a stage kept from an earlier run (``--stages``)
+    on another CPU, or from before stages recorded theirs, says so beside its date."""
+    return "" if stage.get("cpu") == cpu else f" (CPU: {stage.get('cpu', 'not recorded')})"
+
+
 def floors_commit() -> str:
     """The commit benchmarks/results/floors.json was measured at ("none" before it exists)."""
     try:
@@ -136,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     data, runs, recs, ev = work / "data", work / "runs", work / "recs", work / "eval"
     mlflow_uri = f"sqlite:///{work / 'mlflow.db'}"
-    stamp = report.stamp("yahoo_scale.py", argv)
+    # the CPU as floors.py records it: the host behind one name changes (AVX-512 or AVX2)
+    stamp = {**report.stamp("yahoo_scale.py", argv), "cpu": floors.cpu()}
     users, positives = round(YAHOO["users"] * a.scale), round(YAHOO["positives"] * a.scale)
     print(f"work folder: {work}", flush=True)
 
@@ -189,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
     lines = ["# The pipeline at the Yahoo! Music scale on this machine", "",
              f"Command: `{stamp['command']}`  ",
-             f"Machine: {stamp['machine']}; {stamp['date']}.  ",
+             f"Machine: {stamp['machine']}; CPU: {stamp['cpu']}; {stamp['date']}.  ",
              f"Synthetic data at {a.scale:g} of the paper's Yahoo scale ({users:,} users, "
              f"{YAHOO['items']:,} items, {positives:,} positives); NCE-AutoRec, width "
              f"200, {a.epochs} epochs, global batch {a.batch_size}, lr {a.lr}, 2 workers x 1 "
@@ -211,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             r = results[name]
             lines.append(f"| {name} | {r['wall_s'] / 60:.1f} min | {ratio(name, r['wall_s'], name)} | "
                          f"{r['peak_used_gib']} | {r['peak_over_start_gib']} | "
-                         f"{r.get('date', '')} |")
+                         f"{r.get('date', '')}{cpu_note(r, stamp['cpu'])} |")
     lines.append(f"| **total** | **{total / 60:.1f} min** | | | | |")
     if "train" in results:
         lines += ["", "| epoch | training pass s | ratio to the epoch's floor | validation s "

@@ -261,7 +261,7 @@ def compared_labels(compare: tuple[str, ...] | None, labels: list[str]) -> list[
 
 def best_other(rows: list[dict], labels: list[str]) -> str | None:
     """The label other than the first with the highest mean NDCG of the warm users in ``rows``
-    (``summarise``'s), the reference of the "best" comparisons; None with fewer than 3 labels,
+    (``summary_rows``'), the reference of the "best" comparisons; None with fewer than 3 labels,
     where against the best would repeat against the first."""
     ndcg = {r["label"]: r["mean"] for r in rows if r["group"] == "warm" and r["metric"] == "NDCG"}
     others = [label for label in labels[1:] if label in ndcg]

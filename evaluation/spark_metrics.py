@@ -1,10 +1,15 @@
 """The paper's metrics and the common conventions beside them (``prepared/metrics.py`` states
-the definitions) as Spark SQL expressions.
+the definitions) as evaluation/evaluate.py computes them on Spark: the metrics' names and column
+keys, the lists encoded to item indices (``encode_lists``, a mapInArrow), and every metric of a
+batch of users with numpy on the executors (``batch_metrics``); nothing per user reaches the
+driver.
 
-Per-user values are computed by Spark's higher-order array functions on the executors (no Python
-UDF, so no serialisation of the lists), averaged by Spark, and only the summary reaches the driver.
-This is a second implementation of the same definitions: ``tests/test_score_evaluate.py`` checks it
-against the numpy reference (``prepared.metrics.per_user``) user by user.
+This is a second implementation of the same definitions: ``tests/test_score_evaluate.py`` checks
+evaluate.py's per-user values against the numpy reference (``prepared.metrics.per_user``) user by
+user. The numpy here sums in the order Spark SQL's ``aggregate`` does and takes the NDCG
+discounts from Spark SQL (``inverse_logs``), so it equals to the last bit the SQL expressions
+evaluate.py used before, kept as a test reference in ``tests/spark_reference.py``
+(``tests/test_arrow_metrics.py`` compares the two).
 """
 
 from __future__ import annotations
@@ -40,81 +45,13 @@ def split_name(name: str) -> tuple[str, int | None]:
     return (m.group(1) + m.group(3), int(m.group(2))) if m else (name, None)
 
 
-def _sum(expr: str) -> str:
-    return f"aggregate({expr}, 0D, (acc, v) -> acc + v)"
-
-
-def _idcg(n: str) -> str:
-    return f"aggregate(sequence(1, {n}), 0D, (acc, i) -> acc + 1D / log2(i + 1))"
-
-
-def per_user(df, recs_col: str = "item_ids", truth_col: str = "truth", k: int = TOP_K):
-    """``df`` with one column per metric of ``metrics_for(k)`` (named by ``metric_key``) for each
-    user with a non-empty truth set (others are dropped). ``recs_col`` array<string> best first,
-    at most ``k`` long (a shorter list: its missing positions are misses); ``truth_col``
-    array<string> without duplicates."""
-    from pyspark.sql import functions as F
-
-    ks = [K for K in KS if K <= k]
-    length = max(ks)
-    df = (df.filter(F.size(truth_col) > 0)
-          .withColumn("_n", F.size(truth_col).cast("int"))
-          .withColumn("_h", F.expr(f"transform({recs_col}, x -> IF(array_contains({truth_col}, x), "
-                                   "1D, 0D))"))
-          # a list shorter than the largest K: the missing positions are misses
-          .withColumn("_h", F.expr(f"concat(_h, array_repeat(0D, greatest(0, {length} - size(_h))))"))
-          # hits@i for i = 1..L (O(L^2) per user: L is 50)
-          .withColumn("_c", F.expr(f"transform(_h, (x, i) -> {_sum('slice(_h, 1, i + 1)')})")))
-    first = "array_position(_h, 1D)"  # the first hit's rank (1-based), 0 when none
-    cols = {
-        "NDCG": F.expr(f"{_sum('transform(_h, (x, i) -> x / log2(i + 2))')} / {_idcg('_n')}"),
-        "R-Precision": F.expr("element_at(_c, least(_n, size(_h))) / _n"),
-    }
-    for k in ks:
-        hits = f"element_at(_c, {k})"
-        cols[f"Precision@{k}"] = F.expr(f"{hits} / {k}")
-        cols[f"Recall@{k}"] = F.expr(f"{hits} / _n")
-        cols[f"MAP@{k}"] = F.expr(f"{_sum(f'transform(slice(_c, 1, {k}), (c, i) -> c / (i + 1))')} / {k}")
-        p, r = f"({hits} / {k})", f"({hits} / _n)"
-        cols[f"F1@{k}"] = F.expr(f"IF({p} + {r} > 0, 2 * {p} * {r} / ({p} + {r}), 0D)")
-        cols[f"NDCG@{k} (truncated)"] = F.expr(
-            f"{_sum(f'transform(slice(_h, 1, {k}), (x, i) -> x / log2(i + 2))')} / "
-            f"{_idcg(f'least(_n, {k})')}")
-        cols[f"HR@{k}"] = F.expr(f"IF({hits} > 0, 1D, 0D)")
-        cols[f"MRR@{k}"] = F.expr(f"IF({first} > 0 AND {first} <= {k}, 1D / {first}, 0D)")
-    df = df.select("*", *[cols[m].cast("double").alias(metric_key(m)) for m in metrics_for(k)])
-    return df.drop("_n", "_h", "_c")
-
-
-def summarise(per_user_df, group_cols: list[str]) -> list[dict]:
-    """One dict per group and metric: mean, 95% CI half-width (1.96 std_pop / sqrt(n)) and n."""
-    from pyspark.sql import functions as F
-
-    # metrics a file's k did not allow are absent (one file) or null (beside other files)
-    present = [m for m in METRICS if metric_key(m) in per_user_df.columns]
-    aggs = [F.count(F.lit(1)).alias("_users")]
-    for m in present:
-        aggs += [F.avg(metric_key(m)).alias(f"{metric_key(m)}__mean"),
-                 F.stddev_pop(metric_key(m)).alias(f"{metric_key(m)}__std")]
-    out = []
-    for row in per_user_df.groupBy(*group_cols).agg(*aggs).collect():
-        n = row["_users"]
-        for m in present:
-            if row[f"{metric_key(m)}__mean"] is None:  # not computed for this group's lists
-                continue
-            std = row[f"{metric_key(m)}__std"] or 0.0
-            out.append({**{c: row[c] for c in group_cols}, "metric": m,
-                        "mean": float(row[f"{metric_key(m)}__mean"]),
-                        "ci95": float(1.96 * std / n ** 0.5), "users": int(n)})
-    return out
-
-
-# ---- the same metrics on Arrow batches (mapInArrow): one pass, numpy on the executors ---------
+# ---- the metrics on Arrow batches (mapInArrow): one pass, numpy on the executors ---------------
 #
-# Spark's higher-order functions are interpreted row by row (no code generation): at millions of
-# users the O(L^2) hit counts and the forty metric expressions above cost minutes of CPU. The
-# functions below compute the same values from the same arrays with numpy, a batch of users at a
-# time, summing in the same (sequential) order as the SQL ``aggregate`` does. They also map the
+# Not Spark SQL: its higher-order functions are interpreted row by row (no code generation), and
+# at millions of users the SQL reference's (tests/spark_reference.py) O(L^2) hit counts and forty
+# metric expressions cost minutes of CPU. The functions below compute the same values from the
+# same arrays with numpy, a batch of users at a time, summing in the same (sequential) order as
+# the SQL ``aggregate`` does. They also map the
 # lists' raw item ids to item indices (Arrow's hash lookup, no Python strings), which the
 # popularity analysis counts from the cached result instead of joining the lists again.
 
@@ -140,7 +77,7 @@ def _sequential_sum(x: np.ndarray) -> np.ndarray:
 
 def metric_arrays(hits: np.ndarray, n: np.ndarray, k: int,
                   inverse_log: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Every metric of ``metrics_for(k)`` per user, as ``per_user``'s SQL computes it: ``hits``
+    """Every metric of ``metrics_for(k)`` per user, as the SQL reference computes it: ``hits``
     (U, L) float64 (L = the largest K <= k; 1 where the list's item at that rank is in the truth
     set, 0 past the list's end), ``n`` (U,) float64 truth set sizes, all >= 1.
 
@@ -241,8 +178,9 @@ def encode_lists(df, item_ids: list[str], recs_col: str = "item_ids"):
 
 
 def inverse_logs(spark, top: int) -> np.ndarray:
-    """1 / log2(j + 1) for j = 0..``top`` computed by Spark SQL (``per_user``'s expression), so
-    that the numpy metrics equal the SQL ones to the last bit. One small job."""
+    """1 / log2(j + 1) for j = 0..``top`` computed by Spark SQL (the SQL reference's expression,
+    tests/spark_reference.py), so that the numpy metrics equal the SQL ones to the last bit. One
+    small job."""
     from pyspark.sql import functions as F
 
     rows = spark.range(1, top + 1).select(  # from 1: 1 / log2(1) divides by zero (ANSI: fails)
@@ -258,7 +196,7 @@ def batch_metrics(batch, k: int, recs_col: str = "_items", truth_col: str = "tru
     """One Arrow batch of (``keep`` columns, ``recs_col`` item indices best first, ``truth_col``
     item indices) rows -> ``keep``, ``recs_col`` as it came, whether the user has a list
     (``_listed``; a row without one has null metrics) and the metrics of ``metrics_for(k)``.
-    Rows whose truth set is empty are dropped (``per_user`` drops them too); a negative index
+    Rows whose truth set is empty are dropped (no metric is defined for them); a negative index
     (an id outside the catalogue) is never a hit."""
     import pyarrow as pa
 

@@ -204,10 +204,11 @@ def user_table(spark, prep, encoded: list, ks: list[int], target: str,
 
 
 def summary_rows(parts: list, labels: list[str], ks: list[int]) -> list[dict]:
-    """``summarise``'s rows (label, group, metric, mean, ci95 = 1.96 std_pop / sqrt(n), users)
+    """The summary rows (label, group, metric, mean, ci95 = 1.96 std_pop / sqrt(n), users)
     from the partitions' ``moments`` (``parts``: one list per partition, each with one moments
     array per file, None for a partition without users), merged pairwise (Chan et al.: exact
-    in exact arithmetic; in floating point within a few ulps of Spark's avg and stddev_pop)."""
+    in exact arithmetic; in floating point within a few ulps of Spark's avg and stddev_pop, as
+    tests/spark_reference.py's ``summarise`` computes them)."""
     out = []
     for i, (label, k) in enumerate(zip(labels, ks)):
         names = metrics_for(k)

@@ -27,9 +27,10 @@ VAE-CF's variant divides by min(K, |T|) instead and is not reported.
   Recall@K (training/validate.py finds the hits; this turns them into the numbers);
   ``tests/test_metrics.py`` checks each equals ``per_user`` within 1e-12.
 
-Spark's per-user metrics (evaluation/spark_metrics.py, SQL expressions on the executors) are a
-third implementation of the same definitions; ``tests/test_score_evaluate.py`` checks them equal
-to ``per_user`` user by user, and their summary equal to ``summarise``.
+Spark's per-user metrics (evaluation/spark_metrics.py's ``batch_metrics``: numpy on Arrow batches
+on the executors, with Spark SQL's NDCG discounts) are a third implementation of the same
+definitions; ``tests/test_score_evaluate.py`` checks evaluate.py's equal to ``per_user`` user by
+user, and their summary equal to ``summarise``.
 
 Here, in prepared/, because training and evaluation may not import each other and both must use
 these definitions. torch is imported inside ``ndcg_recall`` only: every stage and Spark's

@@ -67,13 +67,24 @@ def test_split_key_keeps_dots_in_selectors():
         split_key("a..b")
 
 
+def test_split_key_keeps_dots_and_brackets_in_quoted_keys():
+    assert split_key('results["yahoo-0.25"].new.phases_s.per-user metrics') == [
+        "results", '["yahoo-0.25"]', "new", "phases_s", "per-user metrics"]
+    assert split_key('a["x.y"]["p[0].q"][1]') == ["a", '["x.y"]', '["p[0].q"]', "[1]"]
+    with pytest.raises(FigureError, match="unbalanced quote"):
+        split_key('a["x.y].b')
+    with pytest.raises(FigureError, match="malformed"):
+        split_key('a"x".b')  # quotes outside brackets name nothing
+
+
 @pytest.fixture
 def results(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps({
         "seconds": {"total": 545.2},
         "rows": [{"model": "a", "k": 10, "ndcg": 0.14153}, {"model": "b", "k": 10, "ndcg": 0.2},
                  {"model": "b", "k": 20, "ndcg": 0.3}],
-        "ratio": 0.57, "name": "x"}))
+        "ratio": 0.57, "name": "x",
+        "sizes": {"yahoo-0.25": {"wall_s": 114.8, "p[1]": 3}, "yahoo-0.5": {"wall_s": 230.1}}}))
     (tmp_path / "t.csv").write_text("model,NDCG mean\nnce,0.240473\nae,0.2417\n")
     return tmp_path
 
@@ -98,6 +109,14 @@ def test_check_agrees_at_the_precision_written(results):
     assert check(tag("-0.43", "r.json", "rows[model=a].ndcg - ratio"), results) == ""
     assert "the artifact says 0.57" in check(tag("0.79", "r.json", "ratio"), results)
     assert "written 0.1416" in check(tag("0.1416", "r.json", "rows[model=a].ndcg"), results)
+    # a key holding a dot, quoted in brackets: the right one of two such keys
+    assert check(tag("114.8", "r.json", 'sizes["yahoo-0.25"].wall_s'), results) == ""
+    assert check(tag("230", "r.json", 'sizes["yahoo-0.5"].wall_s'), results) == ""
+    assert check(tag("3", "r.json", 'sizes["yahoo-0.25"]["p[1]"]'), results) == ""
+    assert check(tag("2.0", "r.json",
+                     'sizes["yahoo-0.5"].wall_s / sizes["yahoo-0.25"].wall_s'), results) == ""
+    assert "the artifact says 230.1" in check(tag("114.8", "r.json", 'sizes["yahoo-0.5"].wall_s'),
+                                              results)
 
 
 def test_check_names_doc_line_and_tag_for_missing_things(results):
@@ -109,6 +128,10 @@ def test_check_names_doc_line_and_tag_for_missing_things(results):
     assert "not a number" in check(tag("1", "r.json", "name"), results)
     assert "no figure" in check(tag("", "r.json", "ratio"), results)
     assert "cannot divide" in check(tag("1", "r.json", "ratio / 0"), results)
+    # written unquoted, the dot splits the key: the error says how to name it
+    unquoted = check(tag("1", "r.json", "sizes.yahoo-0.25.wall_s"), results)
+    assert "no key 'yahoo-0'" in unquoted and '["key.with.dots"]' in unquoted
+    assert "no key 'yahoo-1'" in check(tag("1", "r.json", 'sizes["yahoo-1"].wall_s'), results)
 
 
 def test_find_tags_reads_scale_and_position(tmp_path):

@@ -74,3 +74,12 @@ def test_floor_seconds_divides_by_the_rates_and_scales_sorts_by_n_log_n():
     assert F.stage_floor("score", TINY, floors) == pytest.approx(total)
     assert F.ratio_to_floor("score", 3 * total, TINY, floors) == pytest.approx(3.0)
     assert math.isclose(F.distinct_draws(100, 10**6), 100, rel_tol=1e-6)
+
+
+def test_yahoo_scale_names_a_kept_stages_other_cpu():
+    from benchmarks.yahoo_scale import cpu_note
+
+    here = F.cpu()
+    assert cpu_note({"cpu": here}, here) == ""
+    assert cpu_note({"cpu": "AMD EPYC, 2 cores, AVX2"}, here) == " (CPU: AMD EPYC, 2 cores, AVX2)"
+    assert cpu_note({}, here) == " (CPU: not recorded)"  # a stage from before stages recorded it

@@ -96,7 +96,7 @@ def test_with_one_seed_the_pooled_numbers_are_evaluates(spark):
     """``--seeds 1``: the pooled mean, CI and paired tests are evaluate.py's own."""
     from evaluation.evaluate import paired
     from evaluation.seeds import pooled_metrics, pooled_pairs
-    from evaluation.spark_metrics import summarise
+    from tests.spark_reference import summarise
 
     rng = np.random.default_rng(3)
     a, b = rng.random((200, 1)), rng.random((200, 1)) * 0.9
