@@ -78,13 +78,14 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "experiment-ml-latest-small": EXPERIMENT,
     "experiment-ml-latest-small-modes": EXPERIMENT,
     "experiment-citeulike-a-modes": EXPERIMENT,
+    "experiment-ml-100k-levers": EXPERIMENT,
     "local_cluster": ("infra/cluster/local_cluster.py", "infra/cluster", *AUTOREC, "training",
                       "evaluation/score.py", "evaluation/evaluate.py"),
 }
 # results computed from other results: stale too when one of those was rewritten after them
 DERIVED_FROM = {"nce_report": ("experiment-ml-100k", "experiment-ml-100k-modes",
                                "experiment-ml-latest-small", "experiment-ml-latest-small-modes",
-                               "experiment-citeulike-a-modes")}
+                               "experiment-citeulike-a-modes", "experiment-ml-100k-levers")}
 
 
 @dataclass
