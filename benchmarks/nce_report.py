@@ -110,27 +110,37 @@ def paired_diff(paired: list[dict], a: str, b: str) -> tuple[float, float, dict]
 
 
 def summarise_levers(folder: Path, protocol: Path | None) -> dict:
-    """Issue 32's reading of a levers experiment (benchmarks/grids/levers.yaml): the strongest
-    AutoRec-family row, chosen by validation NDCG, against the best baseline by test NDCG (the
-    bar only rises that way), and the NCE head's increment over AutoRec searched over the same
-    levers; beside them the paper's NCE-AutoRec of the protocol experiment on the same set."""
-    table = {r["model"]: r for r in read_csv(folder / "table.csv")}
-    paired = read_csv(folder / "paired.csv")
-    family = [m for m in table if m in FAMILY]
-    baselines = [m for m in table if m not in FAMILY and m != FLOOR]
-    if not {"nce-autorec", "autorec"} <= set(family) or not baselines:
+    """Issue 32's reading of a levers experiment (benchmarks/grids/levers.yaml) beside the
+    protocol experiment of the same set (same prepared data, so the same validation users): the
+    strongest AutoRec-family row of the two, chosen by validation NDCG, against the best baseline
+    by test NDCG of the experiment it comes from (the bar only rises that way), and the NCE head's
+    increment over AutoRec searched over the same levers; beside them the paper's NCE-AutoRec of
+    the protocol experiment."""
+    def read(f: Path) -> tuple[dict, list[dict]]:
+        return {r["model"]: r for r in read_csv(f / "table.csv")}, read_csv(f / "paired.csv")
+
+    exps = {"levers": read(folder), **({"protocol": read(protocol)} if protocol else {})}
+    table, paired = exps["levers"]
+    if not {"nce-autorec", "autorec"} <= set(table) or not [
+            m for m in table if m not in FAMILY and m != FLOOR]:
         raise SystemExit(f"{folder}: a levers experiment needs nce-autorec, autorec and at least "
                          "one baseline (its --models)")
-    strongest = max(family, key=lambda m: float(table[m]["valid_ndcg"]))
-    best = max(baselines, key=lambda m: float(table[m]["NDCG mean"]))
+    candidates = [(e, m) for e, (t, _) in exps.items() for m in t if m in FAMILY
+                  and t[m].get("valid_ndcg")]
+    where, strongest = max(candidates, key=lambda c: float(exps[c[0]][0][c[1]]["valid_ndcg"]))
+    st, sp = exps[where]
+    best = max((m for m in st if m not in FAMILY and m != FLOOR),
+               key=lambda m: float(st[m]["NDCG mean"]))
     ndcg = lambda t, m: (float(t[m]["NDCG mean"]), float(t[m]["NDCG ci95"]))  # noqa: E731
-    vs_best, increment = paired_diff(paired, strongest, best), paired_diff(paired, "nce-autorec",
-                                                                           "autorec")
+    vs_best, increment = paired_diff(sp, strongest, best), paired_diff(paired, "nce-autorec",
+                                                                       "autorec")
     out = {"experiment": folder.name.removeprefix("experiment-"), "dataset": dataset_of(folder),
            "seeds": int(table["nce-autorec"].get("seeds") or 1),
-           "strongest": strongest, "strongest_chosen": table[strongest]["chosen"],
-           "strongest_ndcg": ndcg(table, strongest), "best_baseline": best,
-           "best_baseline_chosen": table[best]["chosen"], "best_baseline_ndcg": ndcg(table, best),
+           "strongest": strongest, "strongest_from": where,
+           "strongest_chosen": st[strongest]["chosen"],
+           "strongest_valid_ndcg": float(st[strongest]["valid_ndcg"]),
+           "strongest_ndcg": ndcg(st, strongest), "best_baseline": best,
+           "best_baseline_chosen": st[best]["chosen"], "best_baseline_ndcg": ndcg(st, best),
            "strongest_minus_best": vs_best[:2] if vs_best else None,
            "nce_chosen": table["nce-autorec"]["chosen"], "autorec_chosen": table["autorec"]["chosen"],
            "nce_ndcg": ndcg(table, "nce-autorec"), "autorec_ndcg": ndcg(table, "autorec"),
@@ -138,9 +148,9 @@ def summarise_levers(folder: Path, protocol: Path | None) -> dict:
            "increment_p_holm": (float(increment[2]["t_p_holm"]),
                                 float(increment[2]["wilcoxon_p_holm"])) if increment else None,
            "top10_share": {m: float(table[m]["share_top10pct"])
-                           for m in ("nce-autorec", "autorec", best)}}
+                           for m in ("nce-autorec", "autorec")}}
     if protocol is not None:
-        ptable = {r["model"]: r for r in read_csv(protocol / "table.csv")}
+        ptable = exps["protocol"][0]
         pbase = [m for m in ptable if m not in FAMILY and m != FLOOR]
         pbest = max(pbase, key=lambda m: float(ptable[m]["NDCG mean"])) if pbase else None
         out["paper_nce"] = ndcg(ptable, "nce-autorec") if "nce-autorec" in ptable else None
@@ -162,9 +172,11 @@ def render_levers(rows: list[dict]) -> list[str]:
              "From each levers experiment (`benchmarks/grids/levers.yaml`: width x lambda, then "
              "the confidence on positives, input dropout, the NCE head's scale, beta and a "
              "fine-tune mode one at a time, then together; every choice on validation). "
-             "Strongest: the family row with the best validation NDCG. Best baseline: the "
-             "baseline of that experiment with the best test NDCG. The paper's NCE-AutoRec: the "
-             "protocol experiment's on the same set (width 200, no levers).", "",
+             "Strongest: the AutoRec-family row with the best validation NDCG in the levers "
+             "experiment or the protocol experiment of the same set (same validation users), "
+             "named with its experiment. Best baseline: the baseline with the best test NDCG in "
+             "the experiment the strongest row comes from. The paper's NCE-AutoRec: the protocol "
+             "experiment's (width 200, no levers).", "",
              "| set | seeds | the paper's NCE-AutoRec | strongest family row (chosen) | best baseline "
              "(chosen) | strongest − best baseline | NCE-AutoRec (levers) | AutoRec (levers) "
              "| NCE head's increment: NCE − AutoRec, same levers |",
@@ -173,7 +185,8 @@ def render_levers(rows: list[dict]) -> list[str]:
         p = r.get("increment_p_holm")
         lines.append(
             f"| {r['dataset']} | {r['seeds']} | {pm(r.get('paper_nce'))} "
-            f"| {r['strongest']} {pm(r['strongest_ndcg'])} ({r['strongest_chosen']}) "
+            f"| {r['strongest']} {pm(r['strongest_ndcg'])} ({r['strongest_from']}: "
+            f"{r['strongest_chosen']}; valid {r['strongest_valid_ndcg']:.4f}) "
             f"| {r['best_baseline']} {pm(r['best_baseline_ndcg'])} ({r['best_baseline_chosen']}) "
             f"| {pm(r['strongest_minus_best'], True)} "
             f"| {pm(r['nce_ndcg'])} ({r['nce_chosen']}) | {pm(r['autorec_ndcg'])} "

@@ -125,7 +125,7 @@ def test_the_levers_section_reads_the_strongest_by_validation_and_the_same_lever
 
     protocol = experiment(tmp_path)  # experiment-toy: its best baseline is ease
     r = summarise_levers(levers_experiment(tmp_path), protocol)
-    assert r["dataset"] == "toy" and r["seeds"] == 3
+    assert r["dataset"] == "toy" and r["seeds"] == 3 and r["strongest_from"] == "levers"
     assert r["strongest"] == "autorec"  # by validation NDCG, not nce-autorec's higher test
     assert r["best_baseline"] == "nce-plrec" and r["best_baseline_ndcg"] == (0.259, 0.01)
     assert r["strongest_minus_best"] == (-0.001, 0.004)  # nce-plrec − autorec, turned round
@@ -152,7 +152,32 @@ def test_the_report_has_a_levers_section_beside_the_protocol_experiment(tmp_path
     main([str(experiment(tmp_path)), str(levers_experiment(tmp_path)), "--out", str(out)])
     text = out.with_suffix(".md").read_text()
     assert "## The AutoRec family with the levers" in text
-    assert ("| toy | 3 | 0.2500 ± 0.0100 | autorec 0.2580 ± 0.0100 (lam=30, width=1000) "
-            "| nce-plrec 0.2590 ± 0.0100 (rank=200) | -0.0010 ± 0.0040 |") in text
+    assert ("| toy | 3 | 0.2500 ± 0.0100 | autorec 0.2580 ± 0.0100 (levers: lam=30, width=1000; "
+            "valid 0.2750) | nce-plrec 0.2590 ± 0.0100 (rank=200) | -0.0010 ± 0.0040 |") in text
     assert "| +0.0040 ± 0.0030 (p 0.02 t, 0.03 Wilcoxon, Holm) |" in text
     assert "| toy | yes | yes | ease: yes |" in text
+
+
+def test_the_strongest_family_row_may_come_from_the_protocol_experiment(tmp_path):
+    """A mode the protocol searched (say full fine-tune) may beat every lever on validation: the
+    strongest row is then the protocol's, measured against that experiment's best baseline."""
+    from benchmarks.nce_report import summarise_levers
+
+    protocol = tmp_path / "experiment-toy"
+    protocol.mkdir()
+    table = [["nce-autorec", 0.27, 0.01, 0.6, 80, "mode=full-finetune", 0.280, 3],
+             ["autorec", 0.24, 0.01, 0.7, 90, "lam=3", 0.250, 3],
+             ["ease", 0.26, 0.01, 0.66, 86, "lam=500", 0.266, 1]]
+    paired = [["nce-autorec", "autorec", "NDCG", 0.03, 0.004, "pooled", 0.001, 0.001],
+              ["nce-autorec", "ease", "NDCG", 0.01, 0.004, "pooled", 0.01, 0.01]]
+    for name, header, rows in (("table.csv", LEVERS, table), ("paired.csv", LEVERS_PAIRED, paired)):
+        with (protocol / name).open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(header)
+            w.writerows(rows)
+    r = summarise_levers(levers_experiment(tmp_path), protocol)
+    assert (r["strongest_from"], r["strongest"], r["best_baseline"]) == (
+        "protocol", "nce-autorec", "ease")
+    assert r["strongest_minus_best"] == (0.01, 0.004)
+    assert r["increment"] == (0.004, 0.003)  # the levers experiment's, whatever is strongest
+    assert r["goal"]["strongest_at_or_above_best_baseline"]
