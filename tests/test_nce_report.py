@@ -12,9 +12,10 @@ TABLE = ["model", "NDCG mean", "NDCG ci95", "share_top10pct", "median_popularity
 PAIRED = ["reference", "label", "metric", "mean_difference", "ci95"]
 
 
-def write(folder, table, paired):
+def write(folder, table, paired, headers=(TABLE, PAIRED)):
     folder.mkdir()
-    for name, header, rows in (("table.csv", TABLE, table), ("paired.csv", PAIRED, paired)):
+    for name, header, rows in (("table.csv", headers[0], table),
+                               ("paired.csv", headers[1], paired)):
         with (folder / name).open("w", newline="") as f:
             w = csv.writer(f)
             w.writerow(header)
@@ -98,8 +99,6 @@ LEVERS_PAIRED = PAIRED + ["seed", "t_p_holm", "wilcoxon_p_holm"]
 def levers_experiment(tmp_path, increment=(0.004, 0.003), best_minus_strongest=(0.001, 0.004)):
     """nce-autorec (first) and autorec searched over the levers, two baselines: autorec has the
     better validation NDCG (so it is the strongest) though nce-autorec's test NDCG is higher."""
-    folder = tmp_path / "experiment-toy-levers"
-    folder.mkdir()
     table = [["nce-autorec", 0.262, 0.01, 0.6, 80, "lam=30, pos_weight=3", 0.270, 3],
              ["autorec", 0.258, 0.01, 0.7, 90, "lam=30, width=1000", 0.275, 3],
              ["nce-plrec", 0.259, 0.01, 0.65, 85, "rank=200", 0.268, 1],
@@ -111,12 +110,7 @@ def levers_experiment(tmp_path, increment=(0.004, 0.003), best_minus_strongest=(
               # the best baseline is the "best after the first": its rows are it minus each
               ["nce-plrec", "autorec", "NDCG", *best_minus_strongest, "pooled", 0.6, 0.7],
               ["nce-plrec", "ease", "NDCG", 0.009, 0.004, "pooled", 0.01, 0.01]]
-    for name, header, rows in (("table.csv", LEVERS, table), ("paired.csv", LEVERS_PAIRED, paired)):
-        with (folder / name).open("w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(header)
-            w.writerows(rows)
-    return folder
+    return write(tmp_path / "experiment-toy-levers", table, paired, (LEVERS, LEVERS_PAIRED))
 
 
 def test_the_levers_section_reads_the_strongest_by_validation_and_the_same_lever_increment(
@@ -163,18 +157,12 @@ def test_the_strongest_family_row_may_come_from_the_protocol_experiment(tmp_path
     strongest row is then the protocol's, measured against that experiment's best baseline."""
     from benchmarks.nce_report import summarise_levers
 
-    protocol = tmp_path / "experiment-toy"
-    protocol.mkdir()
     table = [["nce-autorec", 0.27, 0.01, 0.6, 80, "mode=full-finetune", 0.280, 3],
              ["autorec", 0.24, 0.01, 0.7, 90, "lam=3", 0.250, 3],
              ["ease", 0.26, 0.01, 0.66, 86, "lam=500", 0.266, 1]]
     paired = [["nce-autorec", "autorec", "NDCG", 0.03, 0.004, "pooled", 0.001, 0.001],
               ["nce-autorec", "ease", "NDCG", 0.01, 0.004, "pooled", 0.01, 0.01]]
-    for name, header, rows in (("table.csv", LEVERS, table), ("paired.csv", LEVERS_PAIRED, paired)):
-        with (protocol / name).open("w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(header)
-            w.writerows(rows)
+    protocol = write(tmp_path / "experiment-toy", table, paired, (LEVERS, LEVERS_PAIRED))
     r = summarise_levers(levers_experiment(tmp_path), protocol)
     assert (r["strongest_from"], r["strongest"], r["best_baseline"]) == (
         "protocol", "nce-autorec", "ease")
