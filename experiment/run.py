@@ -748,7 +748,7 @@ def table_md(rows: list[dict], title: str) -> str:
              "--allow-unhealthy; – where not checked (closed-form fits).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [f"{r[m][0]:.4f} ± {r[m][1]:.4f}" if m in r else "–" for m in TABLE]
+        cells = [ci_cell(r, m) for m in TABLE]
         d = r.get("paired_ndcg")
         cells += [f"{d[0]:+.4f} ± {d[1]:.4f}" if d else "–", p_pair(r.get("paired_p"))]
         if best:
@@ -782,9 +782,13 @@ def standard_md(rows: list[dict], seeds: int) -> list[str]:
              "of the first test item in the top K (0 where none is).", "",
              "| model | " + " | ".join(STANDARD) + " |", "|" + "---|" * (len(STANDARD) + 1)]
     for r in rows:
-        lines.append(f"| {r['model']} | " + " | ".join(
-            f"{r[m][0]:.4f} ± {r[m][1]:.4f}" if m in r else "–" for m in STANDARD) + " |")
+        lines.append(f"| {r['model']} | " + " | ".join(ci_cell(r, m) for m in STANDARD) + " |")
     return lines
+
+
+def ci_cell(r: dict, metric: str) -> str:
+    """``0.2454 ± 0.0102``: a row's mean and 95% CI of ``metric``; "–" where it has none."""
+    return f"{r[metric][0]:.4f} ± {r[metric][1]:.4f}" if metric in r else "–"
 
 
 def spread(x: tuple[float, float, float] | None) -> str:
