@@ -41,6 +41,11 @@ def read_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def ndcg_ci(table: dict, model: str) -> tuple[float, float]:
+    """(mean, 95% CI) of ``model``'s test NDCG in an experiment's table.csv rows."""
+    return float(table[model]["NDCG mean"]), float(table[model]["NDCG ci95"])
+
+
 def summarise(folder: Path) -> dict:
     """The comparison of one experiment's NCE-AutoRec with AutoRec and the best baseline."""
     table = {r["model"]: r for r in read_csv(folder / "table.csv")}
@@ -70,7 +75,7 @@ def summarise(folder: Path) -> dict:
     median = {m: float(table[m]["median_popularity"]) for m in ("nce-autorec", "autorec", best)}
     return {
         "experiment": folder.name.removeprefix("experiment-"),
-        "ndcg": {m: (float(table[m]["NDCG mean"]), float(table[m]["NDCG ci95"]))
+        "ndcg": {m: ndcg_ci(table, m)
                  for m in ("nce-autorec", "autorec", best)},
         "chosen": {m: table[m]["chosen"] for m in ("nce-autorec", "autorec", best)},
         "best_baseline": best,
@@ -131,7 +136,7 @@ def summarise_levers(folder: Path, protocol: Path | None) -> dict:
     st, sp = exps[where]
     best = max((m for m in st if m not in FAMILY and m != FLOOR),
                key=lambda m: float(st[m]["NDCG mean"]))
-    ndcg = lambda t, m: (float(t[m]["NDCG mean"]), float(t[m]["NDCG ci95"]))  # noqa: E731
+    ndcg = ndcg_ci  # the same reading for both experiments
     vs_best, increment = paired_diff(sp, strongest, best), paired_diff(paired, "nce-autorec",
                                                                        "autorec")
     out = {"experiment": folder.name.removeprefix("experiment-"), "dataset": dataset_of(folder),
