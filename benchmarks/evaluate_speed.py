@@ -48,10 +48,11 @@ SHARDS = 8  # Parquet files per list, as a scoring job's tasks write several
 PHASE = re.compile(r"evaluation phase seconds: (\{.*\})")
 
 
-def run(cmd: list[str], env: dict | None = None, log: Path | None = None) -> tuple[float, str]:
+def run(cmd: list[str], env: dict | None = None, log: Path | None = None,
+        cwd: Path = ROOT) -> tuple[float, str]:
     """Run ``cmd``; (wall seconds, its output). Fails with the output's tail on a non-zero exit."""
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    p = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True)
     wall = time.perf_counter() - t0
     if log is not None:
@@ -146,7 +147,12 @@ def evaluate(tree: Path, data: Path, recs: list[Path], labels: list[str], out: P
                             *map(str, recs), "--labels", *labels, "--data", str(data),
                             "--output", str(out), "--mlflow-uri", mlflow_uri, "--overwrite",
                             master="local[2]", driver_memory=driver_memory)
-    wall, text = run(cmd, env, log=out.parent / f"{out.name}.log")
+    # Spark's Python workers import the project's modules by name, from PYTHONPATH and their
+    # working directory, not from the driver's sys.path: both must be the timed tree, or the
+    # baseline's driver runs this tree's worker functions (and the venv's editable install
+    # would give both sides the checkout's).
+    env = {**env, "PYTHONPATH": str(tree)}
+    wall, text = run(cmd, env, log=out.parent / f"{out.name}.log", cwd=tree)
     phases = PHASE.findall(text)
     manifest = json.loads((out / "manifest.json").read_text())
     return {"wall_s": round(wall, 1), "evaluate_seconds": manifest["seconds"],
