@@ -53,7 +53,15 @@ def wilcoxon_spark(df, keys: list[str], value: str) -> dict[tuple, dict]:
     counts: a tie group of c values after ``below`` smaller ones has the average rank
     below + (c + 1) / 2, so W+ = sum over groups of (its positive values) x (its rank). Only one
     row per group reaches the driver; the window runs over a group's distinct |d| (one task per
-    group: sort-based, it spills rather than fails at millions of users)."""
+    group: sort-based, it spills rather than fails at millions of users).
+
+    Why a shuffle and a sort, not a count of each distinct |d| per partition merged on the
+    driver: that is exact, but its size is the number of distinct |d|, which grows with the
+    users. An NDCG takes one value per pattern of hit positions and truth-set size (2^50 patterns
+    of a top-50 list), so at millions of users most non-zero NDCG differences are distinct, and
+    the driver would receive about one value per user; Recall@50's (h1 - h2) / |T| is bounded by
+    the truth-set sizes, not by a constant either. Ranks over all users need the users' |d| in one
+    order, which is what this shuffle is."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
