@@ -2,6 +2,7 @@
 RAY_* or MLFLOW_* variables; each command's wall time.
 
     .venv/bin/python benchmarks/fresh_clone.py [--steps venv,demo,test] [--work DIR] [--alone]
+                                               [--load N]
 
     venv   make venv    the install (uv; torch's CPU or CUDA build as the Makefile picks)
     demo   make demo    the main job on the shipped ml-latest-small (after the install)
@@ -12,6 +13,10 @@ folder under /tmp); ``../shared`` beside it is linked when this checkout has one
 ``--alone`` clones the repository by itself, as a newcomer does: no ``../shared`` (the tests of
 readers for datasets that cannot be shipped are skipped, and ``make test`` says which), no
 NCE_DATASETS; its results go to ``fresh_clone_alone.{json,md}``.
+``--load N`` runs N CPU-bound processes (busy loops at normal priority) beside every step, as a
+shared CI runner or a laptop doing other work would (issue 29: the suite must hold on a loaded
+machine); the load average over the steps is recorded, and the results go to
+``fresh_clone[_alone]_loaded.{json,md}``.
 Each step runs after the previous one in the same clone, so ``demo`` and ``test`` exclude the
 install. A demo leaves its stack running for the MLflow UI: it is stopped before the next step.
 Results: ``benchmarks/results/fresh_clone.{json,md}`` (merged per step with a previous run's).
@@ -25,7 +30,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,6 +78,29 @@ def run_step(name: str, repo: Path, env: dict[str, str], log: Path) -> dict:
             "summary": tail[-1] if tail else ""}
 
 
+@contextmanager
+def cpu_load(n: int):
+    """``n`` busy-loop processes for the duration; yields a list that fills with the 1-minute
+    load average every 30 s (the machine's, so the steps' own work counts too)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    samples: list[float] = []
+    done = threading.Event()
+
+    def sample():
+        while not done.wait(30):
+            samples.append(os.getloadavg()[0])
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        done.set()
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -80,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default=None, help="where the clone goes (default a new /tmp folder)")
     p.add_argument("--alone", action="store_true",
                    help="clone without ../shared beside it (results: fresh_clone_alone.*)")
+    p.add_argument("--load", type=int, default=0, metavar="N",
+                   help="N CPU-bound processes beside every step (results: *_loaded.*)")
     args = p.parse_args(argv)
     steps = [s for s in args.steps.split(",") if s]
     unknown = [s for s in steps if s not in STEPS]
@@ -93,13 +125,18 @@ def main(argv: list[str] | None = None) -> int:
     home = work / "home"
     home.mkdir(exist_ok=True)
     env = newcomer_env(home)
-    results = {name: run_step(name, repo, env, work / f"{name}.log")
-               for name in (s for s in STEPS if s in steps)}
+    with cpu_load(args.load) as load:
+        results = {name: run_step(name, repo, env, work / f"{name}.log")
+                   for name in (s for s in STEPS if s in steps)}
     commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     for r in results.values():
         r["commit"] = commit
-    out = ROOT / "benchmarks" / "results" / ("fresh_clone_alone" if args.alone else "fresh_clone")
+        if args.load:
+            r["load"] = {"hogs": args.load, "mean_load_average": round(
+                sum(load) / len(load), 2) if load else None}
+    out = ROOT / "benchmarks" / "results" / ("fresh_clone" + "_alone" * args.alone
+                                             + "_loaded" * bool(args.load))
     try:  # merged per step: a run of some steps keeps the others' last results
         previous = json.loads(out.with_suffix(".json").read_text()).get("steps", {})
     except (OSError, ValueError):
@@ -112,19 +149,29 @@ def main(argv: list[str] | None = None) -> int:
 
 def markdown(payload: dict) -> list[str]:
     alone = "--alone" in payload["command"]
+    loaded = "--load" in payload["command"]
     lines = ["# The README's two commands from a fresh clone"
-             + (" of the repository alone (no ../shared)" if alone else ""), "",
+             + (" of the repository alone (no ../shared)" if alone else "")
+             + (", beside CPU-bound processes" if loaded else ""), "",
              f"Command: `{payload['command']}`  ", f"Machine: {payload['machine']}; "
              f"{payload['date']}. A fresh clone of the commit named, an empty home directory, "
              "no RAY_* or MLFLOW_* variables; the machine's package index settings as they are "
              "(here a local wheel cache beside PyPI). Each step after the one before in the same "
-             "clone: `demo` and `test` exclude the install.", "",
-             "| step | command | exit | seconds | minutes | commit |", "|---|---|---|---|---|---|"]
+             "clone: `demo` and `test` exclude the install."
+             + (" Beside every step, busy-loop processes at normal priority (`--load`); the "
+                "load average is the machine's 1-minute one, sampled every 30 s over the steps."
+                if loaded else ""), "",
+             "| step | command | exit | seconds | minutes | commit |"
+             + (" busy loops | mean load average |" if loaded else ""),
+             "|---|---|---|---|---|---|" + ("---|---|" if loaded else "")]
     for name in STEPS:
         r = payload["steps"].get(name)
         if r:
+            load = r.get("load") or {}
             lines.append(f"| {name} | `{r['command']}` | {r['exit']} | {r['seconds']:.0f} | "
-                         f"{r['seconds'] / 60:.1f} | {r['commit']} |")
+                         f"{r['seconds'] / 60:.1f} | {r['commit']} |"
+                         + (f" {load.get('hogs', 0)} | {load.get('mean_load_average')} |"
+                            if loaded else ""))
     lines += ["", "Last line of each step's output:", ""]
     lines += [f"- {name}: `{r['summary'][:200]}`" for name, r in payload["steps"].items()]
     return lines + [""]
