@@ -19,8 +19,9 @@ Stages (a rerun with the same --name skips every finished one, trial by trial):
                (``--train-splits train,valid``: the protocol's final model), once per seed of
                --seeds N (seeds --seed .. --seed + N - 1; a resume with more runs only the new
                ones, with fewer uses the first N).
-  4. register  the first seed's final model in the MLflow Model Registry as DATASET-MODEL,
-               alias @champion (the other seeds are scored from their runs);
+  4. register  the first seed's final model in the MLflow Model Registry as DATASET-MODEL
+               (--register-as PREFIX: PREFIX-MODEL), alias @champion (the other seeds are
+               scored from their runs); moving an alias another experiment set says so;
                not a model whose chosen trial was unhealthy on validation (below popularity or
                a collapsed code, training/validate.py ``health``): it is scored from its run
                with a WARNING line, unless --allow-unhealthy.
@@ -130,6 +131,11 @@ class ExperimentConfig:
                               help="trials at once; 0 = as many as the cluster's CPUs fit")
     no_register: bool = option(False, help="do not register the final models (score them from "
                                             "their runs)")
+    register_as: str = option("", show_default=False, metavar="PREFIX",
+                              help="register the final models as PREFIX-MODEL (default: the "
+                                   "dataset's name, DATASET-MODEL, as the docs use): a second "
+                                   "experiment on the same set with its own prefix leaves the "
+                                   "first one's @champion where it is")
     allow_unhealthy: bool = option(False, help="register a final model as @champion even when "
                                                "its chosen trial's validation NDCG was not "
                                                "above popularity's or its code collapsed (by "
@@ -584,18 +590,33 @@ def retire_stale_final(fc: TrainConfig) -> Path | None:
 
 # -- 4. register -----------------------------------------------------------------------------------
 
+def registered_name(prefix: str, dataset: str, model: str) -> str:
+    """The registry name of an experiment's final ``model``: PREFIX-MODEL (--register-as), by
+    default DATASET-MODEL."""
+    return f"{prefix or dataset}-{model}"
+
+
 def register(uri: str, name: str, model_uri: str, run_id: str) -> str:
     """``models:/NAME@champion`` pointing at ``model_uri`` (a new version unless the alias already
-    points at this run's model)."""
+    points at this run's model). Where the alias pointed at a run of another MLflow experiment,
+    a NOTE line says whose champion this replaces (two experiments on one set share DATASET-MODEL
+    unless one has --register-as)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
     try:
         current = client.get_model_version_by_alias(name, "champion")
-        if current.run_id == run_id:
-            return f"models:/{name}@champion"
     except Exception:  # noqa: BLE001 (no such model or alias yet)
-        pass
+        current = None
+    if current is not None and current.run_id == run_id:
+        return f"models:/{name}@champion"
+    if current is not None and current.run_id:
+        before, now = (client.get_run(r).info.experiment_id for r in (current.run_id, run_id))
+        if before != now:
+            other = client.get_experiment(before).name
+            print(f"NOTE: {name}@champion moves from version {current.version} (a run of "
+                  f"experiment {other!r}) to this experiment's model; pass --register-as "
+                  "PREFIX (or --no-register) to keep both", flush=True)
     import mlflow
 
     mlflow.set_tracking_uri(uri)
@@ -980,7 +1001,8 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
         s = state["models"][model]
         f = s["final"]
         s["model_uri"] = f["model_uri"] if cfg.no_register else register_if_healthy(
-            uri, f"{prep.dataset}-{model}", f, s["chosen"], cfg.allow_unhealthy)
+            uri, registered_name(cfg.register_as, prep.dataset, model), f, s["chosen"],
+            cfg.allow_unhealthy)
         scored = s.setdefault("scored_seeds", {})
         for seed in seeds:
             f = s["finals"][str(seed)]

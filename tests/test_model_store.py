@@ -178,6 +178,41 @@ def score_main(uri, small_prepared, mlflow_server, tmp_path):
                        mlflow_server.url, "--output", str(tmp_path / "recs"), "-q"])
 
 
+def test_an_experiment_moving_anothers_champion_says_so(logged, mlflow_server, capsys):
+    """experiment/run.py's register: the same run again is no new version; a run of another
+    MLflow experiment moves the alias with a NOTE naming the experiment it took it from."""
+    from mlflow.tracking import MlflowClient
+
+    from experiment.run import register as register_final
+    from experiment.run import registered_name
+    from runtime.tracking import log_final
+
+    assert registered_name("", "citeulike-a", "autorec") == "citeulike-a-autorec"
+    assert registered_name("citeulike-a-levers", "citeulike-a", "autorec") == \
+        "citeulike-a-levers-autorec"
+    client = MlflowClient(mlflow_server.url)
+    d, model = logged["dir"], logged["model"]
+    runs, uris = {}, {}
+    for name in ("store-move-first", "store-move-second"):  # a final run in each experiment
+        runs[name] = client.create_run(client.create_experiment(name), run_name=name).info.run_id
+        uris[name] = log_final(mlflow_server.url, runs[name], weights=d / "weights.pt",
+                               item_ids=d / "item_ids.parquet", model="autorec",
+                               model_args=model.model_args(), model_info={"train_splits": "train"},
+                               manifest={}, history=[{"epoch": 1}], summary={}, title=name)
+    source = uris["store-move-first"]
+    first = register_final(mlflow_server.url, "store-move", source, runs["store-move-first"])
+    assert first == "models:/store-move@champion"
+    again = register_final(mlflow_server.url, "store-move", source, runs["store-move-first"])
+    assert again == first and len(client.search_model_versions("name='store-move'")) == 1
+    assert "NOTE" not in capsys.readouterr().out
+    register_final(mlflow_server.url, "store-move", uris["store-move-second"],
+                   runs["store-move-second"])
+    out = capsys.readouterr().out
+    assert "NOTE: store-move@champion moves from version 1" in out
+    assert "'store-move-first'" in out and "--register-as" in out
+    assert client.get_model_version_by_alias("store-move", "champion").version == "2"
+
+
 def test_a_cloudpickled_pyfunc_is_refused_and_never_runs(logged, small_prepared, mlflow_server,
                                                          spark, tmp_path, capsys):
     import mlflow
