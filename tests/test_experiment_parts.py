@@ -333,6 +333,27 @@ def test_the_figures_are_drawn_for_the_settings_the_grid_varied(tmp_path):
     assert all(v[:4] == b"\x89PNG" for v in out.values())
 
 
+def test_points_without_a_mode_count_as_the_models_default_in_the_figures(tmp_path):
+    """The protocol grid sets mode only in the sub-grid of the fine-tune modes: its other points
+    are joint-mode trials, drawn as such (the run of 2026-11-27 failed here with KeyError)."""
+    import torch
+
+    from experiment.run import figures
+
+    pts = grids.points([{"lam": [3, 10]}, {"lam": [10], "mode": ["full-finetune"]}])
+    for p, ndcg in zip(pts, (0.20, 0.22, 0.25)):
+        name = grids.point_name("nce-autorec", p)
+        d = tmp_path / "trials" / name
+        d.mkdir(parents=True)
+        torch.save({"history": [{"epoch": 1, "epoch_seconds": 2.0, "valid_ndcg": ndcg}]},
+                   d / "model.pt")
+        (d / "run.json").write_text(json.dumps({"summary": {
+            "best_valid_ndcg": ndcg, "best_epoch": 1, "run_name": name,
+            "model_path": str(d / "model.pt")}}))
+    out = figures(tmp_path, {"nce-autorec": pts, "ease": [{"lam": 100}]})
+    assert sorted(out) == ["convergence.png", "ndcg_per_mode.png"]
+
+
 def test_concurrency_leaves_a_cpu_for_the_data(tmp_path, monkeypatch):
     import ray
 
