@@ -78,7 +78,6 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "validation_speed": ("benchmarks/validation_speed.py", "training/validate.py"),
     "yahoo_scale": ("benchmarks/yahoo_scale.py", "etl", "training", "evaluation", *AUTOREC),
     "experiment-ml-100k": EXPERIMENT,
-    "experiment-ml-100k-modes": EXPERIMENT,
     "experiment-ml-latest-small": EXPERIMENT,
     "experiment-ml-latest-small-modes": EXPERIMENT,
     "experiment-citeulike-a-modes": EXPERIMENT,
@@ -87,7 +86,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
                       "evaluation/score.py", "evaluation/evaluate.py"),
 }
 # results computed from other results: stale too when one of those was rewritten after them
-DERIVED_FROM = {"nce_report": ("experiment-ml-100k", "experiment-ml-100k-modes",
+DERIVED_FROM = {"nce_report": ("experiment-ml-100k",
                                "experiment-ml-latest-small", "experiment-ml-latest-small-modes",
                                "experiment-citeulike-a-modes", "experiment-ml-100k-levers")}
 
