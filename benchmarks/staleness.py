@@ -82,6 +82,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "experiment-ml-latest-small-modes": EXPERIMENT,
     "experiment-citeulike-a-modes": EXPERIMENT,
     "experiment-ml-100k-levers": EXPERIMENT,
+    "experiment-citeulike-a-levers": EXPERIMENT,
     "local_cluster": ("infra/cluster/local_cluster.py", "infra/cluster", *AUTOREC, "training",
                       "evaluation/score.py", "evaluation/evaluate.py"),
 }
