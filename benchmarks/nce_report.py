@@ -136,7 +136,6 @@ def summarise_levers(folder: Path, protocol: Path | None) -> dict:
     st, sp = exps[where]
     best = max((m for m in st if m not in FAMILY and m != FLOOR),
                key=lambda m: float(st[m]["NDCG mean"]))
-    ndcg = ndcg_ci  # the same reading for both experiments
     vs_best, increment = paired_diff(sp, strongest, best), paired_diff(paired, "nce-autorec",
                                                                        "autorec")
     out = {"experiment": folder.name.removeprefix("experiment-"), "dataset": dataset_of(folder),
@@ -144,11 +143,11 @@ def summarise_levers(folder: Path, protocol: Path | None) -> dict:
            "strongest": strongest, "strongest_from": where,
            "strongest_chosen": st[strongest]["chosen"],
            "strongest_valid_ndcg": float(st[strongest]["valid_ndcg"]),
-           "strongest_ndcg": ndcg(st, strongest), "best_baseline": best,
-           "best_baseline_chosen": st[best]["chosen"], "best_baseline_ndcg": ndcg(st, best),
+           "strongest_ndcg": ndcg_ci(st, strongest), "best_baseline": best,
+           "best_baseline_chosen": st[best]["chosen"], "best_baseline_ndcg": ndcg_ci(st, best),
            "strongest_minus_best": vs_best[:2] if vs_best else None,
            "nce_chosen": table["nce-autorec"]["chosen"], "autorec_chosen": table["autorec"]["chosen"],
-           "nce_ndcg": ndcg(table, "nce-autorec"), "autorec_ndcg": ndcg(table, "autorec"),
+           "nce_ndcg": ndcg_ci(table, "nce-autorec"), "autorec_ndcg": ndcg_ci(table, "autorec"),
            "increment": increment[:2] if increment else None,
            "increment_p_holm": (float(increment[2]["t_p_holm"]),
                                 float(increment[2]["wilcoxon_p_holm"])) if increment else None,
@@ -158,7 +157,7 @@ def summarise_levers(folder: Path, protocol: Path | None) -> dict:
         ptable = exps["protocol"][0]
         pbase = [m for m in ptable if m not in FAMILY and m != FLOOR]
         pbest = max(pbase, key=lambda m: float(ptable[m]["NDCG mean"])) if pbase else None
-        out["paper_nce"] = ndcg(ptable, "nce-autorec") if "nce-autorec" in ptable else None
+        out["paper_nce"] = ndcg_ci(ptable, "nce-autorec") if "nce-autorec" in ptable else None
         out["paper_nce_chosen"] = ptable.get("nce-autorec", {}).get("chosen")
         # the protocol's best baseline must be in the levers experiment, or the bar is too low
         out["protocol_best_baseline"] = pbest

@@ -888,10 +888,10 @@ def figures(root: Path, points: dict[str, list[dict]]) -> dict[str, bytes]:
     # a grid point names only what it sets (the protocol grid sets mode only where it searches
     # the fine-tune modes): the model's defaults fill the rest, so its joint-mode points count
     # as joint. Trials are found by the points as given (their names).
-    filled = lambda m, p: {**model_class(m).defaults(), **p}
-    results = {m: [(filled(m, p), s) for p, s in trial_results(root, m, pts)]
+    defaults = {m: model_class(m).defaults() for m in points}
+    results = {m: [({**defaults[m], **p}, s) for p, s in trial_results(root, m, pts)]
                for m, pts in points.items()}
-    points = {m: [filled(m, p) for p in pts] for m, pts in points.items()}
+    points = {m: [{**defaults[m], **p} for p in pts] for m, pts in points.items()}
     varied = lambda m, k: len({p[k] for p in points[m] if k in p}) > 1
     out = {}
     for key, name, label, log_x in (("mode", "ndcg_per_mode.png", "optimisation mode", False),
