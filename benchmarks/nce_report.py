@@ -101,6 +101,17 @@ def dataset_of(folder: Path) -> str:
     return name
 
 
+def protocol_folders(folders: list[Path]) -> dict[str, Path]:
+    """Per set, the protocol experiment its levers experiment is read beside: ``experiment-SET``
+    (the protocol grid, which holds the modes), else ``experiment-SET-modes`` (the older runs
+    that searched the modes apart)."""
+    out: dict[str, Path] = {}
+    for suffix in ("-modes", ""):  # the plain name last: it wins where both are given
+        out.update({dataset_of(f): f for f in folders
+                    if f.name.removeprefix("experiment-") == dataset_of(f) + suffix})
+    return out
+
+
 def paired_diff(paired: list[dict], a: str, b: str) -> tuple[float, float, dict] | None:
     """``a`` minus ``b`` (test NDCG, paired per user, pooled over seeds) from whichever of the
     experiment's comparisons holds the pair, with its row; None where none does."""
@@ -257,8 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     # a levers experiment is read twice: as any experiment (its NCE-AutoRec against its AutoRec
     # and best baseline) and for issue 32's section, beside the protocol experiment of its set
     rows = [summarise(f) for f in args.folders]
-    protocol = {dataset_of(f): f for f in args.folders
-                if f.name.removeprefix("experiment-") == dataset_of(f)}
+    protocol = protocol_folders(args.folders)
     levers = [summarise_levers(f, protocol.get(dataset_of(f))) for f in args.folders
               if f.name.endswith("-levers")]
     run = stamp("nce_report.py", argv)

@@ -168,6 +168,14 @@ class ETLConfig:
     items: int = option(2_000, group=SYNTHETIC, help="number of items")
     positives: int = option(200_000, group=SYNTHETIC,
                             help="target number of positives (the generated count is close to it)")
+    topics: int = option(0, group=SYNTHETIC,
+                         help="item topics (clusters a user draws from); 0 = one per 40 items, "
+                              "2 to 50. Many small topics make a hard set")
+    affinity: float = option(0.8, group=SYNTHETIC,
+                             help="share of a user's positives drawn from their topic (the rest "
+                                  "by popularity from the whole catalogue)")
+    zipf: float = option(1.0, group=SYNTHETIC,
+                         help="popularity's Zipf exponent: an item's weight is rank^-zipf")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dataset", dataset_name(self.dataset))  # aliases -> canonical
@@ -206,6 +214,10 @@ class ETLConfig:
         if self.spec.layout.generated:
             if min(self.users, self.items, self.positives) < 1:
                 raise UsageError("--users, --items and --positives must be >= 1 for synthetic data")
+            if self.topics < 0 or not 0 <= self.affinity <= 1 or self.zipf < 0:
+                raise UsageError(f"--topics {self.topics}, --affinity {self.affinity}, --zipf "
+                                 f"{self.zipf}: need topics >= 0 (0 = automatic), affinity in "
+                                 "[0, 1] and zipf >= 0")
         elif not self.input:
             raise UsageError(f"--input is required for --dataset {self.dataset} "
                              f"(a file, a directory holding {' or '.join(self.spec.default_files) or 'it'}, "

@@ -109,7 +109,8 @@ def read_validated(spark: SparkSession, cfg: ETLConfig, files: list[str], progre
     Also says whether the fast dedup key fits (see ``POS_BITS``).
     """
     if cfg.spec.layout.generated:
-        rows = synthetic_rows(spark, cfg.users, cfg.items, cfg.positives, cfg.seed)  # long ids
+        rows = synthetic_rows(spark, cfg.users, cfg.items, cfg.positives, cfg.seed,  # long ids
+                              topics=cfg.topics, affinity=cfg.affinity, zipf=cfg.zipf)
         # generated pairs are distinct and their times are 2010-2015: the fast key fits
         return rows.select("*", F.lit(0).cast("long").alias("gpos"),
                            F.lit(None).cast("byte").alias("given")), True

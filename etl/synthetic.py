@@ -2,13 +2,16 @@
 
 The generative model (all draws seeded; a user's data depend only on (seed, user id)):
 
-- items belong to one of ``K`` topics (item j: topic j mod K) and have a Zipf weight
-  ``w_j = (rank_j + 1) ** -alpha`` over a seeded random rank, so popularity is power-law and
-  popular items are spread over all topics;
+- items belong to one of ``K`` topics (item j: topic j mod K; ``--topics``, by default one per
+  40 items up to 50) and have a Zipf weight ``w_j = (rank_j + 1) ** -alpha`` (``--zipf``) over a
+  seeded random rank, so popularity is power-law and popular items are spread over all topics;
 - a user has one topic and a number of positives drawn from a log-normal with the requested mean
   (at least 1, at most half the catalog);
-- each positive comes, with probability ``affinity``, from the user's topic (by w within the topic),
-  else from the whole catalog (by w): a model that learns the topics beats popularity;
+- each positive comes, with probability ``affinity`` (``--affinity``), from the user's topic (by w
+  within the topic), else from the whole catalog (by w): a model that learns the topics beats
+  popularity. The defaults make an easy set (most of a user's items in one of 50 topics); many
+  small topics, a low affinity and a flatter Zipf make a hard one, where popularity is weak and a
+  model must learn many small clusters from few positives each (issue 32's collapse study);
 - timestamps: a user's interactions follow a random start time with exponential gaps.
 
 Users are generated in fixed blocks of ``BLOCK`` ids inside Spark (``mapInArrow`` over
@@ -36,18 +39,23 @@ MEAN_GAP = 86_400.0
 SCHEMA = "user long, item long, timestamp long"
 
 
-def n_topics(n_items: int) -> int:
+def n_topics(n_items: int, topics: int = 0) -> int:
+    """``topics`` where given (at most one per item), else one per 40 items, 2 to 50."""
+    if topics:
+        return int(min(topics, n_items))
     return int(min(50, max(2, n_items // 40)))
 
 
 class Catalog:
     """Item weights as alias tables (global, and one per topic) for O(1) vectorised draws."""
 
-    def __init__(self, n_items: int, seed: int):
+    def __init__(self, n_items: int, seed: int, topics: int = 0, affinity: float = AFFINITY,
+                 zipf: float = ALPHA):
         rng = np.random.default_rng([seed, 0xC0FFEE])
         rank = rng.permutation(n_items)
-        self.weight = (rank + 1.0) ** -ALPHA
-        self.k = n_topics(n_items)
+        self.weight = (rank + 1.0) ** -zipf
+        self.affinity = affinity
+        self.k = n_topics(n_items, topics)
         self.topic = np.arange(n_items) % self.k
         self.g_prob, self.g_alias = alias_table(self.weight)
         probs, items, aliases, sizes = [], [], [], []
@@ -66,7 +74,7 @@ class Catalog:
         u, v = rng.random(n), rng.random(n)
         slot = (u * len(self.weight)).astype(np.int64)
         out = np.where(v < self.g_prob[slot], slot, self.g_alias[slot])
-        local = rng.random(n) < AFFINITY
+        local = rng.random(n) < self.affinity
         tslot = self.t_start[topics] + (u * self.t_size[topics]).astype(np.int64)
         within = np.where(v < self.t_prob[tslot], self.t_item[tslot], self.t_alias[tslot])
         return np.where(local, within, out)
@@ -115,12 +123,13 @@ def generate_block(block: int, n_users: int, n_items: int, mean_positives: float
     return users[owner_k], items_k.astype(np.int64), ts
 
 
-def generator(n_users: int, n_items: int, n_positives: int, seed: int):
-    """The ``mapInArrow`` function: batches of block ids in, batches of rows out."""
+def generator(n_users: int, n_items: int, n_positives: int, seed: int, **shape):
+    """The ``mapInArrow`` function: batches of block ids in, batches of rows out. ``shape``:
+    Catalog's topics, affinity and zipf."""
     mean = n_positives / n_users
 
     def gen(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        catalog = Catalog(n_items, seed)
+        catalog = Catalog(n_items, seed, **shape)
         for batch in batches:
             for block in batch.column(0).to_numpy():
                 users, items, ts = generate_block(int(block), n_users, n_items, mean, seed, catalog)
@@ -131,8 +140,9 @@ def generator(n_users: int, n_items: int, n_positives: int, seed: int):
     return gen
 
 
-def synthetic_rows(spark, n_users: int, n_items: int, n_positives: int, seed: int):
+def synthetic_rows(spark, n_users: int, n_items: int, n_positives: int, seed: int, **shape):
     """A DataFrame ``user_id, item_id`` (long), ``rating`` (null), ``timestamp``, made on the executors.
+    ``shape``: Catalog's topics, affinity and zipf (defaults: the easy set).
 
     One input row per block of ``BLOCK`` users, so a block is generated exactly once whatever
     the partitioning, and the data depend only on the seed.
@@ -140,7 +150,7 @@ def synthetic_rows(spark, n_users: int, n_items: int, n_positives: int, seed: in
     n_blocks = -(-n_users // BLOCK)
     parts = min(n_blocks, max(2 * spark.sparkContext.defaultParallelism, n_blocks // 8))
     blocks = spark.range(0, n_blocks, numPartitions=parts)
-    rows = blocks.mapInArrow(generator(n_users, n_items, n_positives, seed), SCHEMA)
+    rows = blocks.mapInArrow(generator(n_users, n_items, n_positives, seed, **shape), SCHEMA)
     # ids stay longs: the pipeline carries canonical integer ids as longs anyway
     return rows.select(F.col("user").alias("user_id"), F.col("item").alias("item_id"),
                        F.lit(None).cast("double").alias("rating"), "timestamp")

@@ -169,3 +169,22 @@ def test_the_strongest_family_row_may_come_from_the_protocol_experiment(tmp_path
     assert r["strongest_minus_best"] == (0.01, 0.004)
     assert r["increment"] == (0.004, 0.003)  # the levers experiment's, whatever is strongest
     assert r["goal"]["strongest_at_or_above_best_baseline"]
+
+
+def test_a_levers_experiment_is_read_beside_its_sets_protocol_experiment(tmp_path):
+    """citeulike-a's protocol runs are ``experiment-citeulike-a-modes``: the levers section reads
+    them where no ``experiment-citeulike-a`` is given, and the plain name wins where both are."""
+    from pathlib import Path
+
+    from benchmarks.nce_report import protocol_folders
+
+    def f(name):
+        return Path("results") / name
+
+    assert protocol_folders([f("experiment-toy-modes"), f("experiment-toy-levers")]) == {
+        "toy": f("experiment-toy-modes")}
+    assert protocol_folders([f("experiment-toy"), f("experiment-toy-modes"),
+                             f("experiment-toy-levers")]) == {"toy": f("experiment-toy")}
+    assert protocol_folders([f("experiment-toy-modes"), f("experiment-toy")]) == {
+        "toy": f("experiment-toy")}
+    assert protocol_folders([f("experiment-toy-levers")]) == {}

@@ -36,6 +36,41 @@ def test_popularity_is_power_law_and_topics_are_learnable():
     assert np.mean(shares) > 0.5 > 10.0 / cat.k  # over 10x what topic-blind users would show
 
 
+def test_a_hard_set_has_weaker_popularity_and_many_small_topics():
+    """--topics/--affinity/--zipf (issue 32's collapse study): the defaults draw exactly as
+    before; many small topics, a low affinity and a flat Zipf weaken popularity's head and a
+    user's concentration, yet users still draw from their topic above chance."""
+    easy = synthetic.generate_block(0, 4000, 2000, 30.0, 4, synthetic.Catalog(2000, seed=4))
+    same = synthetic.generate_block(0, 4000, 2000, 30.0, 4, synthetic.Catalog(
+        2000, seed=4, topics=0, affinity=synthetic.AFFINITY, zipf=synthetic.ALPHA))
+    for x, y in zip(easy, same):
+        np.testing.assert_array_equal(x, y)
+    cat = synthetic.Catalog(2000, seed=4, topics=200, affinity=0.5, zipf=0.6)
+    assert cat.k == 200 and synthetic.Catalog(50, seed=4, topics=200).k == 50
+    users, items, _ = synthetic.generate_block(0, 4000, 2000, 30.0, 4, cat)
+
+    def head_share(it):
+        pop = np.sort(np.bincount(it, minlength=2000))[::-1]
+        return pop[:200].sum() / pop.sum()
+
+    assert head_share(items) < head_share(easy[1]) - 0.1
+    topics = cat.topic[items]
+    shares = [np.bincount(topics[users == u]).max() / (users == u).sum()
+              for u in np.unique(users) if (users == u).sum() >= 10]
+    # a topic of 10 items caps a user's in-topic share of 30 positives below the affinity: still
+    # 30x chance (1/200), and far below the easy set's
+    assert 0.15 < np.mean(shares) < 0.5
+
+
+def test_a_synthetic_shape_out_of_range_is_refused():
+    from etl.config import ETLConfig
+    from prepared.errors import UsageError
+
+    for bad in (dict(topics=-1), dict(affinity=1.5), dict(zipf=-0.1)):
+        with pytest.raises(UsageError, match="--topics .*--affinity .*--zipf"):
+            ETLConfig(dataset="synthetic", output="/tmp/x", **bad)
+
+
 @pytest.mark.spark
 def test_synthetic_etl_in_spark_does_not_depend_on_partitioning(spark, tmp_path):
     kw = dict(dataset="synthetic", users=3000, items=400, positives=60_000, negatives=10, seed=2)
