@@ -33,6 +33,7 @@ import torch  # noqa: E402
 
 from benchmarks import report  # noqa: E402
 from benchmarks.tune_defaults import load, train_one  # noqa: E402
+from etl.config import ETLConfig  # noqa: E402
 from prepared import schema as S  # noqa: E402
 from training.closed_form import SCORE_USERS  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
@@ -40,6 +41,8 @@ from training.feed import in_valid_sample, valid_batch  # noqa: E402
 from training.loop import effective_rank  # noqa: E402
 from training.validate import health, popularity_metrics, popularity_order  # noqa: E402
 
+DEFAULT_SHAPE = {f.name: f.default for f in fields(ETLConfig) if f.name in ("topics", "affinity",
+                                                                           "zipf")}
 RANK_USERS = 1024  # users whose codes give the effective rank (the trainer: a rank's first batch)
 
 
@@ -57,6 +60,18 @@ def parse_run(spec: str) -> tuple[str, dict]:
         out[name] = (int(value) if kind.startswith("int") else
                      float(value) if kind.startswith("float") else value)
     return model, out
+
+
+def dataset_label(prep) -> str:
+    """The set's name in the results: the dataset's, and for synthetic data its shape where it is
+    not the default's (``synthetic(topics=1000,affinity=0.7,zipf=0.6)``), so that an easy and a
+    hard generated set are told apart."""
+    if prep.dataset != "synthetic":
+        return prep.dataset
+    params = prep.manifest.get("parameters", {})
+    shape = {k: params[k] for k in ("topics", "affinity", "zipf")
+             if k in params and params[k] != DEFAULT_SHAPE[k]}
+    return "synthetic" + (f"({','.join(f'{k}={v:g}' for k, v in shape.items())})" if shape else "")
 
 
 def valid_rows(rows, fraction: float):
@@ -105,13 +120,14 @@ def main(argv: list[str] | None = None) -> int:
         scored = valid_rows(rows, args.valid_sample)
         pop = popularity_ndcg(prep, scored)
         first = valid_batch(scored.slice(0, RANK_USERS), 0, 1)
-        datasets[prep.dataset] = {"path": data, "users": rows.num_rows, "items": prep.n_items,
+        name = dataset_label(prep)
+        datasets[name] = {"path": data, "users": rows.num_rows, "items": prep.n_items,
                                   "positives": int(prep.pop_train.sum()),
                                   "omega": prep.user_overlap(False), "popularity_ndcg": pop}
         print(f"{data}: {rows.num_rows:,} users, {prep.n_items:,} items, popularity NDCG "
               f"{pop:.4f}", flush=True)
         for spec in args.run:
-            if (prep.dataset, spec) in done:
+            if (name, spec) in done:
                 continue
             model, given = parse_run(spec)
             cfg = TrainConfig(data=data, model=model, epochs=args.epochs,
@@ -120,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             trace = [{"epoch": i + 1, "seconds": s, "ndcg": n, "code_rank": k}
                      for i, ((s, n), k) in enumerate(zip(r["curve"], r["trace"]))]
             best = trace[r["best_epoch"] - 1]
-            out = {"dataset": prep.dataset, "data": data, "run": spec, "model": model,
+            out = {"dataset": name, "data": data, "run": spec, "model": model,
                    "epochs_cap": args.epochs, "valid_sample": args.valid_sample,
                    "given": given, "resolved": cfg.resolved(), "batch_size": cfg.batch_size,
                    "best_ndcg": r["best_ndcg"], "best_epoch": r["best_epoch"],

@@ -115,3 +115,20 @@ def test_users_table_is_written_in_several_sorted_files(spark, tmp_path, monkeyp
     assert p.users.user_index.tolist() == list(range(2500))  # the directory as readers see it
     assert {f"{S.USERS_DIR}/{f.name}" for f in files} <= set(p.manifest["files"])
     assert open_prepared(str(tmp_path / "d")).n_users == 2500
+
+
+def test_the_collapse_study_tells_an_easy_generated_set_from_a_hard_one():
+    """benchmarks/collapse.py keys its results by set: two generated sets of different shape
+    must not share a key (the second's runs would be skipped as done)."""
+    from types import SimpleNamespace
+
+    from benchmarks.collapse import dataset_label
+
+    def prep(dataset, **params):
+        return SimpleNamespace(dataset=dataset, manifest={"parameters": params})
+
+    assert dataset_label(prep("synthetic")) == "synthetic"  # made before the shape options
+    assert dataset_label(prep("synthetic", topics=0, affinity=0.8, zipf=1.0)) == "synthetic"
+    assert dataset_label(prep("synthetic", topics=1000, affinity=0.7, zipf=1.0)) == \
+        "synthetic(topics=1000,affinity=0.7)"
+    assert dataset_label(prep("citeulike", topics=0)) == "citeulike"
