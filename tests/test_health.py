@@ -120,6 +120,15 @@ def test_the_driver_says_an_unhealthy_run_in_one_line():
     assert health_warning({"best_valid_ndcg": None}, "r1") is None  # final retraining
 
 
+def test_an_unhealthy_run_is_pointed_at_the_confidence_on_positives_where_it_has_one():
+    from training.config import TrainConfig
+    from training.train import remedy
+
+    assert "--pos-weight 10" in remedy(TrainConfig(data="d", model="autorec"))
+    assert "--pos-weight" not in remedy(TrainConfig(data="d", model="autorec", pos_weight=3.0))
+    assert "--pos-weight" not in remedy(TrainConfig(data="d", model="bpr"))
+
+
 def test_the_table_says_each_models_health():
     from experiment.run import table_csv, table_md, table_rows
 
