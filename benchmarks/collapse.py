@@ -69,8 +69,8 @@ def dataset_label(prep) -> str:
     if prep.dataset != "synthetic":
         return prep.dataset
     params = prep.manifest.get("parameters", {})
-    shape = {k: params[k] for k in ("topics", "affinity", "zipf")
-             if k in params and params[k] != DEFAULT_SHAPE[k]}
+    shape = {k: params[k] for k, default in DEFAULT_SHAPE.items()
+             if k in params and params[k] != default}
     return "synthetic" + (f"({','.join(f'{k}={v:g}' for k, v in shape.items())})" if shape else "")
 
 

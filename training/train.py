@@ -417,6 +417,10 @@ def train_run(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, ray_addre
     return summary, history, best, state["model_args"]
 
 
+#: what any unhealthy run may try
+RETUNE = "another --lr, --lam or --width"
+
+
 def remedy(cfg: TrainConfig) -> str:
     """What an unhealthy run should try next. A model with a confidence on positives left at 0
     is pointed at it first: on a hard generated sparse set AutoRec stayed below popularity
@@ -425,12 +429,12 @@ def remedy(cfg: TrainConfig) -> str:
     hp = cfg.resolved()
     if "pos_weight" in hp and not hp["pos_weight"]:
         return ("try --pos-weight 10 (a confidence on positives, an extension beyond the paper: "
-                "docs/training.md), or another --lr, --lam or --width")
-    return "try another --lr, --lam or --width"
+                f"docs/training.md), or {RETUNE}")
+    return f"try {RETUNE}"
 
 
 def health_warning(summary: dict, run_name: str,
-                   hint: str = "try another --lr, --lam or --width") -> str | None:
+                   hint: str = f"try {RETUNE}") -> str | None:
     """The driver's one WARNING line about a run whose ``health`` is not ok (None if it is, or
     was not checked: a final retraining has no validation); ``hint``: what to try (``remedy``)."""
     h = summary.get("health")
