@@ -12,10 +12,12 @@ Two inputs, each prepared once and cached in ``--work`` (never in the repository
   demo evaluates NCE-AutoRec, AutoRec and PureSVD);
 - ml100k: ml-100k (``--shared``/ml-100k/u.data) through the real ETL, 3 lists as small's.
 
-The lists are synthetic, in exactly the format ``evaluation/score.py`` writes (Parquet of
-user_id, item_ids, scores plus ``_manifest.json`` listing every file): for every user, 50
-distinct items drawn by training popularity with a fixed seed per model, so the metrics are
-small but not zero and the lists lean to the head as a model's do. The baseline is the
+The lists are synthetic, in exactly the format and layout ``evaluation/score.py`` writes (one
+Parquet file of user_id, item_ids, scores per rows shard, named as the shard, plus
+``_manifest.json`` listing every file and the rows shards' CRC-32s; ``--plain-lists``: files of
+consecutive users, as lists written by other code): for every user, 50 distinct items drawn by
+training popularity with a fixed seed per model, so the metrics are small but not zero and the
+lists lean to the head as a model's do. The baseline is the
 ``--baseline`` commit's tree (``git archive``), run as its own spark-submit beside this tree's,
 each logging to MLflow (a SQLite store in ``--work``), as the demo does. Results:
 ``benchmarks/results/evaluate_speed.{json,md}``.
@@ -27,6 +29,7 @@ import argparse
 import json
 import math
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -44,7 +47,7 @@ from infra.submit import spark_submit  # noqa: E402
 
 YAHOO = {"users": 1_876_280, "items": 44_865, "positives": 48_817_561}  # yahoo_scale.py's
 K = 50
-SHARDS = 8  # Parquet files per list, as a scoring job's tasks write several
+SHARDS = 8  # Parquet files per plain list (--plain-lists), as a writer's tasks write several
 PHASE = re.compile(r"evaluation phase seconds: (\{.*\})")
 
 
@@ -91,41 +94,58 @@ def distinct_draws(rng: np.random.Generator, cdf: np.ndarray, n: int, k: int) ->
         draws[dup] = rng.integers(0, items, int(dup.sum()))
 
 
-def write_lists(data: Path, out: Path, label: str, seed: int) -> None:
-    """Synthetic top-K lists for every user of ``data`` in score.py's format, once."""
-    if (out / "_manifest.json").exists():
+def write_lists(data: Path, out: Path, label: str, seed: int, sharded: bool = True) -> None:
+    """Synthetic top-K lists for every user of ``data`` in score.py's format, once. ``sharded``:
+    one file per rows shard, named as the shard and holding its users, with the manifest's
+    ``row_shards``, exactly as score.py writes them (evaluate.py reads them beside the rows);
+    else ``SHARDS`` files of consecutive users, as a file written elsewhere (the shuffle)."""
+    marker = out / "_manifest.json"
+    if marker.exists() and ("row_shards" in json.loads(marker.read_text())) == sharded:
         return
     prep = json.loads((data / "manifest.json").read_text())
     layout = prep["layout"]
-    users = pq.read_table(data / layout["users"], columns=["user_id"])["user_id"]
     items = pq.read_table(data / layout["items"], columns=["item_index", "item_id",
                                                          "pop_train_valid"])
     order = np.argsort(items["item_index"].to_numpy())
     item_ids = np.asarray(items["item_id"].cast(pa.string()).to_numpy(zero_copy_only=False))[order]
     cdf = np.cumsum(items["pop_train_valid"].to_numpy()[order].astype(np.float64) + 1.0)
-    user_ids = users.cast(pa.string()).to_numpy(zero_copy_only=False)
+    if sharded:
+        folder = layout["rows"].rstrip("/") + "/"
+        shards = {f[len(folder):]: prep["crc32"][f] for f in sorted(prep["files"])
+                  if f.startswith(folder) and not f[len(folder):].startswith(("_", "."))}
+        chunks = [(name, pq.read_table(data / folder / name, columns=["user_id"])["user_id"])
+                  for name in shards]
+    else:
+        users = pq.read_table(data / layout["users"], columns=["user_id"])["user_id"]
+        bounds = np.linspace(0, len(users), SHARDS + 1).astype(int)
+        chunks = [(f"part-{i:05d}.snappy.parquet", users.slice(int(lo), int(hi - lo)))
+                  for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:]))]
     rng = np.random.default_rng(seed)
-    out.mkdir(parents=True, exist_ok=True)
-    files = {}
-    for i, chunk in enumerate(np.array_split(np.arange(len(user_ids)), SHARDS)):
-        n = len(chunk)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    files, n_users = {}, 0
+    for name, ids in chunks:
+        user_ids = ids.cast(pa.string()).to_numpy(zero_copy_only=False)
+        n = len(user_ids)
+        n_users += n
         draws = distinct_draws(rng, cdf, n, K)
         offsets = pa.array(np.arange(0, n * K + 1, K, dtype=np.int32))
         scores = np.sort(rng.random((n, K)).astype(np.float32), axis=1)[:, ::-1]
         table = pa.table({
-            "user_id": pa.array(user_ids[chunk], pa.string()),
+            "user_id": pa.array(user_ids, pa.string()),
             "item_ids": pa.ListArray.from_arrays(offsets, pa.array(item_ids[draws.ravel()],
                                                                    pa.string())),
             "scores": pa.ListArray.from_arrays(offsets, pa.array(scores.ravel(), pa.float32()))})
-        name = f"part-{i:05d}.snappy.parquet"
         pq.write_table(table, out / name, compression="snappy")
         files[name] = (out / name).stat().st_size
     manifest = {"kind": "recommendations", "model_name": label, "model_kind": "synthetic",
                 "data": str(data), "dataset": prep["dataset"], "k": K, "users": "all",
-                "scored_users": len(user_ids), "files": files,
+                "scored_users": n_users, "files": files,
                 "columns": {"user_id": "string", "item_ids": "list<string>",
-                            "scores": "list<float>"}}
-    (out / "_manifest.json").write_text(json.dumps(manifest, indent=2))
+                            "scores": "list<float>"},
+                **({"row_shards": shards} if sharded else {})}
+    marker.write_text(json.dumps(manifest, indent=2))
 
 
 def baseline_tree(work: Path, ref: str) -> tuple[Path, str]:
@@ -202,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lists", type=int, default=2, choices=[1, 2],
                    help="yahoo: lists evaluated together (1: the pipeline's case, "
                         "benchmarks/yahoo_scale.py; 2: an experiment's)")
+    p.add_argument("--plain-lists", action="store_true",
+                   help="write the lists as files of consecutive users (a file written "
+                        "elsewhere: evaluate.py shuffles them by user) instead of one per rows "
+                        "shard as score.py writes them")
     p.add_argument("--shared", default=str(ROOT.parent / "shared" / "datasets"),
                    help="the shared datasets (ml100k's input)")
     p.add_argument("--baseline", default="main",
@@ -264,10 +288,12 @@ def main(argv: list[str] | None = None) -> int:
         results = {name: {**e, "from_an_earlier_run": True} for name, e in before.items()
                    if name not in {n for n, *_ in inputs.values()}}
     for size, (name, data, labels, what) in inputs.items():
-        recs = [data.parent / f"recs-{label}" for label in labels]  # shared by 1 and 2 lists
+        plain = "plain-" if a.plain_lists else ""
+        name, what = (f"{name}-plain", f"{what}, plain lists") if plain else (name, what)
+        recs = [data.parent / f"recs-{plain}{label}" for label in labels]  # 1 and 2 lists share
         (work / name).mkdir(parents=True, exist_ok=True)
         for seed, (label, r) in enumerate(zip(labels, recs)):
-            write_lists(data, r, label, seed)
+            write_lists(data, r, label, seed, sharded=not a.plain_lists)
         entry = {"input": what, "date": stamp["date"], "commit": head}
         trees = ([("baseline", base[0])] if base else []) + [("new", ROOT)]
         if a.only:  # the other side's time from the last run on the same input (one lock each)

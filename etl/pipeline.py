@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -25,7 +24,7 @@ from prepared import protocol
 from prepared import schema as S
 from etl.config import ETLConfig, PositiveRule
 from prepared.errors import InputDataError
-from prepared.files import crc32_hex
+from prepared.files import Crc32Sink, crc32_hex
 from etl.sources import parse
 from etl.synthetic import synthetic_rows
 
@@ -476,31 +475,6 @@ def arrow_filesystem(uri: str):
     if "://" not in uri:
         return fs.LocalFileSystem(), uri
     return fs.FileSystem.from_uri(uri.replace("s3a://", "s3://", 1))
-
-
-class Crc32Sink:
-    """A writable file for pyarrow that passes every byte on to ``stream`` and keeps their CRC-32
-    (``prepared.files``): the shard's checksum for the manifest without reading it back."""
-
-    def __init__(self, stream):
-        self.stream, self.crc = stream, 0
-
-    def write(self, data) -> int:
-        self.crc = zlib.crc32(data, self.crc)
-        return self.stream.write(data)
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-    def tell(self) -> int:
-        return self.stream.tell()
-
-    def close(self) -> None:
-        self.stream.close()
-
-    @property
-    def closed(self) -> bool:
-        return self.stream.closed
 
 
 def _write_rows_fn(out_dir: str, rstar_item: np.ndarray, pop: np.ndarray, negatives: int, seed: int):

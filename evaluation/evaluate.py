@@ -56,7 +56,8 @@ from evaluation.popularity import summary_from_counts
 from evaluation.score import MARKER as RECS_MARKER
 from evaluation.spark_metrics import (METRICS, encode_lists, inverse_logs, metric_key,
                                       metrics_for, split_name)
-from evaluation.user_table import USERS_PER_PARTITION, column, summary_rows, user_table
+from evaluation.user_table import (USERS_PER_PARTITION, co_sharded, column, sharded_user_table,
+                                   summary_rows, user_table)
 from prepared.protocol import KS, TABLE, TOP_K
 from runtime.cli import add_options, option, strict_parser, values
 from runtime.progress import EVERY, info_lines, spark_progress
@@ -596,15 +597,23 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
     inverse_log = inverse_logs(spark, TOP_K + 1 + len(catalogue))
 
     progress.phase("per-user metrics")
-    # one shuffle of the users' truth sets and every file's lists (as item indices) by user, and
-    # one numpy pass per partition: the metrics, the input checks' facts and the popularity
-    # counts (evaluation/user_table.py); cached, everything below reads it, never recomputes it
+    # the users' truth sets beside every file's lists (as item indices): read shard by shard
+    # where the files are sharded as the rows (score.py's), else one shuffle by user; then one
+    # numpy pass per partition: the metrics, the input checks' facts and the popularity counts
+    # (evaluation/user_table.py); cached, everything below reads it, never recomputes it
     n_users = int(prep.manifest.get("counts", {}).get("users") or 0)
     partitions = max(int(prep.manifest.get("spark", {}).get("shuffle_partitions", 8)),
                      math.ceil(n_users / USERS_PER_PARTITION))
-    wide = user_table(spark, prep, [encode_lists(f.df, catalogue) for f in files],
-                      [f.k for f in files], target, inverse_log, len(catalogue),
-                      partitions).cache()
+    ks = [f.k for f in files]
+    beside = all(co_sharded(f.manifest, prep) for f in files)
+    if beside:  # as evaluation/score.py writes them
+        log.info("the lists are sharded as the dataset's rows: read side by side, no shuffle")
+        wide = sharded_user_table(spark, prep, [f.path for f in files], ks, target, inverse_log,
+                                  catalogue)
+    else:
+        wide = user_table(spark, prep, [encode_lists(f.df, catalogue) for f in files], ks, target,
+                          inverse_log, len(catalogue), partitions)
+    wide = wide.cache()
     try:
         log.info("checking the users and lists of %s", ", ".join(f.path for f in files))
         check_recs(wide, files, prep)
@@ -702,7 +711,8 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
                     "recs": {f.label: f.path for f in files}, "mlflow_runs": runs,
                     "users_without_recommendations": missing, "popularity": pop,
                     "seconds": round(time.perf_counter() - t0, 1),
-                    "labels": [f.label for f in files], "rows": rows, "paired": pairs}
+                    "labels": [f.label for f in files], "rows": rows, "paired": pairs,
+                    "lists_read": "beside their rows shards" if beside else "shuffled by user"}
         manifest = publisher.write_manifest(manifest)  # last: lists every file
         progress.phase("published")
     wide.unpersist()

@@ -12,10 +12,14 @@ Writes Parquet with one row per user: ``user_id`` (raw id, string), ``item_ids``
 first, list<string>) and ``scores`` (list<float>), published atomically: RECS appears complete
 (with ``_manifest.json``, which Parquet readers skip) or not at all.
 
-Each task rebuilds the model once from broadcast weights, scores Arrow batches of user rows with
-``torch.set_num_threads`` = the task's cores, removes the user's input items and keeps the top K.
-Users are never collected to the driver, and a batch is sized so its (users x items) score matrix
-stays near 64 MiB, so memory per task is bounded whatever the number of users.
+One task per shard of the prepared rows: it reads the shard with pyarrow, rebuilds the model
+once from broadcast weights, scores Arrow batches of its users with ``torch.set_num_threads`` =
+the task's cores, removes the user's input items, keeps the top K and writes the lists to the file
+named as the shard (``part-00007.parquet`` holds the users of ``rows/part-00007.parquet``; the
+manifest's ``row_shards`` records which rows, by CRC-32, so evaluation can read a file beside its
+shard without a shuffle). Users are never collected to the driver, and a batch is sized so its
+(users x items) score matrix stays near 64 MiB, so memory per task is bounded whatever the
+number of users.
 
 Model input: a warm user's rows of the splits the model was trained on (train, or train+valid for
 the protocol's final retraining); a cold-start user's train part (their fold-in input; their
@@ -55,6 +59,9 @@ log = logging.getLogger("evaluation")
 MARKER = "_manifest.json"      # Spark and pyarrow skip names starting with "_"
 SCORE_BYTES = 64 * 2**20       # per batch: users x items float32 scores
 OUT_SCHEMA = "user_id string, item_ids array<string>, scores array<float>"
+OUT_ARROW_SCHEMA = pa.schema([("user_id", pa.string()), ("item_ids", pa.list_(pa.string())),
+                              ("scores", pa.list_(pa.float32()))])
+SHARDS_SCHEMA = "shard string, users long, bytes long, crc32 string"
 SPLIT_NAMES = {"train": S.TRAIN_ITEMS, "valid": S.VALID_ITEMS, "test": S.TEST_ITEMS}
 
 
@@ -141,6 +148,58 @@ def score_batches(batches, *, key: str, bc_weights, bc_item_ids, model: str, mod
              pa.ListArray.from_arrays(_offsets(lengths), out_items),
              pa.ListArray.from_arrays(_offsets(lengths), pa.array(vals[keep], pa.float32()))],
             names=["user_id", "item_ids", "scores"])
+
+
+def pick_users(table: pa.Table, spec: str, ids: frozenset[str] | None) -> pa.Table:
+    """The rows of ``table`` that ``--users spec`` selects (``select_users``' choice, in pyarrow)."""
+    import pyarrow.compute as pc
+
+    if spec in ("warm", "cold"):
+        return table.filter(pc.equal(table.column(S.COLD), spec == "cold"))
+    if ids is not None:
+        return table.filter(pc.is_in(table.column(S.USER_ID).cast(pa.string()),
+                                     value_set=pa.array(sorted(ids), pa.string())))
+    return table
+
+
+def score_shards_fn(rows_uri: str, out_uri: str, columns: list[str], users: str,
+                    ids: frozenset[str] | None, per_batch: int, score_kwargs: dict):
+    """mapInArrow body: rows of (shard) names -> one output file per shard, named as the rows
+    shard it scores (``{shard, users, bytes, crc32}`` per shard).
+
+    The shard is read and the lists written by pyarrow in the Python worker: a user's row and
+    list then sit in files of the same name, which is what lets evaluation read the two side by
+    side without a shuffle (``evaluation/user_table.py``), and the JVM never converts the rows'
+    item lists to Arrow and the lists back. A retried task rewrites the same file; the directory
+    is published whole."""
+    def fn(batches):
+        import pyarrow.parquet as pq
+
+        from prepared.files import Crc32Sink, crc32_hex
+        from prepared.reader import filesystem, join
+
+        fs_in, root_in = filesystem(rows_uri)
+        fs_out, root_out = filesystem(out_uri)
+        fs_out.create_dir(root_out, recursive=True)  # the staging directory: no Spark writer made it
+        for b in batches:
+            for shard in b.column("shard").to_pylist():
+                table = pick_users(pq.read_table(join(root_in, shard), columns=columns,
+                                                 filesystem=fs_in), users, ids)
+                path = join(root_out, shard)
+                n_users, sink = 0, Crc32Sink(fs_out.open_output_stream(path))
+                try:  # the writer leaves a file object it was given open
+                    with pq.ParquetWriter(sink, OUT_ARROW_SCHEMA) as w:
+                        for rb in score_batches(table.to_batches(max_chunksize=per_batch),
+                                                **score_kwargs):
+                            w.write_batch(rb)
+                            n_users += rb.num_rows
+                finally:
+                    sink.close()
+                yield pa.RecordBatch.from_pydict({
+                    "shard": [shard], "users": [n_users], "bytes": [fs_out.get_file_info(path).size],
+                    "crc32": [crc32_hex(sink.crc)]})
+
+    return fn
 
 
 def _offsets(lengths: np.ndarray) -> pa.Array:
@@ -234,13 +293,13 @@ def score(spark, progress_every: float = EVERY, **kwargs) -> dict:
                                                         pa.string()))
     bc_weights = spark.sparkContext.broadcast(src.weights)
     columns = sorted({SPLIT_NAMES[s] for s in ("train",) + input_splits + excl})
-    rows = spark.read.parquet(prep.rows_uri).select(S.USER_ID, S.COLD, *columns)
-    rows = select_users(rows, users, data)
-    n_users = rows.select(S.USER_ID).count()  # one output row per input user
+    # which users, and how many: a small job over two columns, before any scoring
+    n_users = select_users(spark.read.parquet(prep.rows_uri).select(S.USER_ID, S.COLD), users,
+                           data).count()  # one output row per input user
     if n_users == 0:
         raise UsageError(f"--users {users}: no such users in {data} (is --cold-users 0 there?)")
     per_batch = batch_users(prep.n_items)
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(per_batch))
+    shards = prep.row_shards()
 
     # cold users: input train only, exclude train only (their valid+test parts are the truth)
     cold_in = tuple(c if c == S.TRAIN_ITEMS else "" for c in map(SPLIT_NAMES.get, input_splits))
@@ -250,7 +309,10 @@ def score(spark, progress_every: float = EVERY, **kwargs) -> dict:
                      input_cols=tuple(SPLIT_NAMES[s] for s in input_splits),
                      exclude_cols=tuple(SPLIT_NAMES[s] for s in excl),
                      cold_input_cols=cold_in, cold_exclude_cols=cold_ex)
-    recs = rows.mapInArrow(lambda it: score_batches(it, **fn_kwargs), OUT_SCHEMA)
+    ids = None if users in ("all", "warm", "cold") else frozenset(read_user_ids(users))
+    # one task per rows shard, writing the file of the same name (score_shards_fn)
+    names = spark.createDataFrame(spark.sparkContext.parallelize([(n,) for n in shards],
+                                                                 len(shards)), "shard string")
     log.info("scoring %s %s users of %s with %s (%s, %s items, top %d, input %s, excluding %s); "
              "%d users per batch", f"{n_users:,}", users, prep.dataset, src.name, src.model,
              f"{prep.n_items:,}", k, "+".join(input_splits), "+".join(excl), per_batch)
@@ -259,7 +321,9 @@ def score(spark, progress_every: float = EVERY, **kwargs) -> dict:
         with publisher.staging() as tmp:
             with spark_progress(spark, "scoring", every=progress_every, total_users=n_users,
                                 log=info_lines(log)):
-                recs.write.parquet(tmp)
+                written = names.mapInArrow(score_shards_fn(
+                    prep.rows_uri, tmp, [S.USER_ID, S.COLD, *columns], users, ids, per_batch,
+                    fn_kwargs), SHARDS_SCHEMA).collect()
             seconds = time.perf_counter() - t0
             manifest = {
                 "kind": "recommendations", "created": started.isoformat(timespec="seconds"),
@@ -270,8 +334,12 @@ def score(spark, progress_every: float = EVERY, **kwargs) -> dict:
                 "exclude": list(excl), "scored_users": n_users, "seconds": round(seconds, 1),
                 "columns": {"user_id": "string", "item_ids": "list<string>",
                             "scores": "list<float>"},
+                # file f holds the users of the rows shard f, whose CRC-32 is given: evaluation
+                # pairs them without a shuffle while the prepared data is the same
+                "row_shards": shards,
             }
-            manifest = publisher.write_manifest(manifest)  # last: lists every file, marks completeness
+            manifest = publisher.write_manifest(  # last: lists every file, marks completeness
+                manifest, checksums={r["shard"]: r["crc32"] for r in written})
     finally:
         bc_weights.unpersist()
         bc_item_ids.unpersist()

@@ -1,9 +1,16 @@
-"""Everything evaluation needs per user, in one shuffle and one numpy pass per partition.
+"""Everything evaluation needs per user, in one numpy pass per partition of users.
 
 The dataset's user rows (user_id, cold, valid_items, test_items: item indices, one row per user)
-and every recommendation file's lists (``encode_lists``' item indices with their first stray id
-and first repeat) are hash-partitioned together by user_id; each partition is then read whole
-into numpy (a user's rows all land in the same partition) and gives one wide row per user:
+and every recommendation file's lists (``encode_batch``'s item indices with their first stray id
+and first repeat) are brought together so that a user's rows all land in the same partition:
+
+- ``sharded_user_table``: files that evaluation/score.py wrote hold one file per rows shard,
+  named as the shard and holding exactly its users (``co_sharded`` checks the manifest), so one
+  task per shard reads the shard and its files with pyarrow. No shuffle; the JVM never touches
+  the lists.
+- ``user_table``: any other file is hash-partitioned with the rows by user_id (one shuffle).
+
+Each partition is then read whole into numpy and gives one wide row per user:
 
     user_id, cold, known (a user of the dataset), truth (evaluated: a non-empty truth set),
     and per file i (columns ``column(i, name)``): rows (the file's rows of this user), stray and
@@ -28,7 +35,7 @@ import numpy as np
 
 from evaluation.spark_metrics import _flat, metric_arrays, metric_key, metrics_for
 from prepared import schema as S
-from prepared.protocol import KS
+from prepared.protocol import KS, TOP_K
 
 GROUPS = ("warm", "cold")
 USERS_PER_PARTITION = 100_000  # a partition is held whole in a Python worker: ~0.3 GB per file
@@ -201,6 +208,84 @@ def user_table(spark, prep, encoded: list, ks: list[int], target: str,
         yield pa.RecordBatch.from_arrays([cols[c] for c in names], names=names)
 
     return both.repartition(partitions, "user_id").mapInArrow(run, schema)
+
+
+def co_sharded(manifest: dict, prep) -> bool:
+    """Whether a recommendation file (its scoring ``manifest``) holds one file per rows shard of
+    ``prep``, named as the shard and scored from exactly those rows (the same names and CRC-32s:
+    the same data wherever it is mounted), so that ``sharded_user_table`` may pair them:
+    evaluation/score.py writes files so."""
+    rows = prep.row_shards()
+    return bool(rows) and None not in rows.values() and manifest.get("row_shards") == rows \
+        and set(rows) <= set(manifest.get("files", {}))
+
+
+def shard_table(rows, lists: list):
+    """``partition_rows``' input from one rows shard (a pyarrow Table of user_id, cold, valid and
+    test items) and each file's encoded lists of the same users (``encode_batch``'s output)."""
+    import pyarrow as pa
+
+    ints = pa.list_(pa.int32())
+    n = rows.num_rows
+    parts = [pa.table({"user_id": rows.column(S.USER_ID).cast(pa.string()),
+                       "_src": pa.array(np.zeros(n, np.int32)), "cold": rows.column(S.COLD),
+                       "_a": rows.column(S.VALID_ITEMS).cast(ints),
+                       "_b": rows.column(S.TEST_ITEMS).cast(ints),
+                       "_stray": pa.nulls(n, pa.string()), "_repeat": pa.nulls(n, pa.string())})]
+    for i, e in enumerate(lists):
+        m = e.num_rows
+        parts.append(pa.table({"user_id": e.column("user_id"),
+                               "_src": pa.array(np.full(m, i + 1, np.int32)),
+                               "cold": pa.nulls(m, pa.bool_()), "_a": e.column("_items"),
+                               "_b": pa.nulls(m, ints), "_stray": e.column("_stray"),
+                               "_repeat": e.column("_repeat")}))
+    return pa.concat_tables(parts)
+
+
+def sharded_user_table(spark, prep, paths: list[str], ks: list[int], target: str,
+                       inverse_log: np.ndarray, catalogue: list[str]):
+    """``user_table`` without its shuffle, for files that ``co_sharded`` accepts: one task per rows
+    shard reads the shard and each file's file of the same name with pyarrow (a user's row and
+    lists are in them, and nowhere else), encodes the lists and runs ``partition_rows``. The JVM
+    never reads the lists nor moves them between tasks. Lazy: the caller caches it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from evaluation.spark_metrics import encode_batch
+    from prepared.reader import filesystem, join
+
+    shards = list(prep.row_shards())
+    rows_uri, n_items, ids = prep.rows_uri, len(catalogue), list(catalogue)
+    schema = wide_schema(ks)
+    names = schema.fieldNames()
+
+    def run(batches):
+        items = pa.array(ids, pa.string())
+        fs, root = filesystem(rows_uri)
+        sources = [filesystem(p) for p in paths]
+        for b in batches:
+            for shard in b.column("shard").to_pylist():
+                rows = pq.read_table(join(root, shard), filesystem=fs,
+                                     columns=[S.USER_ID, S.COLD, S.VALID_ITEMS, S.TEST_ITEMS])
+                lists = []
+                for f_fs, f_root in sources:
+                    t = pq.read_table(join(f_root, shard), filesystem=f_fs,
+                                      columns=["user_id", "item_ids"])
+                    batch = pa.RecordBatch.from_arrays(  # the protocol's top list, as read_recs
+                        [t.column("user_id").combine_chunks().cast(pa.string()),
+                         pc.list_slice(t.column("item_ids").combine_chunks(), 0, TOP_K)],
+                        names=["user_id", "item_ids"])
+                    lists.append(encode_batch(batch, items))
+                table = shard_table(rows, lists)
+                if not table.num_rows:
+                    continue
+                cols = partition_rows(table, ks, target, inverse_log, n_items)
+                yield pa.RecordBatch.from_arrays([cols[c] for c in names], names=names)
+
+    tasks = spark.createDataFrame(spark.sparkContext.parallelize([(s,) for s in shards],
+                                                                 len(shards)), "shard string")
+    return tasks.mapInArrow(run, schema)
 
 
 def summary_rows(parts: list, labels: list[str], ks: list[int]) -> list[dict]:

@@ -55,6 +55,31 @@ def crc32_hex(value: int) -> str:
     return f"{value & 0xFFFFFFFF:08x}"
 
 
+class Crc32Sink:
+    """A writable file for pyarrow that passes every byte on to ``stream`` and keeps their CRC-32
+    (this module's): the shard's checksum for the manifest without reading it back."""
+
+    def __init__(self, stream):
+        self.stream, self.crc = stream, 0
+
+    def write(self, data) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        return self.stream.write(data)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def tell(self) -> int:
+        return self.stream.tell()
+
+    def close(self) -> None:
+        self.stream.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.stream.closed
+
+
 def crc32_of(fs, path: str) -> str:
     """CRC-32 of the file ``path`` on pyarrow FileSystem ``fs``, read in chunks."""
     crc = 0

@@ -21,7 +21,7 @@ import pyarrow.fs as pafs
 from prepared import protocol
 from prepared import schema as S
 from prepared.errors import UsageError
-from prepared.files import CHECKSUMS, FILES, check_checksum, check_files, crc32_of
+from prepared.files import CHECKSUMS, FILES, check_checksum, check_files, crc32_of, is_data_file
 
 VERIFY_ON_OPEN = 8 << 20  # files up to this size get their CRC-32 checked on every open
 
@@ -49,6 +49,15 @@ class Prepared:
     @property
     def rows_uri(self) -> str:
         return join(self.uri, self.manifest["layout"]["rows"])
+
+    def row_shards(self) -> dict[str, str | None]:
+        """The rows' Parquet files (name within the rows folder -> CRC-32, None where the
+        manifest has none), from the manifest's list of files, which ``open_prepared`` checked
+        against the directory: the files as they are, the unit scoring and evaluation pair."""
+        folder = self.manifest["layout"]["rows"].rstrip("/") + "/"
+        sums = self.manifest.get(CHECKSUMS, {})
+        return {f[len(folder):]: sums.get(f) for f in sorted(self.manifest[FILES])
+                if f.startswith(folder) and is_data_file(f)}
 
     def beta(self) -> float:
         return float(self.manifest["parameters"]["beta"])
@@ -88,7 +97,9 @@ def join(base: str, name: str) -> str:
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    if "://" not in uri:
+    """(pyarrow FileSystem, path) of a local path or a URI (file:/x as Hadoop writes it, s3a://
+    as s3://)."""
+    if "://" not in uri and not uri.startswith("file:"):
         return pafs.LocalFileSystem(), str(Path(uri).resolve())
     return pafs.FileSystem.from_uri(uri.replace("s3a://", "s3://", 1))
 

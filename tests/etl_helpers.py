@@ -130,3 +130,33 @@ def relist_files(prepared: Path) -> None:
     manifest["files"] = {str(f.relative_to(prepared)): f.stat().st_size
                          for f in sorted(prepared.rglob("*")) if f.is_file() and f.name != S.MANIFEST}
     (prepared / S.MANIFEST).write_text(json.dumps(manifest))
+
+
+def reshard_rows(prepared: Path, out: Path, shards: int) -> Path:
+    """A copy of ``prepared`` whose user rows are in ``shards`` files (user i in file i mod
+    ``shards``, as a hash partitioning scatters them), its manifest relisted with the new files'
+    CRC-32s as the ETL writes them: a multi-shard dataset from a one-shard fixture."""
+    import shutil
+
+    import pyarrow as pa
+
+    from prepared.files import crc32_of
+    from pyarrow import fs
+
+    shutil.copytree(prepared, out)
+    rows = pq.read_table(out / S.ROWS_DIR)
+    shutil.rmtree(out / S.ROWS_DIR)
+    (out / S.ROWS_DIR).mkdir()
+    which = np.arange(rows.num_rows) % shards
+    for s in range(shards):
+        pq.write_table(rows.filter(pa.array(which == s)), out / S.ROWS_DIR / f"part-{s:05d}.parquet")
+    relist_files(out)
+    manifest = json.loads((out / S.MANIFEST).read_text())
+    local = fs.LocalFileSystem()
+    manifest["crc32"] = {f: v for f, v in manifest.get("crc32", {}).items()
+                         if not f.startswith(S.ROWS_DIR + "/")}
+    manifest["crc32"].update({f"{S.ROWS_DIR}/part-{s:05d}.parquet":
+                              crc32_of(local, str(out / S.ROWS_DIR / f"part-{s:05d}.parquet"))
+                              for s in range(shards)})
+    (out / S.MANIFEST).write_text(json.dumps(manifest))
+    return out

@@ -22,7 +22,7 @@ from evaluation.spark_metrics import METRICS, metric_key
 from models.autorec import AutoRec
 from models.batch import sparse_rows
 from models.registry import build, save
-from tests.etl_helpers import relist_files
+from tests.etl_helpers import relist_files, reshard_rows
 
 pytestmark = pytest.mark.spark
 
@@ -216,6 +216,44 @@ def test_evaluation_files(evaluated):
                                                "gini"}
     assert (out / "popularity.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((out / "manifest.json").read_text())["target"] == "test"
+
+
+def test_lists_sharded_as_the_rows_are_read_beside_them_with_the_shuffles_numbers(
+        spark, scored, small_prepared, tmp_path):
+    """score.py writes one file per rows shard, named as the shard, holding exactly its users;
+    evaluate.py then reads each beside its shard (no shuffle), and the same lists written
+    elsewhere (no manifest: the shuffle by user) give the same numbers."""
+    _, base, _ = scored
+    data = reshard_rows(small_prepared, tmp_path / "data", 3)
+    m = score(spark, model=str(base / "run-a"), data=str(data), output=str(tmp_path / "recs"), k=50)
+    shards = json.loads((data / "manifest.json").read_text())["crc32"]
+    assert m["row_shards"] == {f.split("/", 1)[1]: v for f, v in shards.items()
+                               if f.startswith(S.ROWS_DIR + "/")} and len(m["row_shards"]) == 3
+    for shard in m["row_shards"]:
+        want = set(pd.read_parquet(data / S.ROWS_DIR / shard)[S.USER_ID].astype(str))
+        assert set(pd.read_parquet(tmp_path / "recs" / shard)["user_id"]) == want, shard
+    sharded = evaluate(spark, recs=[str(tmp_path / "recs")], labels=["A"], data=str(data),
+                       output=str(tmp_path / "eval"), no_mlflow=True)
+    assert sharded["lists_read"] == "beside their rows shards"
+    (tmp_path / "plain").mkdir()
+    pd.read_parquet(tmp_path / "recs")[["user_id", "item_ids"]].sample(frac=1, random_state=0) \
+        .to_parquet(tmp_path / "plain" / "part-0.parquet")
+    shuffled = evaluate(spark, recs=[str(tmp_path / "plain")], labels=["A"], data=str(data),
+                        output=str(tmp_path / "eval-plain"), no_mlflow=True)
+    assert shuffled["lists_read"] == "shuffled by user"
+    a = pd.read_parquet(tmp_path / "eval" / "per_user").sort_values("user_id") \
+        .reset_index(drop=True)
+    b = pd.read_parquet(tmp_path / "eval-plain" / "per_user").sort_values("user_id") \
+        .reset_index(drop=True)
+    assert len(a) > 500
+    pd.testing.assert_frame_equal(a, b, check_exact=True)  # per user: bit for bit
+    assert len(sharded["rows"]) == len(shuffled["rows"])
+    for x, y in zip(sharded["rows"], shuffled["rows"]):  # merged in another order: ulps apart
+        assert {k: v for k, v in x.items() if k not in ("mean", "ci95")} == \
+            {k: v for k, v in y.items() if k not in ("mean", "ci95")}
+        assert x["mean"] == pytest.approx(y["mean"], abs=1e-12)
+        assert x["ci95"] == pytest.approx(y["ci95"], abs=1e-12)
+    assert sharded["popularity"] == shuffled["popularity"]
 
 
 def test_short_lists_count_missing_positions_as_misses(spark, scored, small_prepared):

@@ -133,3 +133,35 @@ def test_the_partitions_moments_merge_to_each_groups_mean_and_ci():
                 assert abs(r["mean"] - x.mean()) < 1e-12, (label, group, m)
                 assert abs(r["ci95"] - 1.96 * x.std() / len(x) ** 0.5) < 1e-12, (label, group, m)
     assert not got  # nothing beyond the groups and metrics of each file's k
+
+
+def test_co_sharded_needs_the_same_rows_shards_by_name_and_checksum():
+    """evaluate.py reads a file beside the rows shards only when its manifest names exactly the
+    prepared rows' files with their CRC-32s and the file has one file per shard; anything else
+    (lists written elsewhere, the data re-prepared or edited since scoring) takes the shuffle."""
+    from evaluation.user_table import co_sharded
+    from prepared.reader import Prepared
+
+    def prepared(files: dict, sums: dict) -> Prepared:
+        return Prepared(uri="x", manifest={"layout": {"rows": "rows"}, "files": files,
+                                           "crc32": sums},
+                        pop_train=np.zeros(1), pop_train_valid=np.zeros(1))
+
+    files = {"rows/part-00000.parquet": 10, "rows/part-00001.parquet": 12, "items/a.parquet": 3,
+             "rows/_SUCCESS": 0}
+    sums = {"rows/part-00000.parquet": "0000abcd", "rows/part-00001.parquet": "1234beef",
+            "items/a.parquet": "00000001"}
+    prep = prepared(files, sums)
+    rows = {"part-00000.parquet": "0000abcd", "part-00001.parquet": "1234beef"}
+    assert prep.row_shards() == rows
+    recs = {"part-00000.parquet": 10, "part-00001.parquet": 12}
+    assert co_sharded({"row_shards": rows, "files": recs}, prep)
+    assert not co_sharded({}, prep)  # a file without a scoring manifest
+    assert not co_sharded({"row_shards": {**rows, "part-00001.parquet": "ffffffff"},
+                           "files": recs}, prep)  # the rows changed since scoring
+    assert not co_sharded({"row_shards": rows, "files": {"part-00000.parquet": 10}}, prep)
+    # rows edited by hand into one file, the manifest relisted without checksums
+    edited = prepared({"rows/part-0.parquet": 30}, sums)
+    assert edited.row_shards() == {"part-0.parquet": None}
+    assert not co_sharded({"row_shards": {"part-0.parquet": None},
+                           "files": {"part-0.parquet": 4}}, edited)
