@@ -58,9 +58,8 @@ log = logging.getLogger("evaluation")
 
 MARKER = "_manifest.json"      # Spark and pyarrow skip names starting with "_"
 SCORE_BYTES = 64 * 2**20       # per batch: users x items float32 scores
-OUT_SCHEMA = "user_id string, item_ids array<string>, scores array<float>"
-OUT_ARROW_SCHEMA = pa.schema([("user_id", pa.string()), ("item_ids", pa.list_(pa.string())),
-                              ("scores", pa.list_(pa.float32()))])
+OUT_SCHEMA = pa.schema([("user_id", pa.string()), ("item_ids", pa.list_(pa.string())),
+                        ("scores", pa.list_(pa.float32()))])
 SHARDS_SCHEMA = "shard string, users long, bytes long, crc32 string"
 SPLIT_NAMES = {"train": S.TRAIN_ITEMS, "valid": S.VALID_ITEMS, "test": S.TEST_ITEMS}
 
@@ -188,7 +187,7 @@ def score_shards_fn(rows_uri: str, out_uri: str, columns: list[str], users: str,
                 path = join(root_out, shard)
                 n_users, sink = 0, Crc32Sink(fs_out.open_output_stream(path))
                 try:  # the writer leaves a file object it was given open
-                    with pq.ParquetWriter(sink, OUT_ARROW_SCHEMA) as w:
+                    with pq.ParquetWriter(sink, OUT_SCHEMA) as w:
                         for rb in score_batches(table.to_batches(max_chunksize=per_batch),
                                                 **score_kwargs):
                             w.write_batch(rb)
