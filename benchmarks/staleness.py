@@ -162,11 +162,14 @@ def verdict(root: Path, name: str, files: list[Path], measures: tuple[str, ...])
 
 
 def changes_code(root: Path, commit: str, paths: list[str]) -> bool:
-    """Whether ``commit`` changed what ``paths`` do: any non-Python file it touched there, or a
-    Python file whose syntax tree, docstrings left out, differs from its parent's (so a commit
-    that only edits comments, docstrings or layout does not make a result stale)."""
-    touched = git(root, "diff-tree", "--no-commit-id", "--name-only", "-r", f"{commit}^",
-                  commit, "--", *paths).splitlines()
+    """Whether ``commit`` changed what ``paths`` do: any non-Python file it modified or deleted
+    there, or a Python file whose syntax tree, docstrings left out, differs from its parent's (so
+    a commit that only edits comments, docstrings or layout does not make a result stale). A file
+    the commit adds does not count: code that ran before it existed could only use it through a
+    change to another file, which counts (a new grid file beside an experiment's own grid left
+    every experiment stale)."""
+    touched = git(root, "diff-tree", "--no-commit-id", "--name-only", "--diff-filter=a", "-r",
+                  f"{commit}^", commit, "--", *paths).splitlines()
     return any(_file_changed(root, commit, path) for path in touched)
 
 

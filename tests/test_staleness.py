@@ -59,6 +59,15 @@ def test_a_result_goes_stale_only_when_the_code_it_measures_changes(tmp_path):
     (repo / "other.py").write_text("y = 2\n")
     commit_all(repo, "words")
     assert check().since == []
+    # a file added beside what it measures, in a path it watches: nothing that ran used it
+    (repo / "grids").mkdir()
+    (repo / "grids" / "new.yaml").write_text("model: {lam: [1]}\n")
+    commit_all(repo, "a new grid")
+    assert staleness.verdict(repo, "speed", [result], ("speed.py", "grids")).since == []
+    (repo / "grids" / "new.yaml").write_text("model: {lam: [3]}\n")
+    edited = commit_all(repo, "the grid edited")
+    assert staleness.verdict(repo, "speed", [result], ("speed.py", "grids")).since == \
+        [f"{edited[:7]} the grid edited"]
     # a change to what the code does
     code.write_text('"""New docstring."""\n\ndef f(x):\n    return x + 2\n')
     changed = commit_all(repo, "behaviour")
