@@ -89,7 +89,8 @@ MEASURES: dict[str, tuple[str, ...]] = {
 # results computed from other results: stale too when one of those was rewritten after them
 DERIVED_FROM = {"nce_report": ("experiment-ml-100k",
                                "experiment-ml-latest-small", "experiment-ml-latest-small-modes",
-                               "experiment-citeulike-a-modes", "experiment-ml-100k-levers")}
+                               "experiment-citeulike-a-modes", "experiment-ml-100k-levers",
+                               "experiment-citeulike-a-levers")}
 
 
 @dataclass
