@@ -25,6 +25,7 @@ from prepared import schema as S
 from etl.config import ETLConfig, PositiveRule
 from prepared.errors import InputDataError
 from prepared.files import Crc32Sink, crc32_hex
+from prepared.reader import filesystem
 from etl.sources import parse
 from etl.synthetic import synthetic_rows
 
@@ -468,15 +469,6 @@ def _rows_fn(rstar_item: np.ndarray, pop: np.ndarray, negatives: int, seed: int)
     return fn
 
 
-def arrow_filesystem(uri: str):
-    """(pyarrow FileSystem, path) for a local path or a Hadoop-style URI (s3a:// read as s3://)."""
-    from pyarrow import fs
-
-    if "://" not in uri:
-        return fs.LocalFileSystem(), uri
-    return fs.FileSystem.from_uri(uri.replace("s3a://", "s3://", 1))
-
-
 def _write_rows_fn(out_dir: str, rstar_item: np.ndarray, pop: np.ndarray, negatives: int, seed: int):
     """``mapInArrow`` function: build a partition's user rows and write them as one Parquet shard.
 
@@ -491,11 +483,11 @@ def _write_rows_fn(out_dir: str, rstar_item: np.ndarray, pop: np.ndarray, negati
         import pyarrow.parquet as pq
         from pyspark import TaskContext
 
-        filesystem, root = arrow_filesystem(out_dir)
+        fs, root = filesystem(out_dir)
         part = TaskContext.get().partitionId()
         path = f"{root}/part-{part:05d}.parquet"
         n_users, pending, buffered = 0, 0, []
-        sink = Crc32Sink(filesystem.open_output_stream(path))
+        sink = Crc32Sink(fs.open_output_stream(path))
         try:  # the writer leaves a file object it was given open
             with pq.ParquetWriter(sink, ROWS_SCHEMA, compression="zstd") as w:
                 for rows in build(batches):
@@ -509,7 +501,7 @@ def _write_rows_fn(out_dir: str, rstar_item: np.ndarray, pop: np.ndarray, negati
                     w.write_table(pa.Table.from_batches(buffered))
         finally:
             sink.close()
-        n_bytes = filesystem.get_file_info(path).size
+        n_bytes = fs.get_file_info(path).size
         yield pa.RecordBatch.from_pydict({"shard": [path.rsplit("/", 1)[1]], "users": [n_users],
                                           "bytes": [n_bytes], "crc32": [crc32_hex(sink.crc)]})
 
@@ -524,8 +516,8 @@ def write_user_rows(split: DataFrame, out_dir: str, rstar_item: np.ndarray, pop:
     so the rows are built in one streaming Python pass: no aggregation, no further sort.
     Returns one ``{shard, users, bytes, crc32}`` per shard.
     """
-    filesystem, root = arrow_filesystem(out_dir)
-    filesystem.create_dir(root, recursive=True)
+    fs, root = filesystem(out_dir)
+    fs.create_dir(root, recursive=True)
     codes = F.lit(None)
     for name, code in SPLIT_CODE.items():
         codes = F.when(F.col("split") == name, code).otherwise(codes)
