@@ -53,6 +53,7 @@ from prepared.errors import UsageError
 from prepared.protocol import TOP_K
 from runtime.cli import add_options, option, strict_parser, values
 from runtime.progress import EVERY, info_lines, spark_progress
+from runtime.spark import shard_tasks
 
 log = logging.getLogger("evaluation")
 
@@ -309,9 +310,6 @@ def score(spark, progress_every: float = EVERY, **kwargs) -> dict:
                      exclude_cols=tuple(SPLIT_NAMES[s] for s in excl),
                      cold_input_cols=cold_in, cold_exclude_cols=cold_ex)
     ids = None if users in ("all", "warm", "cold") else frozenset(read_user_ids(users))
-    # one task per rows shard, writing the file of the same name (score_shards_fn)
-    names = spark.createDataFrame(spark.sparkContext.parallelize([(n,) for n in shards],
-                                                                 len(shards)), "shard string")
     log.info("scoring %s %s users of %s with %s (%s, %s items, top %d, input %s, excluding %s); "
              "%d users per batch", f"{n_users:,}", users, prep.dataset, src.name, src.model,
              f"{prep.n_items:,}", k, "+".join(input_splits), "+".join(excl), per_batch)
@@ -320,7 +318,8 @@ def score(spark, progress_every: float = EVERY, **kwargs) -> dict:
         with publisher.staging() as tmp:
             with spark_progress(spark, "scoring", every=progress_every, total_users=n_users,
                                 log=info_lines(log)):
-                written = names.mapInArrow(score_shards_fn(
+                # one task per rows shard, writing the file of the same name (score_shards_fn)
+                written = shard_tasks(spark, shards).mapInArrow(score_shards_fn(
                     prep.rows_uri, tmp, [S.USER_ID, S.COLD, *columns], users, ids, per_batch,
                     fn_kwargs), SHARDS_SCHEMA).collect()
             seconds = time.perf_counter() - t0

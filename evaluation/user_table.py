@@ -36,6 +36,7 @@ import numpy as np
 from evaluation.spark_metrics import _flat, metric_arrays, metric_key, metrics_for
 from prepared import schema as S
 from prepared.protocol import KS, TOP_K
+from runtime.spark import shard_tasks
 
 GROUPS = ("warm", "cold")
 USERS_PER_PARTITION = 100_000  # a partition is held whole in a Python worker: ~0.3 GB per file
@@ -283,9 +284,7 @@ def sharded_user_table(spark, prep, paths: list[str], ks: list[int], target: str
                 cols = partition_rows(table, ks, target, inverse_log, n_items)
                 yield pa.RecordBatch.from_arrays([cols[c] for c in names], names=names)
 
-    tasks = spark.createDataFrame(spark.sparkContext.parallelize([(s,) for s in shards],
-                                                                 len(shards)), "shard string")
-    return tasks.mapInArrow(run, schema)
+    return shard_tasks(spark, shards).mapInArrow(run, schema)
 
 
 def summary_rows(parts: list, labels: list[str], ks: list[int]) -> list[dict]:

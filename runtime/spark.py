@@ -147,3 +147,12 @@ class heartbeat:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+
+
+def shard_tasks(spark, shards: list[str]):
+    """A DataFrame of one row (``shard string``) per name, each in its own partition: a
+    ``mapInArrow`` over it runs one Spark task per shard, the unit in which scoring writes the
+    lists and evaluation reads them beside the rows (a shard's work is read and written with
+    pyarrow inside its task)."""
+    return spark.createDataFrame(spark.sparkContext.parallelize([(s,) for s in shards],
+                                                                len(shards)), "shard string")
