@@ -577,127 +577,131 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
     spark.conf.set("spark.sql.debug.maxToStringFields", "500")  # wide metric plans, not a problem
     publisher = Publisher(spark, output)
     publisher.check_target(overwrite)
-    progress.phase("reading the recommendation files")
-    files = [read_recs(spark, p, labels[i] if labels else None) for i, p in enumerate(recs)]
-    seen: dict[str, int] = {}
-    for f in files:  # labels name table rows, plot lines and MLflow runs: keep them distinct
-        seen[f.label] = seen.get(f.label, 0) + 1
-        if seen[f.label] > 1:
-            f.label = f"{f.label} #{seen[f.label]}"
-    compared = compared_labels(cfg.compare, [f.label for f in files])  # before any Spark job
-    items = spark.read.parquet(f"{prep.uri}/{prep.manifest['layout']['items']}") \
-        .select(S.ITEM_INDEX, S.ITEM_ID, S.POP_TRAIN_VALID).toPandas().sort_values(S.ITEM_INDEX)
-    catalogue = items[S.ITEM_ID].astype(str).tolist()  # position = item index
-    for f in files:  # the manifest's word first: it explains unknown users and items at once
-        if f.manifest.get("data") and f.manifest.get("dataset") != prep.dataset:
-            raise UsageError(f"--recs {f.path} was scored on dataset {f.manifest['dataset']}, "
-                             f"but --data {data} is {prep.dataset}")
-    # the NDCG discounts as Spark SQL computes them (the numpy metrics then equal the SQL's), up
-    # to the largest possible truth set: the catalogue (one item-sized job)
-    inverse_log = inverse_logs(spark, TOP_K + 1 + len(catalogue))
-
-    progress.phase("per-user metrics")
-    # the users' truth sets beside every file's lists (as item indices): read shard by shard
-    # where the files are sharded as the rows (score.py's), else one shuffle by user; then one
-    # numpy pass per partition: the metrics, the input checks' facts and the popularity counts
-    # (evaluation/user_table.py); cached, everything below reads it, never recomputes it
-    n_users = int(prep.manifest.get("counts", {}).get("users") or 0)
-    partitions = max(int(prep.manifest.get("spark", {}).get("shuffle_partitions", 8)),
-                     math.ceil(n_users / USERS_PER_PARTITION))
-    ks = [f.k for f in files]
-    beside = all(co_sharded(f.manifest, prep) for f in files)
-    if beside:  # as evaluation/score.py writes them
-        log.info("the lists are sharded as the dataset's rows: read side by side, no shuffle")
-        wide = sharded_user_table(spark, prep, [f.path for f in files], ks, target, inverse_log,
-                                  catalogue)
-    else:
-        wide = user_table(spark, prep, [encode_lists(f.df, catalogue) for f in files], ks, target,
-                          inverse_log, len(catalogue), partitions)
-    wide = wide.cache()
-    try:
-        log.info("checking the users and lists of %s", ", ".join(f.path for f in files))
-        check_recs(wide, files, prep)
-    except UsageError:
-        wide.unpersist()
-        raise
-    group = F.when(F.col(S.COLD), "cold").otherwise("warm")
-    unlisted = [F.count(F.when(~F.col(column(i, "listed")), 1)).alias(f"_m{i}")
-                for i in range(len(files))]
-    counts = wide.filter(F.col("truth")).groupBy(group.alias("group")) \
-        .agg(F.count(F.lit(1)).alias("count"), *unlisted).collect()
-    n_truth = {r["group"] == "cold": r["count"] for r in counts}
-    if not n_truth.get(False):
-        wide.unpersist()
-        raise UsageError(f"--data {data}: no warm user has a {target} item, so there is nothing to "
-                         f"evaluate (was it prepared with --holdout-fraction 0?)")
-    log.info("evaluating %d file(s) on %s: %s warm users with a %s item, %s cold-start users",
-             len(files), prep.dataset, f"{n_truth.get(False, 0):,}", target,
-             f"{n_truth.get(True, 0):,}")
-    missing = {f.label: {r["group"]: r[f"_m{i}"] for r in counts if r[f"_m{i}"]}
-               for i, f in enumerate(files)}
-    for f in files:
-        for g, n in missing[f.label].items():
-            log.warning("%s: %s %s users with a truth set have no recommendations in %s and are "
-                        "not evaluated", f.label, f"{n:,}", g, f.path)
-    # the long per-user rows (label, group, user_id, metrics) of the listed users: one select of
-    # the cached table per file
-    per_file = [wide.filter(F.col(column(i, "listed"))).select(
-        F.lit(f.label).alias("label"), group.alias("group"), "user_id",
-        *[F.col(column(i, metric_key(m))).alias(metric_key(m)) for m in metrics_for(f.k)])
-        for i, f in enumerate(files)]
-    users_df = per_file[0]
-    for df in per_file[1:]:  # a file of shorter lists lacks some metric columns: null
-        users_df = users_df.unionByName(df, allowMissingColumns=True)
-
-    # the means and CIs from the partitions' moments: P rows reach the driver, not an
-    # aggregation of every metric over every user
-    moments = [column(i, "moments") for i in range(len(files))]
-    parts = wide.filter(F.col(moments[0]).isNotNull()).select(*moments).collect()
-    rows = [{**r, "target": target if r["group"] == "warm" else "valid+test"}
-            for r in summary_rows([list(p) for p in parts], [f.label for f in files],
-                                  [f.k for f in files])]
-    order = {f.label: i for i, f in enumerate(files)}
-    rows.sort(key=lambda r: (order[r["label"]], r["group"] != "warm", METRICS.index(r["metric"])))
-    log.info("metrics of %s user(s) x %d file(s) done (%.0fs so far); popularity of the "
-             "recommendations next", f"{sum(n_truth.values()):,}", len(files),
-             time.perf_counter() - t0)
-    index = {f.label: i for i, f in enumerate(files)}
-
-    progress.phase("paired differences")
-    long_enough = [f.label for f in files if f.k >= TOP_K and f.label in compared]
-    long_enough.sort(key=compared.index)
-    warm = wide.filter(F.col("truth") & ~F.col(S.COLD))  # each label's values: null unlisted
-    pairs = paired(users_df, long_enough, best_other(rows, long_enough),
-                   side=(warm, {(label, metric_key(m)): column(index[label], metric_key(m))
-                                for label in long_enough for m in PAIRED}))
-    progress.phase("popularity")
-    pop_counts = popularity_counts(wide, [f.label for f in files], items)
-    pop = {label: summary_from_counts(c, p) for label, (p, c) in pop_counts.items()}
-    title = f"{prep.dataset}, {target} users"
-    out_files = {"metrics.csv": metrics_csv(rows).encode(),
-                 "metrics.json": json.dumps(rows, indent=2).encode(),
-                 "popularity.json": json.dumps(pop, indent=2).encode(),
-                 **({"paired.csv": paired_csv(pairs).encode()} if pairs else {}),
-                 "popularity.png": plots.png_bytes(plots.popularity_density(
-                     pop_counts, pop, f"Popularity of recommended items ({title})"))}
-    # the cold-start plot compares NDCG, which files of lists shorter than TOP_K do not have
-    labels_in = long_enough
-    progress.phase("cold-start plot")
-    ndcg = wide.filter(F.col("truth") & F.col(S.COLD)).select(  # null: not listed
-        *[F.col(column(index[label], "ndcg")).alias(f"_v{j}") for j, label in enumerate(labels_in)])
-    cold = cold_start(users_df, labels_in, values=ndcg) if len(labels_in) > 1 else None
-    if cold is not None:
-        n_cold, points, tallies = cold
-        out_files["cold_start.png"] = plots.png_bytes(plots.cold_start_scatter(
-            labels_in[0], points,
-            f"Cold-start users of {prep.dataset}: per-user NDCG ({n_cold:,} users)",
-            tallies=tallies))
-
-    log.info("popularity and plots done (%.0fs so far); writing the per-user metrics",
-             time.perf_counter() - t0)
+    # everything is computed inside the staging directory: the per-user rows may be written by
+    # the tasks that compute them, and a failure anywhere deletes whatever was staged
     with publisher.staging() as tmp:
+        progress.phase("reading the recommendation files")
+        files = [read_recs(spark, p, labels[i] if labels else None) for i, p in enumerate(recs)]
+        seen: dict[str, int] = {}
+        for f in files:  # labels name table rows, plot lines and MLflow runs: keep them distinct
+            seen[f.label] = seen.get(f.label, 0) + 1
+            if seen[f.label] > 1:
+                f.label = f"{f.label} #{seen[f.label]}"
+        compared = compared_labels(cfg.compare, [f.label for f in files])  # before any Spark job
+        items = spark.read.parquet(f"{prep.uri}/{prep.manifest['layout']['items']}") \
+            .select(S.ITEM_INDEX, S.ITEM_ID, S.POP_TRAIN_VALID).toPandas().sort_values(S.ITEM_INDEX)
+        catalogue = items[S.ITEM_ID].astype(str).tolist()  # position = item index
+        for f in files:  # the manifest's word first: it explains unknown users and items at once
+            if f.manifest.get("data") and f.manifest.get("dataset") != prep.dataset:
+                raise UsageError(f"--recs {f.path} was scored on dataset {f.manifest['dataset']}, "
+                                 f"but --data {data} is {prep.dataset}")
+        # the NDCG discounts as Spark SQL computes them (the numpy metrics then equal the SQL's), up
+        # to the largest possible truth set: the catalogue (one item-sized job)
+        inverse_log = inverse_logs(spark, TOP_K + 1 + len(catalogue))
+
+        progress.phase("per-user metrics")
+        # the users' truth sets beside every file's lists (as item indices): read shard by shard
+        # where the files are sharded as the rows (score.py's), else one shuffle by user; then one
+        # numpy pass per partition: the metrics, the input checks' facts and the popularity counts
+        # (evaluation/user_table.py); cached, everything below reads it, never recomputes it
+        n_users = int(prep.manifest.get("counts", {}).get("users") or 0)
+        partitions = max(int(prep.manifest.get("spark", {}).get("shuffle_partitions", 8)),
+                         math.ceil(n_users / USERS_PER_PARTITION))
+        ks = [f.k for f in files]
+        beside = all(co_sharded(f.manifest, prep) for f in files)
+        if beside:  # as evaluation/score.py writes them
+            log.info("the lists are sharded as the dataset's rows: read side by side, no shuffle")
+            wide = sharded_user_table(spark, prep, [f.path for f in files], ks, target, inverse_log,
+                                      catalogue, per_user=(f"{tmp}/per_user",
+                                                           [f.label for f in files]))
+        else:
+            wide = user_table(spark, prep, [encode_lists(f.df, catalogue) for f in files], ks, target,
+                              inverse_log, len(catalogue), partitions)
+        wide = wide.cache()
+        try:
+            log.info("checking the users and lists of %s", ", ".join(f.path for f in files))
+            check_recs(wide, files, prep)
+        except UsageError:
+            wide.unpersist()
+            raise
+        group = F.when(F.col(S.COLD), "cold").otherwise("warm")
+        unlisted = [F.count(F.when(~F.col(column(i, "listed")), 1)).alias(f"_m{i}")
+                    for i in range(len(files))]
+        counts = wide.filter(F.col("truth")).groupBy(group.alias("group")) \
+            .agg(F.count(F.lit(1)).alias("count"), *unlisted).collect()
+        n_truth = {r["group"] == "cold": r["count"] for r in counts}
+        if not n_truth.get(False):
+            wide.unpersist()
+            raise UsageError(f"--data {data}: no warm user has a {target} item, so there is nothing to "
+                             f"evaluate (was it prepared with --holdout-fraction 0?)")
+        log.info("evaluating %d file(s) on %s: %s warm users with a %s item, %s cold-start users",
+                 len(files), prep.dataset, f"{n_truth.get(False, 0):,}", target,
+                 f"{n_truth.get(True, 0):,}")
+        missing = {f.label: {r["group"]: r[f"_m{i}"] for r in counts if r[f"_m{i}"]}
+                   for i, f in enumerate(files)}
+        for f in files:
+            for g, n in missing[f.label].items():
+                log.warning("%s: %s %s users with a truth set have no recommendations in %s and are "
+                            "not evaluated", f.label, f"{n:,}", g, f.path)
+        # the long per-user rows (label, group, user_id, metrics) of the listed users: one select of
+        # the cached table per file
+        per_file = [wide.filter(F.col(column(i, "listed"))).select(
+            F.lit(f.label).alias("label"), group.alias("group"), "user_id",
+            *[F.col(column(i, metric_key(m))).alias(metric_key(m)) for m in metrics_for(f.k)])
+            for i, f in enumerate(files)]
+        users_df = per_file[0]
+        for df in per_file[1:]:  # a file of shorter lists lacks some metric columns: null
+            users_df = users_df.unionByName(df, allowMissingColumns=True)
+
+        # the means and CIs from the partitions' moments: P rows reach the driver, not an
+        # aggregation of every metric over every user
+        moments = [column(i, "moments") for i in range(len(files))]
+        parts = wide.filter(F.col(moments[0]).isNotNull()).select(*moments).collect()
+        rows = [{**r, "target": target if r["group"] == "warm" else "valid+test"}
+                for r in summary_rows([list(p) for p in parts], [f.label for f in files],
+                                      [f.k for f in files])]
+        order = {f.label: i for i, f in enumerate(files)}
+        rows.sort(key=lambda r: (order[r["label"]], r["group"] != "warm", METRICS.index(r["metric"])))
+        log.info("metrics of %s user(s) x %d file(s) done (%.0fs so far); popularity of the "
+                 "recommendations next", f"{sum(n_truth.values()):,}", len(files),
+                 time.perf_counter() - t0)
+        index = {f.label: i for i, f in enumerate(files)}
+
+        progress.phase("paired differences")
+        long_enough = [f.label for f in files if f.k >= TOP_K and f.label in compared]
+        long_enough.sort(key=compared.index)
+        warm = wide.filter(F.col("truth") & ~F.col(S.COLD))  # each label's values: null unlisted
+        pairs = paired(users_df, long_enough, best_other(rows, long_enough),
+                       side=(warm, {(label, metric_key(m)): column(index[label], metric_key(m))
+                                    for label in long_enough for m in PAIRED}))
+        progress.phase("popularity")
+        pop_counts = popularity_counts(wide, [f.label for f in files], items)
+        pop = {label: summary_from_counts(c, p) for label, (p, c) in pop_counts.items()}
+        title = f"{prep.dataset}, {target} users"
+        out_files = {"metrics.csv": metrics_csv(rows).encode(),
+                     "metrics.json": json.dumps(rows, indent=2).encode(),
+                     "popularity.json": json.dumps(pop, indent=2).encode(),
+                     **({"paired.csv": paired_csv(pairs).encode()} if pairs else {}),
+                     "popularity.png": plots.png_bytes(plots.popularity_density(
+                         pop_counts, pop, f"Popularity of recommended items ({title})"))}
+        # the cold-start plot compares NDCG, which files of lists shorter than TOP_K do not have
+        labels_in = long_enough
+        progress.phase("cold-start plot")
+        ndcg = wide.filter(F.col("truth") & F.col(S.COLD)).select(  # null: not listed
+            *[F.col(column(index[label], "ndcg")).alias(f"_v{j}") for j, label in enumerate(labels_in)])
+        cold = cold_start(users_df, labels_in, values=ndcg) if len(labels_in) > 1 else None
+        if cold is not None:
+            n_cold, points, tallies = cold
+            out_files["cold_start.png"] = plots.png_bytes(plots.cold_start_scatter(
+                labels_in[0], points,
+                f"Cold-start users of {prep.dataset}: per-user NDCG ({n_cold:,} users)",
+                tallies=tallies))
+
+        log.info("popularity and plots done (%.0fs so far); writing the per-user metrics",
+                 time.perf_counter() - t0)
         progress.phase("writing the per-user metrics")
-        users_df.write.parquet(f"{tmp}/per_user")  # from the cache
+        if not beside:  # beside the rows shards, the per-user pass wrote them as it went
+            users_df.write.parquet(f"{tmp}/per_user")  # from the cache
         for name, data_bytes in out_files.items():
             publisher.write_bytes(f"{tmp}/{name}", data_bytes)
         if not cfg.no_mlflow:
@@ -714,7 +718,7 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
                     "labels": [f.label for f in files], "rows": rows, "paired": pairs,
                     "lists_read": "beside their rows shards" if beside else "shuffled by user"}
         manifest = publisher.write_manifest(manifest)  # last: lists every file
-        progress.phase("published")
+    progress.phase("published")
     wide.unpersist()
     return manifest
 

@@ -142,8 +142,14 @@ def encode_batch(batch, catalogue, recs_col: str = "item_ids"):
         stray[u] = v if stray[u] is None else min(stray[u], v)
     repeat = [None] * n_rows
     if len(index):  # a repeat: a (row, id) key seen at an earlier position of its row
-        code = pc.dictionary_encode(values).indices.fill_null(-1) \
-            .to_numpy(zero_copy_only=False).astype(np.int64)
+        # an id's code: its item index, and past the catalogue a code per distinct stray id
+        # (null ids share one): no hashing of the strings of the catalogue's ids
+        code = index.copy()
+        outside = np.flatnonzero(index < 0)
+        if len(outside):
+            strays = pc.dictionary_encode(values.take(pa.array(outside))).indices \
+                .fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+            code[outside] = len(catalogue) + 1 + strays
         keys = owner * (int(code.max()) + 2) + code
         order = np.argsort(keys, kind="stable")  # equal keys keep their list order
         later = np.zeros(len(keys), bool)

@@ -243,12 +243,50 @@ def shard_table(rows, lists: list):
     return pa.concat_tables(parts)
 
 
+def long_metric_names(ks: list[int]) -> list[str]:
+    """The per-user table's metric columns for files of lists of ``ks``: the first file's, then
+    any a later file adds (a file of shorter lists has fewer: null in its rows)."""
+    names: list[str] = []
+    for k in ks:
+        names += [metric_key(m) for m in metrics_for(k) if metric_key(m) not in names]
+    return names
+
+
+def long_rows(cols: dict, labels: list[str], ks: list[int]):
+    """``partition_rows``' wide columns -> the per-user table's rows (a pyarrow Table): for each
+    file in order, its listed users as (label, group, user_id, every metric of
+    ``long_metric_names``), the rows ``evaluate.py`` publishes as ``per_user/``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    names = long_metric_names(ks)
+    parts = []
+    for i, (label, k) in enumerate(zip(labels, ks)):
+        listed = cols[column(i, "listed")]
+        n = pc.sum(listed).as_py() or 0
+        mine = set(metric_key(m) for m in metrics_for(k))
+        group = pc.if_else(pc.fill_null(cols["cold"], False), "cold", "warm")
+        parts.append(pa.table(
+            {"label": pa.array([label] * n, pa.string()), "group": group.filter(listed),
+             "user_id": cols["user_id"].filter(listed),
+             **{m: (cols[column(i, m)].filter(listed) if m in mine else pa.nulls(n, pa.float64()))
+                for m in names}}))
+    return pa.concat_tables(parts)
+
+
 def sharded_user_table(spark, prep, paths: list[str], ks: list[int], target: str,
-                       inverse_log: np.ndarray, catalogue: list[str]):
+                       inverse_log: np.ndarray, catalogue: list[str],
+                       per_user: tuple[str, list[str]] | None = None):
     """``user_table`` without its shuffle, for files that ``co_sharded`` accepts: one task per rows
     shard reads the shard and each file's file of the same name with pyarrow (a user's row and
     lists are in them, and nowhere else), encodes the lists and runs ``partition_rows``. The JVM
-    never reads the lists nor moves them between tasks. Lazy: the caller caches it."""
+    never reads the lists nor moves them between tasks. Lazy: the caller caches it.
+
+    ``per_user`` (a directory, the files' labels): each task also writes its users' per-user rows
+    (``long_rows``) there, as one Parquet file named as the shard, from the arrays it already
+    holds: Spark would otherwise read them back from the cache and write them in a job of their
+    own. The directory must be a staging one its caller deletes on failure; a task run again
+    (a retry, a recomputed cache block) rewrites the same file with the same rows."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -265,6 +303,7 @@ def sharded_user_table(spark, prep, paths: list[str], ks: list[int], target: str
         items = pa.array(ids, pa.string())
         fs, root = filesystem(rows_uri)
         sources = [filesystem(p) for p in paths]
+        out_fs, out_root = filesystem(per_user[0]) if per_user else (None, None)
         for b in batches:
             for shard in b.column("shard").to_pylist():
                 rows = pq.read_table(join(root, shard), filesystem=fs,
@@ -282,6 +321,10 @@ def sharded_user_table(spark, prep, paths: list[str], ks: list[int], target: str
                 if not table.num_rows:
                     continue
                 cols = partition_rows(table, ks, target, inverse_log, n_items)
+                if per_user:
+                    out_fs.create_dir(out_root, recursive=True)
+                    pq.write_table(long_rows(cols, per_user[1], ks), join(out_root, shard),
+                                   filesystem=out_fs)
                 yield pa.RecordBatch.from_arrays([cols[c] for c in names], names=names)
 
     return shard_tasks(spark, shards).mapInArrow(run, schema)

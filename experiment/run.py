@@ -280,9 +280,11 @@ def trial(config: dict) -> dict:
     from training.train import TrainingError, run
 
     cfg = TrainConfig.from_dict(config["train"])
+    kind = config.get("kind", "trial")
+    tags = {PARENT: config["parent"], "kind": kind,
+            **({} if kind == "trial" else {"seed": str(cfg.seed)})}
     try:
-        s = run(cfg, config["mlflow_uri"], tags={PARENT: config["parent"],
-                                                  "kind": config.get("kind", "trial")})
+        s = run(cfg, config["mlflow_uri"], tags=tags)
     except TrainingError as e:  # diverged, or workers kept failing: a result, not a crash
         return {"valid_ndcg": float("nan"), "failed": str(e).splitlines()[0]}
     return {"valid_ndcg": s["best_valid_ndcg"], "best_epoch": s["best_epoch"],
@@ -358,7 +360,7 @@ class Progress:
         eta = f", about {per * left / self.at_once / 60:.0f} min left" if left else ""
         unhealthy = result.get("health") not in (None, "", HEALTHY)
         what = (f"failed ({result['failed']})" if result.get("failed") else
-                f"validation NDCG {ndcg:.4f}"
+                "trained" if ndcg is None else f"validation NDCG {ndcg:.4f}"
                 + (f" (WARNING: {result['health']})" if unhealthy else ""))
         best = f"; best {self.best[0]:.4f} ({self.best[1]})" if self.best[1] else ""
         print(f"[{self.model}] trial {self.done}/{self.total} {name}: {what}{best}; "
@@ -549,6 +551,27 @@ def final_config(cfg: ExperimentConfig, root: Path, model: str, chosen: dict,
                                valid_sample=1.0, seed=seed,
                                run_name=final_name(model, seed, cfg.seed),
                                output=str(root / "final"))
+
+
+def run_finals(cfg: ExperimentConfig, root: Path, model: str, chosen: dict, todo: list[int],
+               state: dict, n_items: int) -> None:
+    """The final runs of the seeds in ``todo`` side by side, as the search runs its trials, where
+    the cluster takes more than one at a time: one after another, each Ray Train run would leave
+    the rest of the cluster idle. ``run_experiment`` then reads each back (train.py's resume)
+    and, should one have failed, runs it there and reports its error."""
+    at_once = min(len(todo), memory_bound(model, n_items, concurrency(cfg)))
+    if at_once < 2:
+        return
+    configs = []
+    for seed in todo:
+        fc = final_config(cfg, root, model, chosen, seed)
+        moved = retire_stale_final(fc)
+        if moved:
+            print(f"   the final run on record was of an earlier choice; moved to {moved}",
+                  flush=True)
+        configs.append(fc)
+    tune_trials(model, root, configs, state, at_once,
+                Progress(f"{model} finals", len(configs), 0, at_once), kind="final")
 
 
 def seeds_to_run(cfg: ExperimentConfig, root: Path, model: str, chosen: dict) -> list[int]:
@@ -976,6 +999,7 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
               f" epoch(s) with seed(s) {', '.join(map(str, seeds))}"
               + (f" ({len(seeds) - len(todo)} finished already)" if len(todo) < len(seeds)
                  else ""), flush=True)
+        run_finals(cfg, root, model, s["chosen"], todo, state, prep.n_items)
         finals = {}
         for seed in seeds:  # a finished run is read back, not retrained (train.py's resume)
             fc = final_config(cfg, root, model, s["chosen"], seed)

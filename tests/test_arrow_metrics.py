@@ -123,6 +123,14 @@ def test_encoding_finds_each_lists_first_repeat_and_smallest_stray():
     assert out.column("_items").to_pylist() == [[0, 1, 0, 2, 1], [-1, 0, -1], None, [1, 2]]
     assert out.column("_repeat").to_pylist() == ["x", None, None, None]  # x comes back first
     assert out.column("_stray").to_pylist() == [None, "p", None, None]  # the smallest of q, p
+    # ids outside the catalogue repeat by their own value: distinct ones are no repeat
+    strays = pa.RecordBatch.from_pydict({
+        "user_id": pa.array(["e", "f", "g"]),
+        "item_ids": pa.array([["q", "p", "y", "q"], ["q", "p", "x"], [None, "z", None]],
+                             pa.list_(pa.string()))})
+    out = encode_batch(strays, pa.array(["x", "y", "z"]))
+    assert out.column("_repeat").to_pylist() == ["q", None, None]
+    assert out.column("_stray").to_pylist() == ["p", "p", NULL_ID]
 
 
 def test_a_null_id_inside_a_list_is_refused_as_outside_the_catalogue():

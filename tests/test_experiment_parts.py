@@ -457,6 +457,48 @@ def test_the_final_runs_seeds_and_which_of_them_a_resume_runs(tmp_path):
         plan(exp(tmp_path, seeds=0, grid="small", models="autorec"), prep(), str(tmp_path))
 
 
+def test_the_final_runs_of_several_seeds_run_side_by_side(tmp_path, monkeypatch):
+    """Where the cluster takes two trials at once, the seeds' final runs go to Tune together (as
+    the search's trials do), each the final configuration of its seed and tagged as a final run
+    of that seed in MLflow; one seed, or one trial at a time, leaves them to the loop."""
+    from experiment import run as R
+
+    ran = []
+    monkeypatch.setattr(R, "tune_trials", lambda model, root, configs, state, at_once, progress,
+                        kind="trial": ran.append((model, configs, at_once, kind)))
+    monkeypatch.setattr(R, "concurrency", lambda cfg: cfg.concurrency)
+    root = tmp_path / "e"
+    chosen = {"point": {"lam": 30.0}, "best_epoch": 4, "phase_epochs": [6]}
+    cfg = exp(tmp_path, seed=5, seeds=3, concurrency=2)
+    R.run_finals(cfg, root, "autorec", chosen, [5, 6, 7], {}, 100)
+    (model, configs, at_once, kind), = ran
+    assert (model, at_once, kind) == ("autorec", 2, "final")
+    assert configs == [final_config(cfg, root, "autorec", chosen, s) for s in (5, 6, 7)]
+    assert [c.train_splits for c in configs] == ["train,valid"] * 3
+    ran.clear()
+    R.run_finals(cfg, root, "autorec", chosen, [6], {}, 100)  # one left: the loop runs it
+    R.run_finals(exp(tmp_path, seed=5, seeds=3, concurrency=1), root, "autorec", chosen,
+                 [5, 6, 7], {}, 100)
+    assert ran == []
+    # the Tune trial tags a final run with its seed, as the loop's call to train.py does
+    import training.train
+    seen = {}
+
+    def fake_run(c, uri, tags):
+        seen.clear()
+        seen.update(tags)
+        return {"best_valid_ndcg": None, "best_epoch": 4}
+
+    monkeypatch.setattr(training.train, "run", fake_run)
+    out = R.trial({"train": configs[1].to_dict(), "mlflow_uri": "u", "parent": "p",
+                   "kind": "final"})
+    assert seen == {R.PARENT: "p", "kind": "final", "seed": "6"}
+    assert out["valid_ndcg"] is None
+    R.trial({"train": trial_config(cfg, str(root), "autorec", {"lam": 30.0}).to_dict(),
+             "mlflow_uri": "u", "parent": "p"})
+    assert seen == {R.PARENT: "p", "kind": "trial"}  # a search trial: no seed tag, as before
+
+
 def test_the_table_pools_seeds_with_their_spread():
     """Pooled rows (evaluation/seeds.py's) give the table its means, CIs, the seed spread and
     the pooled paired difference; the per-seed pairs stay out of it (paired.csv has them)."""

@@ -10,7 +10,8 @@ import pyarrow as pa
 import pytest
 
 from evaluation.spark_metrics import batch_metrics, metric_key, metrics_for
-from evaluation.user_table import column, partition_rows, summary_rows
+from evaluation.user_table import (column, long_metric_names, long_rows, partition_rows,
+                                   summary_rows)
 
 N_ITEMS = 300
 INVERSE_LOG = np.concatenate([[np.inf], 1.0 / np.log2(np.arange(1, N_ITEMS + 52) + 1.0)])
@@ -111,6 +112,32 @@ def test_partition_rows_equal_the_batch_path_and_count_the_checks(target):
         pop = out[column(i, "pop")].to_pylist()
         assert pop[0] == want.tolist() and want.sum() > 0
         assert all(p is None for p in pop[1:])  # one row per partition carries the counts
+
+
+def test_long_rows_are_each_files_listed_users_with_their_metrics():
+    """The per-user rows a shard task writes (``per_user/``): per file in order, its listed users
+    only, labelled, grouped warm/cold, every metric of the longest list; a file of shorter lists
+    has null in the metrics it lacks, as Spark's unionByName(allowMissingColumns) gives."""
+    ks = [50, 12]
+    table, cold, _, _, _ = make_partition(np.random.default_rng(2), 60, ks)
+    out = partition_rows(table, ks, "test", INVERSE_LOG, N_ITEMS)
+    got = long_rows(out, ["A", "B"], ks).to_pylist()
+    names = long_metric_names(ks)
+    assert names == [metric_key(m) for m in metrics_for(50)]  # 12's metrics are a subset
+    assert set(metric_key(m) for m in metrics_for(12)) < set(names)
+    users = out["user_id"].to_pylist()
+    want = []
+    for i, (label, k) in enumerate(zip("AB", ks)):
+        own = {metric_key(m) for m in metrics_for(k)}
+        for j, u in enumerate(users):
+            if out[column(i, "listed")][j].as_py():
+                want.append({"label": label, "group": "cold" if cold[u] else "warm",
+                             "user_id": u, **{m: out[column(i, m)][j].as_py() if m in own else None
+                                              for m in names}})
+    assert got == want and len(want) > 40
+    assert {r["label"] for r in got} == {"A", "B"} and {r["group"] for r in got} == {"warm", "cold"}
+    assert all(r["ndcg"] is None for r in got if r["label"] == "B")  # NDCG needs the top 50
+    assert all(r["ndcg"] is not None for r in got if r["label"] == "A")
 
 
 def test_the_partitions_moments_merge_to_each_groups_mean_and_ci():
