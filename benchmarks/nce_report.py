@@ -131,7 +131,8 @@ def summarise_levers(folder: Path, protocol: Path | None) -> dict:
     strongest AutoRec-family row of the two, chosen by validation NDCG, against the best baseline
     by test NDCG of the experiment it comes from (the bar only rises that way), and the NCE head's
     increment over AutoRec searched over the same levers; beside them the paper's NCE-AutoRec of
-    the protocol experiment."""
+    the protocol experiment. A protocol row is a candidate only where its finals ran with as many
+    seeds as the levers experiment's."""
     def read(f: Path) -> tuple[dict, list[dict]]:
         return {r["model"]: r for r in read_csv(f / "table.csv")}, read_csv(f / "paired.csv")
 
@@ -141,8 +142,13 @@ def summarise_levers(folder: Path, protocol: Path | None) -> dict:
             m for m in table if m not in FAMILY and m != FLOOR]:
         raise SystemExit(f"{folder}: a levers experiment needs nce-autorec, autorec and at least "
                          "one baseline (its --models)")
+    # a protocol row competes only with as many final seeds as the levers experiment's: a choice
+    # retrained with one seed (older runs, before --seeds and the fixed regularisation) is not
+    # the same evidence, and its experiment's paired rows then lack the pooled comparison
+    seeds = {e: {m: int(r.get("seeds") or 1) for m, r in t.items()} for e, (t, _) in exps.items()}
+    need = seeds["levers"].get("nce-autorec", 1)
     candidates = [(e, m) for e, (t, _) in exps.items() for m in t if m in FAMILY
-                  and t[m].get("valid_ndcg")]
+                  and t[m].get("valid_ndcg") and (e == "levers" or seeds[e][m] >= need)]
     where, strongest = max(candidates, key=lambda c: float(exps[c[0]][0][c[1]]["valid_ndcg"]))
     st, sp = exps[where]
     best = max((m for m in st if m not in FAMILY and m != FLOOR),

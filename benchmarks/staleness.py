@@ -83,6 +83,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "experiment-citeulike-a-modes": EXPERIMENT,
     "experiment-ml-100k-levers": EXPERIMENT,
     "experiment-citeulike-a-levers": EXPERIMENT,
+    "experiment-ml-latest-small-levers": EXPERIMENT,
     "local_cluster": ("infra/cluster/local_cluster.py", "infra/cluster", *AUTOREC, "training",
                       "evaluation/score.py", "evaluation/evaluate.py"),
 }
@@ -90,7 +91,8 @@ MEASURES: dict[str, tuple[str, ...]] = {
 DERIVED_FROM = {"nce_report": ("experiment-ml-100k",
                                "experiment-ml-latest-small", "experiment-ml-latest-small-modes",
                                "experiment-citeulike-a-modes", "experiment-ml-100k-levers",
-                               "experiment-citeulike-a-levers")}
+                               "experiment-citeulike-a-levers",
+                               "experiment-ml-latest-small-levers")}
 
 
 @dataclass

@@ -171,6 +171,21 @@ def test_the_strongest_family_row_may_come_from_the_protocol_experiment(tmp_path
     assert r["goal"]["strongest_at_or_above_best_baseline"]
 
 
+def test_a_protocol_row_with_fewer_final_seeds_is_not_the_strongest(tmp_path):
+    """The protocol experiment's best validation row, retrained with one seed, does not stand
+    against the levers experiment's rows of three: the strongest is the levers experiment's."""
+    from benchmarks.nce_report import summarise_levers
+
+    table = [["nce-autorec", 0.27, 0.01, 0.6, 80, "mode=full-finetune", 0.280, 1],
+             ["autorec", 0.24, 0.01, 0.7, 90, "lam=3", 0.250, 1],
+             ["ease", 0.26, 0.01, 0.66, 86, "lam=500", 0.266, 1]]
+    paired = [["nce-autorec", "autorec", "NDCG", 0.03, 0.004, "pooled", 0.001, 0.001]]
+    protocol = write(tmp_path / "experiment-toy", table, paired, (LEVERS, LEVERS_PAIRED))
+    r = summarise_levers(levers_experiment(tmp_path), protocol)
+    assert (r["strongest_from"], r["strongest"]) == ("levers", "autorec")
+    assert r["paper_nce"] == (0.27, 0.01)  # still the paper's model beside them
+
+
 def test_a_levers_experiment_is_read_beside_its_sets_protocol_experiment(tmp_path):
     """citeulike-a's protocol runs are ``experiment-citeulike-a-modes``: the levers section reads
     them where no ``experiment-citeulike-a`` is given, and the plain name wins where both are."""
