@@ -260,12 +260,12 @@ def long_rows(cols: dict, labels: list[str], ks: list[int]):
     import pyarrow.compute as pc
 
     names = long_metric_names(ks)
+    group = pc.if_else(pc.fill_null(cols["cold"], False), "cold", "warm")  # every file's
     parts = []
     for i, (label, k) in enumerate(zip(labels, ks)):
         listed = cols[column(i, "listed")]
         n = pc.sum(listed).as_py() or 0
         mine = set(metric_key(m) for m in metrics_for(k))
-        group = pc.if_else(pc.fill_null(cols["cold"], False), "cold", "warm")
         parts.append(pa.table(
             {"label": pa.array([label] * n, pa.string()), "group": group.filter(listed),
              "user_id": cols["user_id"].filter(listed),
@@ -304,6 +304,8 @@ def sharded_user_table(spark, prep, paths: list[str], ks: list[int], target: str
         fs, root = filesystem(rows_uri)
         sources = [filesystem(p) for p in paths]
         out_fs, out_root = filesystem(per_user[0]) if per_user else (None, None)
+        if per_user:
+            out_fs.create_dir(out_root, recursive=True)
         for b in batches:
             for shard in b.column("shard").to_pylist():
                 rows = pq.read_table(join(root, shard), filesystem=fs,
@@ -322,7 +324,6 @@ def sharded_user_table(spark, prep, paths: list[str], ks: list[int], target: str
                     continue
                 cols = partition_rows(table, ks, target, inverse_log, n_items)
                 if per_user:
-                    out_fs.create_dir(out_root, recursive=True)
                     pq.write_table(long_rows(cols, per_user[1], ks), join(out_root, shard),
                                    filesystem=out_fs)
                 yield pa.RecordBatch.from_arrays([cols[c] for c in names], names=names)

@@ -553,6 +553,17 @@ def final_config(cfg: ExperimentConfig, root: Path, model: str, chosen: dict,
                                output=str(root / "final"))
 
 
+def current_final(cfg: ExperimentConfig, root: Path, model: str, chosen: dict,
+                  seed: int) -> TrainConfig:
+    """``final_config`` of ``seed``, with a final run on record of an earlier choice moved aside
+    (``retire_stale_final``) and said so."""
+    fc = final_config(cfg, root, model, chosen, seed)
+    moved = retire_stale_final(fc)
+    if moved:
+        print(f"   the final run on record was of an earlier choice; moved to {moved}", flush=True)
+    return fc
+
+
 def run_finals(cfg: ExperimentConfig, root: Path, model: str, chosen: dict, todo: list[int],
                state: dict, n_items: int) -> None:
     """The final runs of the seeds in ``todo`` side by side, as the search runs its trials, where
@@ -562,14 +573,7 @@ def run_finals(cfg: ExperimentConfig, root: Path, model: str, chosen: dict, todo
     at_once = min(len(todo), memory_bound(model, n_items, concurrency(cfg)))
     if at_once < 2:
         return
-    configs = []
-    for seed in todo:
-        fc = final_config(cfg, root, model, chosen, seed)
-        moved = retire_stale_final(fc)
-        if moved:
-            print(f"   the final run on record was of an earlier choice; moved to {moved}",
-                  flush=True)
-        configs.append(fc)
+    configs = [current_final(cfg, root, model, chosen, seed) for seed in todo]
     tune_trials(model, root, configs, state, at_once,
                 Progress(f"{model} finals", len(configs), 0, at_once), kind="final")
 
@@ -1002,11 +1006,7 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
         run_finals(cfg, root, model, s["chosen"], todo, state, prep.n_items)
         finals = {}
         for seed in seeds:  # a finished run is read back, not retrained (train.py's resume)
-            fc = final_config(cfg, root, model, s["chosen"], seed)
-            moved = retire_stale_final(fc)
-            if moved:
-                print(f"   the final run on record was of an earlier choice; moved to {moved}",
-                      flush=True)
+            fc = current_final(cfg, root, model, s["chosen"], seed)
             finals[str(seed)] = train(fc, uri, ray_address, prep,
                                       tags={PARENT: s["run_id"], "kind": "final",
                                             "seed": str(seed)})
