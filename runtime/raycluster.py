@@ -172,6 +172,18 @@ def checkpoints(run_dir: str) -> set[str]:
         return set()
 
 
+def drop_checkpoints(run_dir: str) -> int:
+    """Delete the checkpoint folders of a finished run (``checkpoints``); returns how many.
+    Only for a run whose model file and record are written: nothing resumes from them then."""
+    from prepared.reader import filesystem
+
+    fs, path = filesystem(run_dir)
+    names = sorted(checkpoints(run_dir))
+    for name in names:
+        fs.delete_dir(f"{path}/{name}")
+    return len(names)
+
+
 def watch_run(run_dir: str, what: str, num_workers: int, cpw: float,
               use_gpu: bool) -> contextlib.AbstractContextManager:
     """``watch_start`` for a Ray Train run writing to ``run_dir``: its progress is a new

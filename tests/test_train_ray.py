@@ -18,6 +18,7 @@ import torch
 
 from prepared.errors import UsageError
 from prepared.metrics import hit_matrix, per_user
+from runtime.raycluster import checkpoints
 from training.config import TrainConfig
 from models.autorec import AutoRec
 from models.registry import load_model_file
@@ -207,7 +208,8 @@ def test_a_run_that_beats_popularity_is_healthy(small_prepared, ray_head, mlflow
     from mlflow.tracking import MlflowClient
 
     result = run(config(small_prepared, runs_dir, num_workers=1, run_name="healthy", lr=3e-3,
-                        epochs=10), mlflow_server.url)
+                        epochs=10, keep_checkpoints=True), mlflow_server.url)
+    assert len(checkpoints(str(runs_dir / "healthy"))) == 2  # kept when asked: Ray keeps 2
     assert result["best_valid_ndcg"] > result["valid_ndcg_popularity"] > 0.01
     assert result["health"] == "ok" and result["best_code_effective_rank"] >= 2.0
     assert "WARNING: run healthy" not in capsys.readouterr().out
@@ -345,6 +347,7 @@ def test_a_failed_run_resumes_when_rerun_with_its_name(small_prepared, ray_head,
     with pytest.raises(TrainingError, match="Rerun the same command .*--run-name resume"):
         run(cfg, mlflow_server.url)
     failed = json.loads((runs_dir / "resume" / "run.json").read_text())
+    assert checkpoints(str(runs_dir / "resume"))  # a failed run keeps what it resumes from
     client = MlflowClient(mlflow_server.url)
     assert client.get_run(failed["mlflow_run_id"]).info.status == "FAILED"
 
@@ -352,6 +355,8 @@ def test_a_failed_run_resumes_when_rerun_with_its_name(small_prepared, ray_head,
     assert result["mlflow_run_id"] == failed["mlflow_run_id"] and result["epochs_run"] == 3
     history = client.get_metric_history(result["mlflow_run_id"], "valid_ndcg")
     assert sorted(m.step for m in history) == [1, 2, 3]  # epoch 1 was not trained again
+    assert not checkpoints(str(runs_dir / "resume"))  # finished: model.pt stands for them
+    assert (runs_dir / "resume" / "model.pt").exists()
 
     again = run(cfg, mlflow_server.url)  # finished: returns its result, trains nothing
     assert again == result

@@ -115,6 +115,13 @@ class RunConfig:
                                  "SPREAD puts the workers on different nodes first")
     max_failures: int = option(3, group=CLUSTER,
                                help="worker-group restarts from the last checkpoint")
+    keep_checkpoints: bool = option(False, group=CLUSTER,
+                                    help="keep Ray Train's checkpoints (the training state with "
+                                         "the optimizer's moments, and the best epoch's "
+                                         "weights) after the run has finished; by default they "
+                                         "are deleted then: model.pt holds the best weights, a "
+                                         "finished run never resumes, and they take about 0.2 GB "
+                                         "a run at width 500 on 7k items")
     run_name: str = option("", group=CLUSTER, show_default=False,
                            help="names the checkpoints and the MLflow run; an existing name "
                                 "resumes (default: MODEL-MODE-DATASET-TIME)")

@@ -45,8 +45,8 @@ from runtime.runs import (CHECKPOINT_BEST, CHECKPOINT_STATE, MODEL_FILE, RUN_REC
                           finished_record, finished_summary, summary_line)
 from runtime.logs import no_bars_in_logs
 from runtime.cli import config_yaml, flag_of, stage_parser, values
-from runtime.raycluster import (apply_ray_env, check_fits, join_address, local_cpus, watch_run,
-                                worker_cpus)
+from runtime.raycluster import (apply_ray_env, check_fits, drop_checkpoints, join_address,
+                                local_cpus, watch_run, worker_cpus)
 from training.config import TrainConfig, check, resumable_options
 from training.hooks import hook_specs
 from training.hooks import resolve as resolve_hooks
@@ -59,9 +59,9 @@ from prepared.verify import naming_damaged_files
 ROOT = Path(__file__).resolve().parents[1]
 # fields that may change when a run resumes (where and how it runs, not what it trains)
 # options added after runs were first recorded, with what a record without them ran as
-ADDED_OPTIONS = {"valid_by": "fold-in"}
+ADDED_OPTIONS = {"valid_by": "fold-in", "keep_checkpoints": False}
 RESUMABLE_CHANGES = {"data_cache", "num_workers", "cpus_per_worker", "use_gpu", "placement",
-                     "max_failures", "mlflow_wait",
+                     "max_failures", "mlflow_wait", "keep_checkpoints",
                      "output", "run_name", "experiment"} | resumable_options()
 
 
@@ -323,6 +323,11 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
         run_record["trained"] = summary  # the model is safe: a rerun only logs, never retrains
         write_bytes(join(join(cfg.output, cfg.run_name), RUN_RECORD),
                     json.dumps(run_record, indent=2).encode())
+    if not cfg.keep_checkpoints:  # model.pt and run.json's "trained" now stand for them
+        dropped = drop_checkpoints(join(cfg.output, cfg.run_name))
+        if dropped:
+            print(f"run {cfg.run_name}: deleted its {dropped} checkpoint(s), model.pt holds the "
+                  "best weights (--keep-checkpoints keeps them)", flush=True)
     model_uri = log_results(cfg, prep, uri, run_id, summary, history, best, model_args, model_path)
     warning = health_warning(summary, cfg.run_name, remedy(cfg))
     if warning:
