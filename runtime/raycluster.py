@@ -166,8 +166,9 @@ def checkpoints(run_dir: str) -> set[str]:
 
     fs, path = filesystem(run_dir)
     try:
+        # folders only: Ray Train also writes checkpoint_manager_snapshot.json beside them
         return {i.base_name for i in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-                if i.base_name.startswith("checkpoint_")}
+                if i.base_name.startswith("checkpoint_") and i.type == pafs.FileType.Directory}
     except OSError:
         return set()
 

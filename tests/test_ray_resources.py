@@ -97,3 +97,21 @@ def test_the_stall_message_names_what_waits(ray_head):
     finally:
         remove_placement_group(pg)
     assert ray.is_initialized()
+
+
+def test_only_checkpoint_folders_are_counted_and_dropped(tmp_path):
+    """Ray Train writes checkpoint_manager_snapshot.json beside its checkpoint_* folders: it is
+    neither progress nor a checkpoint to delete (deleting it as a folder failed a finished run)."""
+    run = tmp_path / "run"
+    for name in ("checkpoint_2026-11-28_11-00-00.000000", "checkpoint_2026-11-28_11-01-00.000000"):
+        (run / name).mkdir(parents=True)
+        (run / name / "state.pt").write_bytes(b"x")
+    for name in ("checkpoint_manager_snapshot.json", "model.pt", "run.json"):
+        (run / name).write_text("{}")
+    assert rc.checkpoints(str(run)) == {"checkpoint_2026-11-28_11-00-00.000000",
+                                        "checkpoint_2026-11-28_11-01-00.000000"}
+    assert rc.drop_checkpoints(str(run)) == 2
+    assert sorted(p.name for p in run.iterdir()) == [
+        "checkpoint_manager_snapshot.json", "model.pt", "run.json"]
+    assert rc.checkpoints(str(run)) == set() and rc.drop_checkpoints(str(run)) == 0
+    assert rc.checkpoints(str(tmp_path / "missing")) == set()
