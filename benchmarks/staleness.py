@@ -77,6 +77,8 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "tune_defaults": ("benchmarks/tune_defaults.py", *AUTOREC, *TRAINING, "training/config.py"),
     "validation_speed": ("benchmarks/validation_speed.py", "training/validate.py"),
     "yahoo_scale": ("benchmarks/yahoo_scale.py", "etl", "training", "evaluation", *AUTOREC),
+    "projection": ("benchmarks/projection.py", "benchmarks/yahoo_scale.py", "etl", "training",
+                   "evaluation", *AUTOREC),
     "experiment-ml-100k": EXPERIMENT,
     "experiment-ml-latest-small": EXPERIMENT,
     "experiment-ml-latest-small-modes": EXPERIMENT,
@@ -92,7 +94,9 @@ DERIVED_FROM = {"nce_report": ("experiment-ml-100k",
                                "experiment-ml-latest-small", "experiment-ml-latest-small-modes",
                                "experiment-citeulike-a-modes", "experiment-ml-100k-levers",
                                "experiment-citeulike-a-levers",
-                               "experiment-ml-latest-small-levers")}
+                               "experiment-ml-latest-small-levers"),
+                # its full-scale point is the committed yahoo_scale.json
+                "projection": ("yahoo_scale",)}
 
 
 @dataclass
