@@ -152,7 +152,7 @@ def markdown(stamp: dict, points: list[dict], proj: dict) -> list[str]:
               "one (2 cores each), a lower bound: it assumes the per-positive work divides "
               "evenly and counts no all-reduce or shuffle over the network."]
     if proj["disk"]:
-        lines += ["", "Disk at {:g}x: ".format(f) + "; ".join(
+        lines += ["", f"Disk at {f:g}x: " + "; ".join(
             f"{k} {v['gib_projected']:.1f} GiB ({v['bytes_per_positive']:.1f} bytes a positive)"
             for k, v in proj["disk"].items()) + ", before Spark's shuffle files and spill."]
     return lines
