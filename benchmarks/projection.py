@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import report  # noqa: E402
+from benchmarks import yahoo_scale  # noqa: E402
 from benchmarks.yahoo_scale import YAHOO  # noqa: E402
 
 FULL = ROOT / "benchmarks" / "results" / "yahoo_scale.json"
@@ -66,8 +67,7 @@ def point(run: dict, fraction: float, work: Path | None) -> dict:
            "seconds": {"etl": st["etl"]["wall_s"], "epoch": round(epoch, 1),
                        "train_startup": round(st["train"]["wall_s"] - epoch * len(epochs), 1),
                        "score": st["score"]["wall_s"], "evaluate": st["evaluate"]["wall_s"]},
-           "peak_over_start_gib": {k: st[k]["peak_over_start_gib"] for k in
-                                   ("etl", "train", "score", "evaluate")}}
+           "peak_over_start_gib": {k: st[k]["peak_over_start_gib"] for k in yahoo_scale.STAGES}}
     if work is not None:
         out["disk_bytes"] = {"rows": dir_bytes(work / "data"), "recs": dir_bytes(work / "recs")}
     return out
