@@ -81,7 +81,6 @@ MEASURES: dict[str, tuple[str, ...]] = {
                    "evaluation", *AUTOREC),
     "experiment-ml-100k": EXPERIMENT,
     "experiment-ml-latest-small": EXPERIMENT,
-    "experiment-ml-latest-small-modes": EXPERIMENT,
     "experiment-citeulike-a-modes": EXPERIMENT,
     "experiment-ml-100k-levers": EXPERIMENT,
     "experiment-citeulike-a-levers": EXPERIMENT,
@@ -91,7 +90,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
 }
 # results computed from other results: stale too when one of those was rewritten after them
 DERIVED_FROM = {"nce_report": ("experiment-ml-100k",
-                               "experiment-ml-latest-small", "experiment-ml-latest-small-modes",
+                               "experiment-ml-latest-small",
                                "experiment-citeulike-a-modes", "experiment-ml-100k-levers",
                                "experiment-citeulike-a-levers",
                                "experiment-ml-latest-small-levers"),
