@@ -9,7 +9,8 @@ wall time of the whole command, time and rows/s of each ETL step (from the manif
 resident memory of the Spark driver JVM (local mode: it runs the executors too) and of the whole
 process tree (JVM + Python workers), sampled every 0.2 s from /proc.
 
-Results go to ``benchmarks/results/etl_scale.json`` and ``.md`` with the machine and command.
+Results go to ``benchmarks/results/etl_scale.json`` and ``.md`` (each written whole, then renamed)
+with the machine, command and commit.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import floors as roofline  # noqa: E402
+from benchmarks import report  # noqa: E402
 from infra.submit import spark_submit  # noqa: E402
 YAHOO = {"users": 1_876_280, "items": 44_865, "positives": 48_817_561}
 SCALES = {"1M": 1_000_000, "10M": 10_000_000, "49M": YAHOO["positives"]}
@@ -121,7 +123,8 @@ def machine() -> dict:
 
 
 def to_markdown(res: dict) -> str:
-    lines = ["# ETL scale benchmark", "", f"Command: `{res['command']}`  ", f"Date: {res['date']}  ",
+    lines = ["# ETL scale benchmark", "", f"Command: `{res['command']}`  ",
+             f"Commit: {res.get('commit', '?')}; date: {res['date']}  ",
              f"Machine: {res['machine']}", "",
              "Reference (floor): the same data generated, shuffled once by user and written as Parquet "
              "(`benchmarks/etl_floor.py`), run right after each ETL with the same settings. "
@@ -156,12 +159,13 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="etl-bench-"))
     runs = [run_scale(s, SCALES[s], args.negatives, args.driver_memory, work) for s in args.scales]
     res = {"command": "python benchmarks/etl_scale.py " + " ".join(sys.argv[1:]),
-           "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(), "runs": runs}
+           "date": time.strftime("%Y-%m-%d %H:%M"), "commit": report.commit(),
+           "machine": machine(), "runs": runs}
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "etl_scale.json").write_text(json.dumps(res, indent=2) + "\n")
-    (out / "etl_scale.md").write_text(to_markdown(res))
-    print(to_markdown(res))
+    text = to_markdown(res)
+    report.publish(out / "etl_scale", res, text.rstrip("\n").split("\n"))
+    print(text)
 
 
 if __name__ == "__main__":
