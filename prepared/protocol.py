@@ -90,18 +90,41 @@ def rstar_per_item(pop_train: np.ndarray, z: float, beta: float) -> np.ndarray:
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
     """The splitmix64 finaliser, elementwise on uint64 (wrapping arithmetic)."""
-    z = np.asarray(x, dtype=np.uint64) + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    return z ^ (z >> np.uint64(31))
+    return _mix_inplace(np.array(x, dtype=np.uint64))  # a copy: the caller's array is kept
+
+
+def _mix_inplace(z: np.ndarray) -> np.ndarray:
+    """``splitmix64`` of a uint64 array, in place: each step reuses ``z`` and one scratch array
+    where the expression form allocates a fresh array per operator (eight of them, each as large
+    as ``z``, page-faulted in anew when large); ``z`` is returned."""
+    t = np.empty_like(z)
+    with np.errstate(over="ignore"):
+        z += _GOLDEN
+        for shift, mult in ((30, _MIX1), (27, _MIX2)):
+            np.right_shift(z, np.uint64(shift), out=t)
+            z ^= t
+            z *= mult
+        np.right_shift(z, np.uint64(31), out=t)
+        z ^= t
+    return z
+
+
+def _user_keys(seed: int, users: np.ndarray) -> np.ndarray:
+    """Each user's counter base: draw d of user u is ``splitmix64(key[u] + d)``."""
+    with np.errstate(over="ignore"):
+        return splitmix64(splitmix64(np.uint64(seed) ^ _GOLDEN) ^ np.asarray(users, np.uint64))
+
+
+def _bits_of(keys: np.ndarray, draws: int) -> np.ndarray:
+    """(len(keys), draws) uint64: ``splitmix64(keys[:, None] + arange(draws))``."""
+    with np.errstate(over="ignore"):
+        z = keys[:, None] + np.arange(draws, dtype=np.uint64)[None, :]
+    return _mix_inplace(z)
 
 
 def random_bits(seed: int, users: np.ndarray, draws: int) -> np.ndarray:
     """(len(users), draws) uint64 random bits, a pure function of (seed, user, draw)."""
-    users = np.asarray(users, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        key = splitmix64(splitmix64(np.uint64(seed) ^ _GOLDEN) ^ users)
-        return splitmix64(key[:, None] + np.arange(draws, dtype=np.uint64)[None, :])
+    return _bits_of(_user_keys(seed, users), draws)
 
 
 def uniform01(seed: int, users: np.ndarray, draws: int) -> np.ndarray:
@@ -142,6 +165,11 @@ def draw_alias(bits: np.ndarray, prob: np.ndarray, alias: np.ndarray) -> np.ndar
     return np.where(accept, slot, alias[slot])
 
 
+#: draws per block of ``negative_counts``: 128k (1 MiB of bits), the fastest of 16k-2M on the
+#: 2-core VM (256 users of the default 500 draws)
+DRAW_BLOCK = 1 << 17
+
+
 def negative_counts(users: np.ndarray, popularity: np.ndarray, draws: int, seed: int,
                     table: tuple[np.ndarray, np.ndarray] | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -159,17 +187,29 @@ def negative_counts(users: np.ndarray, popularity: np.ndarray, draws: int, seed:
     if draws == 0 or len(users) == 0:
         return np.zeros(len(users) + 1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)
     prob, alias = table if table is not None else alias_table(popularity)
-    bits = random_bits(seed, users, draws)
-    items = np.sort(draw_alias(bits, prob, alias).astype(np.int32), axis=1).ravel()
-    # run-length encode each user's sorted draws
-    new = np.ones(items.size, bool)
-    new[1:] = items[1:] != items[:-1]
-    new[::draws] = True
-    starts = np.flatnonzero(new)
-    counts = np.diff(np.append(starts, items.size)).astype(np.int32)
+    keys = _user_keys(seed, users)
+    # Users in blocks of about DRAW_BLOCK draws: a block's bits, slots and sort stay in cache,
+    # where drawing every user's at once streams each intermediate through memory (at the Yahoo
+    # shape, 940M draws: about 8x slower; benchmarks/results/floors.md). Same draws either way.
+    step = max(1, DRAW_BLOCK // draws)
+    per_user = np.zeros(len(users), np.int64)
+    items_out, counts_out = [], []
+    for lo in range(0, len(users), step):
+        block = keys[lo:lo + step]
+        items = draw_alias(_bits_of(block, draws), prob, alias).astype(np.int32)
+        items.sort(axis=1)
+        items = items.ravel()
+        # run-length encode each user's sorted draws
+        new = np.ones(items.size, bool)
+        new[1:] = items[1:] != items[:-1]
+        new[::draws] = True
+        starts = np.flatnonzero(new)
+        items_out.append(items[starts])
+        counts_out.append(np.diff(np.append(starts, items.size)).astype(np.int32))
+        per_user[lo:lo + len(block)] = np.bincount(starts // draws, minlength=len(block))
     offsets = np.zeros(len(users) + 1, np.int64)
-    np.cumsum(np.bincount(starts // draws, minlength=len(users)), out=offsets[1:])
-    return offsets, items[starts], counts
+    np.cumsum(per_user, out=offsets[1:])
+    return offsets, np.concatenate(items_out), np.concatenate(counts_out)
 
 
 def head_items(popularity: np.ndarray, fraction: float = 0.1) -> np.ndarray:

@@ -106,6 +106,47 @@ def test_negative_counts_do_not_depend_on_batching():
     np.testing.assert_array_equal(whole[2][whole[0][2]:], part[2])
 
 
+def _splitmix64_py(x: int) -> int:
+    """SplitMix64's next() from state x (Steele, Lea, Flood 2014), in Python integers."""
+    z = (x + 0x9E3779B97F4A7C15) % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    return z ^ (z >> 31)
+
+
+def test_splitmix64_matches_the_reference_generator():
+    # SplitMix64 seeded with 0 starts 0xE220A8397B1DCDAF (the published first output)
+    assert _splitmix64_py(0) == 0xE220A8397B1DCDAF
+    x = np.array([0, 1, 2**63, 2**64 - 1, 123456789], np.uint64)
+    got = protocol.splitmix64(x)
+    assert [int(v) for v in got] == [_splitmix64_py(int(v)) for v in x]
+    assert x.tolist() == [0, 1, 2**63, 2**64 - 1, 123456789]  # the input is left as it was
+
+
+@pytest.mark.parametrize("block", [1, 7, 60, 1 << 17])
+def test_negative_counts_equal_a_draw_by_draw_reference_for_any_block(monkeypatch, block):
+    """The blocked draws (``DRAW_BLOCK`` draws at a time) against one draw at a time in Python:
+    key = splitmix64(splitmix64(seed ^ golden) ^ user), draw d = splitmix64(key + d), the high 32
+    bits pick a slot, the low 32 accept it with the alias table's probability."""
+    monkeypatch.setattr(protocol, "DRAW_BLOCK", block)
+    pop = np.array([4, 0, 9, 1, 2, 30, 5])
+    prob, alias = protocol.alias_table(pop)
+    users, draws, seed = np.array([0, 5, 17, 2**31 - 1]), 20, 3
+    off, items, counts = protocol.negative_counts(users, pop, draws, seed)
+    base = _splitmix64_py(seed ^ 0x9E3779B97F4A7C15)
+    for i, u in enumerate(users):
+        key = _splitmix64_py(base ^ int(u))
+        drawn = {}
+        for d in range(draws):
+            bits = _splitmix64_py((key + d) % 2**64)
+            slot = ((bits >> 32) * len(prob)) >> 32
+            item = slot if (bits & 0xFFFFFFFF) / 2**32 < prob[slot] else int(alias[slot])
+            drawn[item] = drawn.get(item, 0) + 1
+        sl = slice(off[i], off[i + 1])
+        assert dict(zip(items[sl].tolist(), counts[sl].tolist())) == drawn
+        assert items[sl].tolist() == sorted(drawn)
+
+
 def test_negative_counts_edge_cases():
     off, items, counts = protocol.negative_counts(np.array([1, 2]), np.array([1, 1]), 0, seed=0)
     assert off.tolist() == [0, 0, 0] and len(items) == 0
