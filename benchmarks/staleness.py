@@ -8,8 +8,11 @@ records (``"commit"`` in its JSON, or a ``Commit:`` line in its Markdown); a res
 none is dated by the last commit that changed its file, which is later than (or equal to) the code
 it ran on, so such a result can only look fresher than it is, never staler.
 
-A touched path is a reason to look, not proof of a changed number: a commit that only edits a
-comment marks the result stale too. The table says which commits did it, so a reader can judge.
+A commit that only edits comments, docstrings or layout of a Python file does not count (its
+syntax tree is compared). A commit read and found unable to change one kind of result's numbers
+(``REVIEWED``, each with its reason: a refactor with its parity test, a message's wording, a run's
+clean-up after it ended) does not count for that kind (``SPEED`` results are timings, the rest
+quality): the table counts such commits and ``--result NAME`` lists them with their reasons.
 
     python benchmarks/staleness.py            # the table, all results
     python benchmarks/staleness.py --check    # exit 1 when any result is stale
@@ -27,6 +30,7 @@ import json
 import re
 import subprocess
 import sys
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +43,8 @@ TRAINING = ("training/loop.py", "training/step.py", "training/validate.py", "tra
 EVALUATION = ("evaluation/evaluate.py", "evaluation/spark_metrics.py",
               "evaluation/significance.py", "evaluation/seeds.py", "evaluation/popularity.py",
               "prepared/metrics.py")
-EXPERIMENT = ("experiment", "models", "training", "evaluation", "benchmarks/grids")
+EXPERIMENT = ("experiment", "models", "training", "evaluation")
+GRIDS = "benchmarks/grids/"
 
 # result name (a file stem in benchmarks/results, a folder there, or "local_cluster") -> the
 # paths (files or folders, from the repository root) whose behaviour sets its numbers
@@ -55,8 +60,8 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "evaluate_speed": ("benchmarks/evaluate_speed.py", *EVALUATION),
     "finetune_convergence": ("benchmarks/finetune_convergence.py", *AUTOREC, *TRAINING),
     "floors": ("benchmarks/floors.py",),
-    "fold_in": ("benchmarks/fold_in.py", "models/peruser.py", "models/bpr.py", "models/cml.py",
-                "models/cdae.py", *TRAINING),
+    "fold_in": ("benchmarks/fold_in.py", "benchmarks/tune_defaults.py", "models/peruser.py",
+                "models/bpr.py", "models/cml.py", "models/cdae.py", "models/topk.py", *TRAINING),
     "fold_in_speed": ("benchmarks/fold_in_speed.py", "models/peruser.py"),
     # the install, the demo and the whole suite: the tests' own changes move the suite's time
     "fresh_clone": ("benchmarks/fresh_clone.py", "Makefile", "pyproject.toml", "infra/demo.py",
@@ -77,16 +82,19 @@ MEASURES: dict[str, tuple[str, ...]] = {
                          "models/autorec/model.py"),
     "train_throughput": ("benchmarks/train_throughput.py", *AUTOREC, "training"),
     "tune_defaults": ("benchmarks/tune_defaults.py", *AUTOREC, *TRAINING, "training/config.py"),
-    "validation_speed": ("benchmarks/validation_speed.py", "training/validate.py"),
+    "validation_speed": ("benchmarks/validation_speed.py", "training/validate.py",
+                         "models/base.py", "models/topk.py"),
     "yahoo_scale": ("benchmarks/yahoo_scale.py", "etl", "training", "evaluation", *AUTOREC),
     "projection": ("benchmarks/projection.py", "benchmarks/yahoo_scale.py", "etl", "training",
                    "evaluation", *AUTOREC),
-    "experiment-ml-100k": EXPERIMENT,
-    "experiment-ml-latest-small": EXPERIMENT,
-    "experiment-citeulike-a-modes": EXPERIMENT,
-    "experiment-ml-100k-levers": EXPERIMENT,
-    "experiment-citeulike-a-levers": EXPERIMENT,
-    "experiment-ml-latest-small-levers": EXPERIMENT,
+    # an experiment, by the grid files it searched (another experiment's grid is not its code)
+    "experiment-ml-100k": (*EXPERIMENT, GRIDS + "protocol.yaml"),
+    "experiment-ml-latest-small": (*EXPERIMENT, GRIDS + "protocol.yaml"),
+    "experiment-citeulike-a-modes": (*EXPERIMENT, GRIDS + "citeulike-modes.yaml"),
+    "experiment-ml-100k-levers": (*EXPERIMENT, GRIDS + "levers.yaml"),
+    "experiment-citeulike-a-levers": (*EXPERIMENT, GRIDS + "levers-citeulike-a.yaml",
+                                      GRIDS + "levers-citeulike-a-finals.yaml"),
+    "experiment-ml-latest-small-levers": (*EXPERIMENT, GRIDS + "levers-ml-latest-small.yaml"),
     "local_cluster": ("infra/cluster/local_cluster.py", "infra/cluster", *AUTOREC, "training",
                       "evaluation/score.py", "evaluation/evaluate.py"),
 }
@@ -99,6 +107,77 @@ DERIVED_FROM = {"nce_report": ("experiment-ml-100k",
                 # its full-scale point is the committed yahoo_scale.json
                 "projection": ("yahoo_scale",)}
 
+# Results whose numbers are timings; every other result's numbers are quality (what a model
+# scores, what a search chose, how a run converged).
+SPEED = {"etl_scale", "evaluate_speed", "floors", "fold_in_speed", "fresh_clone",
+         "fresh_clone_alone", "fresh_clone_loaded", "fresh_clone_alone_loaded", "loss_speed",
+         "negative_draws", "peruser_step_speed", "projection", "score_throughput",
+         "train_throughput", "validation_speed", "yahoo_scale", "local_cluster", "demo"}
+QUALITY, TIMING = "quality", "speed"
+# Commits read one by one and found unable to change the numbers of one kind of result, with the
+# reason. Such a commit does not make that kind of result stale; the table counts it. A commit
+# goes here only after reading its diff: a refactor its message calls unchanged behaviour, backed
+# by the tests it names; a message's wording; a run's clean-up after it ended; a config accepted
+# that was refused before (nothing that ran used it). Not here: anything that moves a number of
+# that kind even by rounding (a change of units, defaults, a gather rule, a final's lambda).
+BOTH = frozenset({QUALITY, TIMING})
+REVIEWED: dict[str, tuple[frozenset[str], str]] = {
+    "d195c88": (frozenset({QUALITY}), "deletes a finished run's checkpoints after it ended "
+                "(model.pt holds the best weights); nothing a run computes changes"),
+    "54ad93a": (frozenset({QUALITY}), "refactor (current_final; one warm/cold group per task); "
+                "behaviour unchanged, the sharded parity test bit for bit"),
+    "ffcccc7": (frozenset({QUALITY}), "models.topk.top_k returns torch.topk's answer, ties "
+                "included (tests/test_topk.py); faster, the same lists"),
+    "728542b": (BOTH, "one helper for one Spark task per shard, built as before inline; "
+                "behaviour unchanged (40 tests)"),
+    "0307b6a": (BOTH, "the unhealthy run's advice text is one constant; a label helper"),
+    "ea89124": (frozenset({QUALITY}), "scoring writes one file per rows shard; the same per-user "
+                "values to the bit (a Spark parity test)"),
+    "c8fd1e1": (BOTH, "synthetic data's shape as options whose defaults draw exactly as before; "
+                "a report's and a grid's edits outside what these results ran"),
+    "666dc77": (frozenset({QUALITY}), "one gather-or-dense rule and one memory share instead of "
+                "copies of each; behaviour unchanged"),
+    "3899ac3": (BOTH, "a fine-tune final with --finetune-phase1-epochs is accepted where it was "
+                "refused; every committed run is one that was accepted before"),
+    "2a1d2fc": (BOTH, "nce_report calls ndcg_ci directly; figures read defaults once; the report "
+                "regenerates identically"),
+    "26a9e47": (BOTH, "an unhealthy run's WARNING names --pos-weight first (message text)"),
+    "04cec74": (BOTH, "score.py: one output schema; an unused one removed"),
+    "f676fdd": (BOTH, "one commit stamp for every benchmark (metadata, not measurements)"),
+    "d0fc23a": (BOTH, "one stamp and one atomic writer for benchmarks (metadata and file "
+                "writing)"),
+    "d755f7d": (frozenset({QUALITY}), "a finished run's clean-up skips a file it failed on; "
+                "nothing a run computes changes"),
+    "d33669b": (BOTH, "experiment --register-as, its default the name as before"),
+    "77e628b": (BOTH, "experiment figures: unset mode points take the model's default instead of "
+                "failing at the end"),
+    "06d656a": (BOTH, "the tables' mean ± CI cells through one formatter (same text)"),
+    "0c471be": (BOTH, "an f-string in place of format() (same text)"),
+    "6dd35a5": (BOTH, "projection.point reads yahoo_scale.STAGES instead of a copy of it"),
+    "2f28d70": (BOTH, "fold_in.py writes through report.stamp/publish (the result's own commit)"),
+    "5a1b3a7": (frozenset({QUALITY}), "models.topk.top_k by group maxima: the same lists as "
+                "torch.topk, ties included (tests/test_topk.py); faster"),
+    "18ef8ca": (frozenset({QUALITY}), "top_k's group size from the shape: the same lists as "
+                "torch.topk (38 tests against it); faster"),
+    "7e309c9": (frozenset({QUALITY}), "evaluation writes the per_user rows with pyarrow (the "
+                "sharded parity test bit for bit); the seeds' finals run side by side with the "
+                "configs they had one after another"),
+    "c2bb0f6": (frozenset({QUALITY}), "negative_counts in blocks: the same draws bit for bit "
+                "(a draw-by-draw reference test); faster, so timings move"),
+}
+
+
+def kind(name: str) -> str:
+    return TIMING if name in SPEED else QUALITY
+
+
+def reviewed_for(name: str, sha: str) -> str | None:
+    """Why commit ``sha`` cannot change result ``name``'s numbers, or None when not reviewed so."""
+    for short, (kinds, why) in REVIEWED.items():
+        if sha.startswith(short) and kind(name) in kinds:
+            return why
+    return None
+
 
 @dataclass
 class Verdict:
@@ -107,6 +186,7 @@ class Verdict:
     produced: str           # the commit it ran on (full sha), "" when unknown
     how: str                # "recorded" or "file's commit"
     since: list[str]        # "sha subject" of each later commit touching what it measures
+    reviewed: list[str] = dataclasses.field(default_factory=list)  # such commits in REVIEWED
 
 
 def git(root: Path, *args: str) -> str:
@@ -142,10 +222,13 @@ def recorded_commit(files: list[Path]) -> str:
             except ValueError:
                 continue
             sha = data.get("commit") if isinstance(data, dict) else None
-            if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{7,40}(\+dirty)?", sha):
+            if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{7,40}(\+dirty|\+uncommitted)?",
+                                                     sha):
                 return sha.split("+")[0]
-    for f in files:
-        if f.suffix == ".md":
+    # a Markdown result, or a folder's README (an experiment's "Commit: abc1234 (...)" line)
+    for f in [f for f in files if f.suffix == ".md"] + [f / "README.md" for f in files
+                                                         if f.is_dir()]:
+        if f.is_file():
             m = re.search(r"^Commit: `?([0-9a-f]{7,40})", f.read_text(), re.M)
             if m:
                 return m.group(1)
@@ -165,8 +248,11 @@ def verdict(root: Path, name: str, files: list[Path], measures: tuple[str, ...])
     paths = [p for p in measures if (root / p).exists()]
     candidates = git(root, "log", "--no-merges", "--format=%H %s", f"{sha}..HEAD", "--",
                      *paths).splitlines() if sha and paths else []
-    since = [f"{c[:7]} {c[41:]}" for c in candidates if changes_code(root, c[:40], paths)]
-    return Verdict(name, files, sha, how, since)
+    touching = [c for c in candidates if changes_code(root, c[:40], paths)]
+    since = [f"{c[:7]} {c[41:]}" for c in touching if reviewed_for(name, c) is None]
+    reviewed = [f"{c[:7]} {reviewed_for(name, c)}" for c in touching
+                if reviewed_for(name, c) is not None]
+    return Verdict(name, files, sha, how, since, reviewed)
 
 
 def changes_code(root: Path, commit: str, paths: list[str]) -> bool:
@@ -231,12 +317,13 @@ def _is_ancestor(root: Path, a: str, b: str) -> bool:
 
 
 def table(rows: list[Verdict]) -> list[str]:
-    lines = ["| result | ran on | known from | commits since that touch what it measures | "
-             "status |", "|---|---|---|---|---|"]
+    lines = ["| result | kind | ran on | known from | commits since that change what it measures | "
+             "reviewed as not changing it | status |", "|---|---|---|---|---|---|---|"]
     for v in rows:
         shown = "; ".join(c[:60] for c in v.since[:2]) + (f"; … {len(v.since)} in all"
                                                           if len(v.since) > 2 else "")
-        lines.append(f"| {v.name} | {v.produced[:7] or '?'} | {v.how} | {shown or '-'} | "
+        lines.append(f"| {v.name} | {kind(v.name)} | {v.produced[:7] or '?'} | {v.how} | "
+                     f"{shown or '-'} | {len(v.reviewed) or '-'} | "
                      f"{'**stale**' if v.since else 'current'} |")
     return lines
 
@@ -256,7 +343,10 @@ def main(argv: list[str] | None = None) -> int:
         v = match[0]
         print(f"{v.name}: ran on {v.produced[:12]} ({v.how}); measures "
               f"{', '.join(MEASURES[v.name])}")
-        print("\n".join(v.since) or "no later commit touches it: current")
+        print("\n".join(v.since) or "no later commit changes it: current")
+        if v.reviewed:
+            print("reviewed as unable to change its numbers (REVIEWED):\n  "
+                  + "\n  ".join(v.reviewed))
         return 0
     print("\n".join(table(rows)))
     stale = [v.name for v in rows if v.since]

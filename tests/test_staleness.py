@@ -77,3 +77,39 @@ def test_a_result_goes_stale_only_when_the_code_it_measures_changes(tmp_path):
     rerun = commit_all(repo, "rerun")
     v = check()
     assert (v.produced, v.how, v.since) == (rerun, "file's commit", [])
+
+
+def test_every_reviewed_commit_is_in_the_history_with_a_reason():
+    for sha, (kinds, why) in staleness.REVIEWED.items():
+        assert kinds and kinds <= {staleness.QUALITY, staleness.TIMING} and len(why) > 20, sha
+        full = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{sha}^{{commit}}"],
+                              cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        assert full.startswith(sha), sha
+    assert set(staleness.SPEED) <= set(staleness.MEASURES)
+
+
+def test_a_reviewed_commit_leaves_only_its_kind_of_result_current(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    (repo / "benchmarks" / "results").mkdir(parents=True)
+    git(repo, "init", "-q")
+    code = repo / "model.py"
+    code.write_text("def f(x):\n    return x + 1\n")
+    ran_on = commit_all(repo, "code")
+    results = {}
+    for name in ("quality_result", "speed_result"):
+        results[name] = repo / "benchmarks" / "results" / f"{name}.json"
+        results[name].write_text(json.dumps({"commit": ran_on[:7]}))
+    commit_all(repo, "results")
+    code.write_text("def f(x):\n    y = x + 1\n    return y\n")  # the same numbers, faster
+    refactor = commit_all(repo, "refactor")
+    monkeypatch.setattr(staleness, "SPEED", {"speed_result"})
+    monkeypatch.setattr(staleness, "REVIEWED", {refactor[:7]: (
+        frozenset({staleness.QUALITY}), "a refactor: the same values, another speed")})
+
+    def check(name):
+        return staleness.verdict(repo, name, [results[name]], ("model.py",))
+
+    q, t = check("quality_result"), check("speed_result")
+    assert (q.since, q.reviewed) == ([], [f"{refactor[:7]} a refactor: the same values, "
+                                          "another speed"])
+    assert (t.since, t.reviewed) == ([f"{refactor[:7]} refactor"], [])
