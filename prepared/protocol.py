@@ -165,8 +165,8 @@ def draw_alias(bits: np.ndarray, prob: np.ndarray, alias: np.ndarray) -> np.ndar
     return np.where(accept, slot, alias[slot])
 
 
-#: draws per block of ``negative_counts``: 128k (1 MiB of bits), the fastest of 16k-2M on the
-#: 2-core VM (256 users of the default 500 draws)
+#: draws per block of ``negative_counts``: 128k (1 MiB of bits, 262 users of the ETL's 500
+#: draws), within 10% of the fastest of 16k-2M on the 2-core VM (negative_draws.md)
 DRAW_BLOCK = 1 << 17
 
 
@@ -189,8 +189,9 @@ def negative_counts(users: np.ndarray, popularity: np.ndarray, draws: int, seed:
     prob, alias = table if table is not None else alias_table(popularity)
     keys = _user_keys(seed, users)
     # Users in blocks of about DRAW_BLOCK draws: a block's bits, slots and sort stay in cache,
-    # where drawing every user's at once streams each intermediate through memory (at the Yahoo
-    # shape, 940M draws: about 8x slower; benchmarks/results/floors.md). Same draws either way.
+    # where drawing every user's at once streams each intermediate through memory: 1.6x slower
+    # for a training batch of 8,192 users, 2.4x for 40,000; the same for the ETL's calls of a few
+    # hundred users (benchmarks/results/negative_draws.md). Same draws either way.
     step = max(1, DRAW_BLOCK // draws)
     per_user = np.zeros(len(users), np.int64)
     items_out, counts_out = [], []
