@@ -161,7 +161,9 @@ def main() -> int:
         mlflow_uri = f"sqlite:///{work / 'mlflow' / 'mlflow.db'}"
         (work / "mlflow").mkdir()
         args = ["python", str(ROOT / "training" / "train.py"), "--data", str(prepared), "--model",
-                "autorec", "--epochs", "3", "--num-workers", "2", "--placement", "SPREAD",
+                # up to 60 epochs, early stopping on validation: a trained model, so the
+                # evaluation on the standalone cluster says something beyond "the path runs"
+                "autorec", "--epochs", "60", "--num-workers", "2", "--placement", "SPREAD",
                 "--runs-dir", str(runs), "--run-name", "two-nodes", "--mlflow-uri", mlflow_uri]
         # The code reaches both nodes as installed code (PYTHONPATH; the cluster image does the
         # same), not --working-dir: two nodes on one machine share Ray's session directory, and
