@@ -159,6 +159,8 @@ REVIEWED: dict[str, tuple[frozenset[str], str]] = {
                 "torch.topk, ties included (tests/test_topk.py); faster"),
     "18ef8ca": (frozenset({QUALITY}), "top_k's group size from the shape: the same lists as "
                 "torch.topk (38 tests against it); faster"),
+    "f65dd6a": (BOTH, "the Spark SQL metrics, used by no code path, move to tests/ as the "
+                "reference (a test: the path in use equals them bit for bit); docstrings"),
     "7e309c9": (frozenset({QUALITY}), "evaluation writes the per_user rows with pyarrow (the "
                 "sharded parity test bit for bit); the seeds' finals run side by side with the "
                 "configs they had one after another"),
