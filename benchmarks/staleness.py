@@ -30,8 +30,7 @@ import json
 import re
 import subprocess
 import sys
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,7 +187,7 @@ class Verdict:
     produced: str           # the commit it ran on (full sha), "" when unknown
     how: str                # "recorded" or "file's commit"
     since: list[str]        # "sha subject" of each later commit touching what it measures
-    reviewed: list[str] = dataclasses.field(default_factory=list)  # such commits in REVIEWED
+    reviewed: list[str] = field(default_factory=list)  # such commits in REVIEWED
 
 
 def git(root: Path, *args: str) -> str:
