@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from benchmarks import report  # noqa: E402
-from benchmarks.baselines import prepare  # noqa: E402
+from benchmarks.datasets import prepare  # noqa: E402
 from benchmarks.tune_defaults import load, train_one  # noqa: E402
 from models.autorec import AutoRec  # noqa: E402
 from training.config import TrainConfig  # noqa: E402

@@ -5,7 +5,7 @@
 These models have a vector per training user but score every user by folding in from the input
 row (models/peruser.py), so that a user they never saw (the cold-start users, a new row through
 the pyfunc) is served like a known one. This measures what that costs. Each dataset is prepared by
-the real ETL (as benchmarks/baselines.py does); each model trains with its defaults in this
+the real ETL (benchmarks/datasets.py); each model trains with its defaults in this
 process (benchmarks/tune_defaults.py's loop: the trainer's steps, early stopping on validation
 NDCG, computed by fold-in); then the validation NDCG of the warm users (train input, train items
 excluded, top 50) is computed from:
@@ -34,7 +34,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks.baselines import prepare  # noqa: E402
+from benchmarks.datasets import prepare  # noqa: E402
 from benchmarks.report import publish, stamp  # noqa: E402
 from benchmarks.tune_defaults import load, train_one  # noqa: E402
 from models.peruser import FOLD_STEPS  # noqa: E402

@@ -4,7 +4,7 @@
 
 A per-user model scores every user by a fold-in (models/peruser.py), and training validates every
 warm user by it each epoch, so on a large catalogue the fold-in is most of a run's time. Each
-dataset is prepared by the real ETL (as benchmarks/baselines.py does); each model at its defaults
+dataset is prepared by the real ETL (benchmarks/datasets.py); each model at its defaults
 (seeded initial weights: the cost does not depend on the values) validates every warm user with a
 validation item (``training.closed_form.validate``: chunks of 1024 users, fold-in, top 50) three
 ways, in this process:
@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from benchmarks import report  # noqa: E402
-from benchmarks.baselines import prepare  # noqa: E402
+from benchmarks.datasets import prepare  # noqa: E402
 from benchmarks.tune_defaults import load  # noqa: E402
 from models import peruser  # noqa: E402
 from models.registry import MODELS  # noqa: E402

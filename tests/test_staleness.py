@@ -118,3 +118,36 @@ def test_a_reviewed_commit_leaves_only_its_kind_of_result_current(tmp_path, monk
     assert (q.since, q.reviewed) == ([], [f"{refactor[:7]} a refactor: the same values, "
                                           "another speed"])
     assert (t.since, t.reviewed) == ([f"{refactor[:7]} refactor"], [])
+
+
+def test_a_commit_reviewed_for_one_result_leaves_the_others_stale(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    (repo / "benchmarks" / "results").mkdir(parents=True)
+    git(repo, "init", "-q")
+    code = repo / "config.py"
+    code.write_text("BATCH = 128\n")
+    ran_on = commit_all(repo, "code")
+    results = {}
+    for name in ("overrides_it", "uses_it"):
+        results[name] = repo / "benchmarks" / "results" / f"{name}.json"
+        results[name].write_text(json.dumps({"commit": ran_on[:7]}))
+    commit_all(repo, "results")
+    code.write_text("BATCH = 512\n")
+    default = commit_all(repo, "a new default")
+    monkeypatch.setattr(staleness, "REVIEWED_FOR", {"overrides_it": {
+        default[:7]: "every run of it gives its batch size"}})
+
+    def check(name):
+        return staleness.verdict(repo, name, [results[name]], ("config.py",))
+
+    mine, other = check("overrides_it"), check("uses_it")
+    assert (mine.since, mine.reviewed) == ([], [f"{default[:7]} every run of it gives its "
+                                                "batch size"])
+    assert (other.since, other.reviewed) == ([f"{default[:7]} a new default"], [])
+
+
+def test_every_commit_reviewed_for_a_result_names_a_listed_result_with_a_reason():
+    for name, reviews in staleness.REVIEWED_FOR.items():
+        assert name in staleness.MEASURES, name
+        for sha, why in reviews.items():
+            assert len(sha) == 7 and int(sha, 16) >= 0 and len(why) > 20, (name, sha)
