@@ -8,7 +8,7 @@ NDCG and the time to reach it, against the current defaults, on real data.
 With the exact fast losses (models/autorec/losses.py) a step costs O(n d^2) whatever the batch, and every
 step also pays Adam over the n x d matrices, so the time of an epoch falls with the batch size;
 what may fall with it is the quality (fewer, larger steps). Each dataset is prepared by the real
-ETL (benchmarks/baselines.py); each (model, batch, lr) trains in this process with the trainer's
+ETL (benchmarks/datasets.py); each (model, batch, lr) trains in this process with the trainer's
 steps and early stopping (``benchmarks/tune_defaults.train_one``), lambda at the value the
 comparison table chose for that model and dataset, width 200, joint mode. Reported: the best
 validation NDCG as a fraction of the reference's (batch 128, lr 3e-4: the defaults until now), the
@@ -19,7 +19,8 @@ Results: ``benchmarks/results/batch_defaults.{json,md}``.
 Runs already in the results are kept and skipped (rerun one by removing it from the .json), so
 the sets can be measured in separate commands. ``--prepared NAME=DIR`` uses a prepared directory
 instead of running the ETL (a synthetic set: ``etl/prepare.py --dataset synthetic``). Lambda:
-the runs before 2026-11-27 took the value baselines.md chose, in the plain units of their day
+the runs before 2026-11-27 took the value the former baselines.py chose (git show
+6071794:benchmarks/results/baselines.md), in the plain units of their day
 (``lam_units`` plain in the .json); the runs since take each model's default lambda in its
 default (overlap) units, the configuration a run without flags gets, which is what the batch
 and learning rate defaults are for. ``fraction`` is each run's best validation NDCG over the

@@ -8,11 +8,13 @@ records (``"commit"`` in its JSON, or a ``Commit:`` line in its Markdown); a res
 none is dated by the last commit that changed its file, which is later than (or equal to) the code
 it ran on, so such a result can only look fresher than it is, never staler.
 
-A commit that only edits comments, docstrings or layout of a Python file does not count (its
-syntax tree is compared). A commit read and found unable to change one kind of result's numbers
-(``REVIEWED``, each with its reason: a refactor with its parity test, a message's wording, a run's
-clean-up after it ended) does not count for that kind (``SPEED`` results are timings, the rest
-quality): the table counts such commits and ``--result NAME`` lists them with their reasons.
+A commit that only edits comments, docstrings or layout of a Python file, or the comments of a
+YAML grid, does not count (the syntax tree, or the parsed values, are compared). A commit read
+and found unable to change one kind of result's numbers (``REVIEWED``, each with its reason: a
+refactor with its parity test, a message's wording, a run's clean-up after it ended) does not
+count for that kind (``SPEED`` results are timings, the rest quality), nor one found unable to
+change one result's (``REVIEWED_FOR``: a default that result's script always overrides): the
+table counts such commits and ``--result NAME`` lists them with their reasons.
 
     python benchmarks/staleness.py            # the table, all results
     python benchmarks/staleness.py --check    # exit 1 when any result is stale
@@ -48,10 +50,8 @@ GRIDS = "benchmarks/grids/"
 # result name (a file stem in benchmarks/results, a folder there, or "local_cluster") -> the
 # paths (files or folders, from the repository root) whose behaviour sets its numbers
 MEASURES: dict[str, tuple[str, ...]] = {
-    "baselines": ("benchmarks/baselines.py", "models", "training/closed_form.py", *TRAINING),
     "batch_defaults": ("benchmarks/batch_defaults.py", *AUTOREC, *TRAINING, "training/config.py"),
     "collapse": ("benchmarks/collapse.py", *AUTOREC, *TRAINING, "training/config.py"),
-    "cold_start": ("benchmarks/cold_start.py", *AUTOREC, *TRAINING, *EVALUATION),
     "demo": ("infra/demo.py", "infra/stack.py", *AUTOREC, "models/puresvd.py", "training",
              "evaluation", "etl"),
     "etl_scale": ("benchmarks/etl_scale.py", "benchmarks/etl_floor.py", "etl",
@@ -89,7 +89,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
     # an experiment, by the grid files it searched (another experiment's grid is not its code)
     "experiment-ml-100k": (*EXPERIMENT, GRIDS + "protocol.yaml"),
     "experiment-ml-latest-small": (*EXPERIMENT, GRIDS + "protocol.yaml"),
-    "experiment-citeulike-a-modes": (*EXPERIMENT, GRIDS + "citeulike-modes.yaml"),
+    "experiment-citeulike-a": (*EXPERIMENT, GRIDS + "citeulike-protocol.yaml"),
     "experiment-ml-100k-levers": (*EXPERIMENT, GRIDS + "levers.yaml"),
     "experiment-citeulike-a-levers": (*EXPERIMENT, GRIDS + "levers-citeulike-a.yaml",
                                       GRIDS + "levers-citeulike-a-finals.yaml"),
@@ -100,7 +100,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
 # results computed from other results: stale too when one of those was rewritten after them
 DERIVED_FROM = {"nce_report": ("experiment-ml-100k",
                                "experiment-ml-latest-small",
-                               "experiment-citeulike-a-modes", "experiment-ml-100k-levers",
+                               "experiment-citeulike-a", "experiment-ml-100k-levers",
                                "experiment-citeulike-a-levers",
                                "experiment-ml-latest-small-levers"),
                 # its full-scale point is the committed yahoo_scale.json
@@ -163,6 +163,11 @@ REVIEWED: dict[str, tuple[frozenset[str], str]] = {
     "7e309c9": (frozenset({QUALITY}), "evaluation writes the per_user rows with pyarrow (the "
                 "sharded parity test bit for bit); the seeds' finals run side by side with the "
                 "configs they had one after another"),
+    "854558f": (BOTH, "prepare() moved from benchmarks/baselines.py to benchmarks/datasets.py "
+                "unchanged; the benchmarks import it from there"),
+    "4062ad2": (BOTH, "score() destroys its broadcasts when it has written the lists instead of "
+                "unpersisting them: the same lists, and a driver-side block removal and a file "
+                "unlink added, milliseconds against a scoring stage's tens of seconds"),
     "c2bb0f6": (frozenset({QUALITY}), "negative_counts in blocks: the same draws bit for bit "
                 "(a draw-by-draw reference test); faster, so timings move"),
 }
@@ -270,8 +275,9 @@ def verdict(root: Path, name: str, files: list[Path], measures: tuple[str, ...])
 
 def changes_code(root: Path, commit: str, paths: list[str]) -> bool:
     """Whether ``commit`` changed what ``paths`` do: any non-Python file it modified or deleted
-    there, or a Python file whose syntax tree, docstrings left out, differs from its parent's (so
-    a commit that only edits comments, docstrings or layout does not make a result stale). A file
+    there (a YAML grid only where its parsed values differ), or a Python file whose syntax tree,
+    docstrings left out, differs from its parent's (so a commit that only edits comments,
+    docstrings or layout does not make a result stale). A file
     the commit adds does not count: code that ran before it existed could only use it through a
     change to another file, which counts (a new grid file beside an experiment's own grid left
     every experiment stale)."""
@@ -282,10 +288,27 @@ def changes_code(root: Path, commit: str, paths: list[str]) -> bool:
 
 @functools.cache
 def _file_changed(root: Path, commit: str, path: str) -> bool:
+    if path.endswith((".yaml", ".yml")):  # a grid: its values, comments left out
+        before, after = (_yaml(root, f"{rev}:{path}") for rev in (f"{commit}^", commit))
+        return before is None or after is None or before != after
     if not path.endswith(".py"):
         return True
     before, after = (_tree(root, f"{rev}:{path}") for rev in (f"{commit}^", commit))
     return before is None or after is None or before != after
+
+
+def _yaml(root: Path, spec: str) -> str | None:
+    """A YAML file's parsed values, as text; None when absent or unparsable."""
+    import yaml
+
+    out = subprocess.run(["git", "show", spec], cwd=root, capture_output=True, text=True,
+                         timeout=60)
+    if out.returncode != 0:
+        return None
+    try:
+        return json.dumps(yaml.safe_load(out.stdout), sort_keys=True, default=str)
+    except yaml.YAMLError:
+        return None
 
 
 def _tree(root: Path, spec: str) -> str | None:

@@ -55,7 +55,8 @@ class CDAE(Recommender):
     # its validation NDCG first climbs to the popularity ranking's (the output biases learn
     # first), dips for several epochs while the user-dependent part starts, then climbs past it:
     # on ml-latest-small from 0.123 at epoch 3 to 0.171 by epoch 56, but patience 5 stopped it at
-    # epoch 8 (benchmarks/results/baselines.md)
+    # epoch 8 (the former benchmarks/baselines.py: git show
+    # 6071794:benchmarks/results/baselines.md)
     patience = 20
 
     def __init__(self, n_items: int, n_users: int, width: int, lam: float, dropout: float,

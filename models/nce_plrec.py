@@ -26,7 +26,8 @@ from models.hparams import HP, LAM_HELP, PAPER_BETAS, PAPER_LAMBDAS, PAPER_WIDTH
 
 class NCEPLRec(ClosedForm):
     name = "nce-plrec"
-    hyperparameters = {  # defaults: benchmarks/results/baselines.md
+    hyperparameters = {  # defaults: validation's choice on ml-latest-small (the former
+        # benchmarks/baselines.py; its table: git show 6071794:benchmarks/results/baselines.md)
         "rank": HP(200, RANK_HELP, lo=1, hi=100_000,
                    search={"paper": PAPER_WIDTHS, "small": [100, 200]}),
         "lam": HP(10000.0, LAM_HELP, lo=0, hi=1e6, open_hi=True,

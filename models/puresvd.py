@@ -18,7 +18,8 @@ from models.hparams import HP, PAPER_WIDTHS, RANK_HELP
 
 class PureSVD(ClosedForm):
     name = "puresvd"
-    hyperparameters = {  # the default: benchmarks/results/baselines.md
+    hyperparameters = {  # the default: validation's choice on ml-latest-small (the former
+        # benchmarks/baselines.py; its table: git show 6071794:benchmarks/results/baselines.md)
         "rank": HP(20, RANK_HELP, lo=1, hi=100_000,
                    search={"paper": PAPER_WIDTHS, "small": [20, 50, 100]}),
     }

@@ -33,8 +33,10 @@ class WRMF(ClosedForm):
     name = "wrmf"
     score_in_blocks = False  # each call builds the (rank, rank) Gram of every item factor first
     engine = "spark"
-    # defaults: benchmarks/results/baselines.md. The paper's negative alphas would weigh positives
-    # below the unobserved entries (confidence 1 + alpha): only 0..100 are searched
+    # defaults: validation's choice on ml-100k and ml-latest-small (the former
+    # benchmarks/baselines.py; git show 6071794:benchmarks/results/baselines.md). The paper's
+    # negative alphas would weigh positives below the unobserved entries (confidence 1 + alpha):
+    # only 0..100 are searched
     hyperparameters = {
         "rank": HP(50, RANK_HELP, lo=1, hi=100_000, search={"paper": PAPER_WIDTHS, "small": [50]}),
         "lam": HP(0.1, LAM_HELP, lo=0, hi=1e6, open_hi=True,

@@ -187,8 +187,9 @@ def test_a_protocol_row_with_fewer_final_seeds_is_not_the_strongest(tmp_path):
 
 
 def test_a_levers_experiment_is_read_beside_its_sets_protocol_experiment(tmp_path):
-    """citeulike-a's protocol runs are ``experiment-citeulike-a-modes``: the levers section reads
-    them where no ``experiment-citeulike-a`` is given, and the plain name wins where both are."""
+    """A set's protocol runs may be named ``experiment-SET-modes`` (citeulike-a's were, until its
+    3-seed rerun): the levers section reads them where no ``experiment-SET`` is given, and the
+    plain name wins where both are."""
     from pathlib import Path
 
     from benchmarks.nce_report import protocol_folders

@@ -64,6 +64,11 @@ def test_a_result_goes_stale_only_when_the_code_it_measures_changes(tmp_path):
     (repo / "grids" / "new.yaml").write_text("model: {lam: [1]}\n")
     commit_all(repo, "a new grid")
     assert staleness.verdict(repo, "speed", [result], ("speed.py", "grids")).since == []
+    # a grid's comments: the values searched are the same
+    (repo / "grids" / "new.yaml").write_text("# chosen before: see the old run\nmodel:\n"
+                                             "  lam: [1]  # the edge\n")
+    commit_all(repo, "the grid's comments")
+    assert staleness.verdict(repo, "speed", [result], ("speed.py", "grids")).since == []
     (repo / "grids" / "new.yaml").write_text("model: {lam: [3]}\n")
     edited = commit_all(repo, "the grid edited")
     assert staleness.verdict(repo, "speed", [result], ("speed.py", "grids")).since == \
