@@ -297,29 +297,33 @@ def _file_changed(root: Path, commit: str, path: str) -> bool:
     return before is None or after is None or before != after
 
 
+def _show(root: Path, spec: str) -> str | None:
+    """A file's text at a revision (``rev:path``); None where it does not exist."""
+    out = subprocess.run(["git", "show", spec], cwd=root, capture_output=True, text=True,
+                         timeout=60)
+    return out.stdout if out.returncode == 0 else None
+
+
 def _yaml(root: Path, spec: str) -> str | None:
     """A YAML file's parsed values, as text; None when absent or unparsable."""
     import yaml
 
-    out = subprocess.run(["git", "show", spec], cwd=root, capture_output=True, text=True,
-                         timeout=60)
-    if out.returncode != 0:
-        return None
+    text = _show(root, spec)
     try:
-        return json.dumps(yaml.safe_load(out.stdout), sort_keys=True, default=str)
+        return None if text is None else json.dumps(yaml.safe_load(text), sort_keys=True,
+                                                    default=str)
     except yaml.YAMLError:
         return None
 
 
 def _tree(root: Path, spec: str) -> str | None:
     """The file's syntax tree without docstrings, as text; None when absent or unparsable."""
-    out = subprocess.run(["git", "show", spec], cwd=root, capture_output=True, text=True,
-                         timeout=60)
-    if out.returncode != 0:
-        return None
+    text = _show(root, spec)
     try:
-        tree = ast.parse(out.stdout)
+        tree = ast.parse(text) if text is not None else None
     except SyntaxError:
+        return None
+    if tree is None:
         return None
     for node in ast.walk(tree):
         body = getattr(node, "body", None)

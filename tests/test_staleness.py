@@ -98,18 +98,25 @@ def test_every_reviewed_commit_is_in_the_history_with_a_reason():
     assert set(staleness.SPEED) <= set(staleness.MEASURES)
 
 
-def test_a_reviewed_commit_leaves_only_its_kind_of_result_current(tmp_path, monkeypatch):
+def two_results(tmp_path, code_name: str, code_text: str, names: tuple[str, str]):
+    """A repository with one code file and two results that ran on its first commit."""
     repo = tmp_path / "repo"
     (repo / "benchmarks" / "results").mkdir(parents=True)
     git(repo, "init", "-q")
-    code = repo / "model.py"
-    code.write_text("def f(x):\n    return x + 1\n")
+    code = repo / code_name
+    code.write_text(code_text)
     ran_on = commit_all(repo, "code")
     results = {}
-    for name in ("quality_result", "speed_result"):
+    for name in names:
         results[name] = repo / "benchmarks" / "results" / f"{name}.json"
         results[name].write_text(json.dumps({"commit": ran_on[:7]}))
     commit_all(repo, "results")
+    return repo, code, results
+
+
+def test_a_reviewed_commit_leaves_only_its_kind_of_result_current(tmp_path, monkeypatch):
+    repo, code, results = two_results(tmp_path, "model.py", "def f(x):\n    return x + 1\n",
+                                      ("quality_result", "speed_result"))
     code.write_text("def f(x):\n    y = x + 1\n    return y\n")  # the same numbers, faster
     refactor = commit_all(repo, "refactor")
     monkeypatch.setattr(staleness, "SPEED", {"speed_result"})
@@ -126,17 +133,8 @@ def test_a_reviewed_commit_leaves_only_its_kind_of_result_current(tmp_path, monk
 
 
 def test_a_commit_reviewed_for_one_result_leaves_the_others_stale(tmp_path, monkeypatch):
-    repo = tmp_path / "repo"
-    (repo / "benchmarks" / "results").mkdir(parents=True)
-    git(repo, "init", "-q")
-    code = repo / "config.py"
-    code.write_text("BATCH = 128\n")
-    ran_on = commit_all(repo, "code")
-    results = {}
-    for name in ("overrides_it", "uses_it"):
-        results[name] = repo / "benchmarks" / "results" / f"{name}.json"
-        results[name].write_text(json.dumps({"commit": ran_on[:7]}))
-    commit_all(repo, "results")
+    repo, code, results = two_results(tmp_path, "config.py", "BATCH = 128\n",
+                                      ("overrides_it", "uses_it"))
     code.write_text("BATCH = 512\n")
     default = commit_all(repo, "a new default")
     monkeypatch.setattr(staleness, "REVIEWED_FOR", {"overrides_it": {
