@@ -277,10 +277,9 @@ def changes_code(root: Path, commit: str, paths: list[str]) -> bool:
     """Whether ``commit`` changed what ``paths`` do: any non-Python file it modified or deleted
     there (a YAML grid only where its parsed values differ), or a Python file whose syntax tree,
     docstrings left out, differs from its parent's (so a commit that only edits comments,
-    docstrings or layout does not make a result stale). A file
-    the commit adds does not count: code that ran before it existed could only use it through a
-    change to another file, which counts (a new grid file beside an experiment's own grid left
-    every experiment stale)."""
+    docstrings or layout does not make a result stale). A file the commit adds does not count:
+    code that ran before it existed could only use it through a change to another file, which
+    counts (a new grid file beside an experiment's own grid left every experiment stale)."""
     touched = git(root, "diff-tree", "--no-commit-id", "--name-only", "--diff-filter=a", "-r",
                   f"{commit}^", commit, "--", *paths).splitlines()
     return any(_file_changed(root, commit, path) for path in touched)
@@ -309,9 +308,10 @@ def _yaml(root: Path, spec: str) -> str | None:
     import yaml
 
     text = _show(root, spec)
+    if text is None:
+        return None
     try:
-        return None if text is None else json.dumps(yaml.safe_load(text), sort_keys=True,
-                                                    default=str)
+        return json.dumps(yaml.safe_load(text), sort_keys=True, default=str)
     except yaml.YAMLError:
         return None
 
@@ -319,11 +319,11 @@ def _yaml(root: Path, spec: str) -> str | None:
 def _tree(root: Path, spec: str) -> str | None:
     """The file's syntax tree without docstrings, as text; None when absent or unparsable."""
     text = _show(root, spec)
-    try:
-        tree = ast.parse(text) if text is not None else None
-    except SyntaxError:
+    if text is None:
         return None
-    if tree is None:
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
         return None
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
