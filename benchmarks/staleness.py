@@ -291,12 +291,12 @@ def changes_code(root: Path, commit: str, paths: list[str]) -> bool:
 
 @functools.cache
 def _file_changed(root: Path, commit: str, path: str) -> bool:
-    if path.endswith((".yaml", ".yml")):  # a grid: its values, comments left out
-        before, after = (_yaml(root, f"{rev}:{path}") for rev in (f"{commit}^", commit))
-        return before is None or after is None or before != after
-    if not path.endswith(".py"):
+    # what is compared: a grid's values (comments left out), a module's syntax tree (docstrings
+    # and comments left out), any other file as it is
+    meaning = _yaml if path.endswith((".yaml", ".yml")) else _tree if path.endswith(".py") else None
+    if meaning is None:
         return True
-    before, after = (_tree(root, f"{rev}:{path}") for rev in (f"{commit}^", commit))
+    before, after = (meaning(root, f"{rev}:{path}") for rev in (f"{commit}^", commit))
     return before is None or after is None or before != after
 
 
