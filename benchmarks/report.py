@@ -35,7 +35,19 @@ def commit() -> str:
 
 
 def publish(out: Path, payload: dict, lines: list[str]) -> None:
-    """``out``.json (``payload``) and ``out``.md (``lines``), each written whole, then renamed."""
+    """``out``.json (``payload``) and ``out``.md (``lines``), each written whole, then renamed.
+    The Markdown names the payload's commit (``with_commit``) where its lines do not already."""
     for suffix, text in ((".json", json.dumps(payload, indent=2) + "\n"),
-                         (".md", "\n".join(lines) + "\n")):
+                         (".md", "\n".join(with_commit(lines, payload.get("commit"))) + "\n")):
         write_text(out.with_suffix(suffix), text)
+
+
+def with_commit(lines: list[str], commit: str | None) -> list[str]:
+    """``lines`` with a ``Commit:`` line after the ``Machine:`` line (else the ``Command:`` line,
+    else the title), so a reader of the .md sees what code produced it, as the .json records;
+    unchanged when there is no commit or a line already names it."""
+    if not commit or any(line.lower().startswith("commit") for line in lines):
+        return lines
+    at = next((i for i, line in enumerate(lines) if line.startswith("Machine:")),
+              next((i for i, line in enumerate(lines) if line.startswith("Command:")), 0))
+    return [*lines[:at + 1], f"Commit: {commit}  ", *lines[at + 1:]]
