@@ -179,7 +179,8 @@ REVIEWED_FOR: dict[str, dict[str, str]] = {
     "fresh_clone_alone": {
         "fe88603": "test_staleness's two tests on tiny git repositories (under 1 s of a 31-min "
                    "suite) and a test docstring",
-        "8855f1c": "test_staleness: a helper for two tests' repository set-up (the same tests)"},
+        "8855f1c": "test_staleness: a helper for two tests' repository set-up (the same tests)",
+        "f108252": "tests/test_report.py: three tests of a Markdown line (about 0.01 s)"},
     "batch_defaults": {"2090fc6": "the per-model batch and lr defaults; batch_defaults.py gives "
                                   "every run its batch size and lr (TrainConfig(batch_size=, "
                                   "lr=)), so no run of it reads a default"},
