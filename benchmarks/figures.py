@@ -18,9 +18,14 @@ before the tag must agree with the artifact at the precision written: 0.1415 acc
 does not accept 0.57; an integer's trailing zeros are not significant (19,600 accepts 19,612).
 
 ``python benchmarks/figures.py`` lists every tag with the written and the artifact value;
-tests/test_figures.py fails on any disagreement, missing file or missing key.
+tests/test_figures.py fails on any disagreement, missing file or missing key. After a benchmark
+reran, ``python benchmarks/figures.py --update`` rewrites each disagreeing figure to its artifact's
+value at the precision and in the style written (``0.79`` -> ``0.57``, ``19,600`` -> ``21,200``)
+and lists what it changed: the words around a figure ("faster", "below") are still for a person
+to read again.
 """
 
+import argparse
 import csv
 import json
 import operator
@@ -224,12 +229,76 @@ def check(tag: Tag, results: Path = RESULTS) -> str:
     return ""
 
 
+def formatted(value: float, written: str) -> str | None:
+    """``value`` written as ``written`` is: the same decimals (or the same rounding of an
+    integer: ``19,600`` rounds to hundreds), thousands commas if it had them, a ``+`` on a
+    positive value if it had one, and its kind of minus. None for an exponent form (by hand)."""
+    if "e" in written.lower():
+        return None
+    _, half = parse_number(written)
+    plain = written.replace(",", "").lstrip("+-\u2212")
+    decimals = len(plain.split(".")[1]) if "." in plain else 0
+    if decimals:
+        body = f"{abs(value):,.{decimals}f}"
+    else:
+        unit = round(2 * half)  # 1, 10, 100, ...
+        body = f"{int(round(abs(value) / unit)) * unit:,d}"
+    if "," not in written:
+        body = body.replace(",", "")
+    if float(body.replace(",", "")) == 0:
+        return body
+    if value < 0:
+        return ("\u2212" if "\u2212" in written or written.startswith("+") else "-") + body
+    return ("+" if written.startswith("+") else "") + body
+
+
+def update(doc: Path, results: Path = RESULTS) -> list[str]:
+    """Rewrite ``doc``'s disagreeing figures to their artifacts' values (``formatted``); returns
+    one line per change (and per figure it could not rewrite). The file is replaced whole."""
+    from runtime.atomic import write_text
+
+    lines, changes = doc.read_text().split("\n"), []
+    name = str(doc.relative_to(ROOT)) if doc.is_relative_to(ROOT) else doc.name
+    for n, line in enumerate(lines):
+        for m in reversed(list(TAG.finditer(line))):  # right to left: earlier spans stay put
+            head = line[:m.start()]
+            fig = FIGURE.search(head.rstrip())
+            if not fig:
+                continue
+            written = fig.group("num")
+            t = Tag(doc=name, line=n + 1, text=m.group(0), written=written,
+                    file=m.group("file"), key=m.group("key"))
+            if not check(t, results):
+                continue
+            try:
+                new = formatted(artifact_value(t, results), written)
+            except FigureError as e:
+                changes.append(f"{name}:{n + 1}: {m.group(0)}: {e} (not changed)")
+                continue
+            if new is None:
+                changes.append(f"{name}:{n + 1}: {written} is in exponent form: update by hand")
+                continue
+            line = head[:fig.start("num")] + new + head[fig.end("num"):] + line[m.start():]
+            changes.append(f"{name}:{n + 1}: {written} -> {new}  ({t.file} {t.key})")
+        lines[n] = line
+    if any("->" in c for c in changes):
+        write_text(doc, "\n".join(lines))
+    return changes
+
+
 def docs(root: Path = ROOT) -> list[Path]:
     """The Markdown files whose figures are checked: the README and docs/*.md."""
     return [root / "README.md"] + sorted((root / "docs").glob("*.md"))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--update", action="store_true",
+                   help="rewrite disagreeing figures to their artifacts' values, then list them")
+    if p.parse_args(argv).update:
+        for doc in docs():
+            for change in update(doc):
+                print(change)
     bad = 0
     for doc in docs():
         for tag in find_tags(doc):

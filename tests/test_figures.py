@@ -7,8 +7,8 @@ import json
 import pytest
 
 from benchmarks.figures import (
-    ROOT, FigureError, Tag, artifact_value, check, docs, find_tags, parse_number, split_key,
-    written_figure)
+    ROOT, FigureError, Tag, artifact_value, check, docs, find_tags, formatted, parse_number,
+    split_key, update, written_figure)
 
 
 def all_tags() -> list[Tag]:
@@ -144,3 +144,39 @@ def test_find_tags_reads_scale_and_position(tmp_path):
 def test_artifact_value_rejects_a_list_where_a_key_is_named(results):
     with pytest.raises(FigureError, match="no key"):
         artifact_value(tag("1", "r.json", "rows.ndcg"), results)
+
+
+@pytest.mark.parametrize("value, written, out", [
+    (0.57, "0.79", "0.57"),
+    (21234, "19,600", "21,200"),      # rounded as the written one was, commas kept
+    (1534.4, "1,000", "2,000"),       # an integer's trailing zeros are its rounding
+    (0.14153, "0.1416", "0.1415"),
+    (-0.0012, "+0.0039", "\u22120.0012"),
+    (0.0012, "\u22120.0039", "0.0012"),
+    (-0.5, "-0.25", "-0.50"),
+    (0.00001, "+0.0040", "0.0000"),   # no sign on a zero
+    (12.84, "12.8", "12.8"),
+    (3e-3, "3e-4", None),             # exponent form: by hand
+])
+def test_formatted_keeps_the_written_precision_and_style(value, written, out):
+    assert formatted(value, written) == out
+
+
+def test_update_rewrites_only_the_disagreeing_figures(results, tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("# T\n\nRatio 0.79x<!-- r.json ratio --> and 545 s<!-- r.json seconds.total -->"
+                   " at 57%<!-- r.json ratio *100 -->;\nnone<!-- r.json name --> here.\n")
+    changes = update(doc, results)
+    assert changes == ["doc.md:3: 0.79 -> 0.57  (r.json ratio)"]
+    assert doc.read_text() == ("# T\n\nRatio 0.57x<!-- r.json ratio --> and 545 s<!-- r.json "
+                               "seconds.total --> at 57%<!-- r.json ratio *100 -->;\n"
+                               "none<!-- r.json name --> here.\n")
+    assert update(doc, results) == []  # agrees now: nothing left to change
+
+
+def test_update_leaves_a_tag_with_a_missing_key_and_says_so(results, tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("x 0.5<!-- r.json nope -->\n")
+    assert update(doc, results) == ["doc.md:1: <!-- r.json nope -->: r.json has no key 'nope' "
+                                    "(has ['name', 'ratio', 'rows', 'seconds', 'sizes']) (not changed)"]
+    assert doc.read_text() == "x 0.5<!-- r.json nope -->\n"
