@@ -230,9 +230,10 @@ def check(tag: Tag, results: Path = RESULTS) -> str:
 
 
 def formatted(value: float, written: str) -> str | None:
-    """``value`` written as ``written`` is: the same decimals (or the same rounding of an
-    integer: ``19,600`` rounds to hundreds), thousands commas if it had them, a ``+`` on a
-    positive value if it had one, and its kind of minus. None for an exponent form (by hand)."""
+    """``value`` written as ``written`` is: the same decimals (or an integer's rounding:
+    ``19,600`` rounds to hundreds, unless that leaves fewer significant digits than it had:
+    ``110`` -> ``83``), thousands commas if it had them, a ``+`` on a positive value if it had
+    one, and its kind of minus. None for an exponent form (by hand)."""
     if "e" in written.lower():
         return None
     _, half = parse_number(written)
@@ -240,8 +241,10 @@ def formatted(value: float, written: str) -> str | None:
     decimals = len(plain.split(".")[1]) if "." in plain else 0
     if decimals:
         body = f"{abs(value):,.{decimals}f}"
-    else:
+    else:  # the written rounding (19,600: hundreds), but never fewer significant digits
         unit = round(2 * half)  # 1, 10, 100, ...
+        digits = len(str(int(plain)).rstrip("0")) or 1  # significant digits written
+        unit = min(unit, 10 ** max(0, len(str(int(round(abs(value))))) - digits))
         body = f"{int(round(abs(value) / unit)) * unit:,d}"
     if "," not in written:
         body = body.replace(",", "")

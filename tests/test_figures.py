@@ -150,6 +150,9 @@ def test_artifact_value_rejects_a_list_where_a_key_is_named(results):
     (0.57, "0.79", "0.57"),
     (21234, "19,600", "21,200"),      # rounded as the written one was, commas kept
     (1534.4, "1,000", "2,000"),       # an integer's trailing zeros are its rounding
+    (83.013, "110", "83"),            # ... but no fewer significant digits than written (not 80)
+    (399.96, "452", "400"),
+    (12.2, "9", "12"),
     (0.14153, "0.1416", "0.1415"),
     (-0.0012, "+0.0039", "\u22120.0012"),
     (0.0012, "\u22120.0039", "0.0012"),
