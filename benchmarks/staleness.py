@@ -182,7 +182,8 @@ REVIEWED_FOR: dict[str, dict[str, str]] = {
         "8855f1c": "test_staleness: a helper for two tests' repository set-up (the same tests)",
         "f108252": "tests/test_report.py: three tests of a Markdown line (about 0.01 s)",
         "cdf1a91": "test_figures: tests of figures.formatted and figures.update on tmp files "
-                   "(about 0.02 s)"},
+                   "(about 0.02 s)",
+        "5e65810": "test_figures: three more cases of a parametrised format test"},
     "batch_defaults": {"2090fc6": "the per-model batch and lr defaults; batch_defaults.py gives "
                                   "every run its batch size and lr (TrainConfig(batch_size=, "
                                   "lr=)), so no run of it reads a default"},
