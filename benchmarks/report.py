@@ -36,9 +36,12 @@ def commit() -> str:
 
 def publish(out: Path, payload: dict, lines: list[str]) -> None:
     """``out``.json (``payload``) and ``out``.md (``lines``), each written whole, then renamed.
-    The Markdown names the payload's commit (``with_commit``) where its lines do not already."""
+    The Markdown names the payload's commit (``with_commit``) where its lines do not already:
+    ``commit``, or ``run.commit`` where the stamp is kept under ``run``."""
+    run = payload.get("run")
+    commit = payload.get("commit") or (run.get("commit") if isinstance(run, dict) else None)
     for suffix, text in ((".json", json.dumps(payload, indent=2) + "\n"),
-                         (".md", "\n".join(with_commit(lines, payload.get("commit"))) + "\n")):
+                         (".md", "\n".join(with_commit(lines, commit)) + "\n")):
         write_text(out.with_suffix(suffix), text)
 
 

@@ -26,3 +26,8 @@ def test_lines_that_name_a_commit_or_no_commit_are_left_as_they_are():
     assert with_commit(named, "abcdef0") == named
     assert with_commit(["# T", "Machine: m"], None) == ["# T", "Machine: m"]
     assert with_commit(["# T", "Machine: m"], "") == ["# T", "Machine: m"]
+
+
+def test_a_stamp_kept_under_run_names_its_commit_too(tmp_path):
+    publish(tmp_path / "r", {"run": {"commit": "abc1234"}, "rows": []}, ["# T", "Machine: m"])
+    assert (tmp_path / "r.md").read_text() == "# T\nMachine: m\nCommit: abc1234  \n"
