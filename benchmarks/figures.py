@@ -231,9 +231,10 @@ def check(tag: Tag, results: Path = RESULTS) -> str:
 
 def formatted(value: float, written: str) -> str | None:
     """``value`` written as ``written`` is: the same decimals (or an integer's rounding:
-    ``19,600`` rounds to hundreds, unless that leaves fewer significant digits than it had:
-    ``110`` -> ``83``), thousands commas if it had them, a ``+`` on a positive value if it had
-    one, and its kind of minus. None for an exponent form (by hand)."""
+    ``19,600`` rounds to hundreds, unless that leaves fewer significant digits than it had, or
+    than two: ``110`` -> ``83``, ``80`` -> ``67``), thousands commas if it had them, a ``+``
+    on a positive value if it had one, and its kind of minus. None for an exponent form (by
+    hand)."""
     if "e" in written.lower():
         return None
     _, half = parse_number(written)
@@ -243,7 +244,7 @@ def formatted(value: float, written: str) -> str | None:
         body = f"{abs(value):,.{decimals}f}"
     else:  # the written rounding (19,600: hundreds), but never fewer significant digits
         unit = round(2 * half)  # 1, 10, 100, ...
-        digits = len(str(int(plain)).rstrip("0")) or 1  # significant digits written
+        digits = max(2, len(str(int(plain)).rstrip("0")))  # as written, and at least two
         unit = min(unit, 10 ** max(0, len(str(int(round(abs(value))))) - digits))
         body = f"{int(round(abs(value) / unit)) * unit:,d}"
     if "," not in written:

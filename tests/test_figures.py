@@ -149,7 +149,9 @@ def test_artifact_value_rejects_a_list_where_a_key_is_named(results):
 @pytest.mark.parametrize("value, written, out", [
     (0.57, "0.79", "0.57"),
     (21234, "19,600", "21,200"),      # rounded as the written one was, commas kept
-    (1534.4, "1,000", "2,000"),       # an integer's trailing zeros are its rounding
+    (21534.4, "1,000", "22,000"),     # an integer's trailing zeros are its rounding
+    (1534.4, "1,000", "1,500"),       # ... but no fewer than two significant digits
+    (67.3, "80", "67"),
     (83.013, "110", "83"),            # ... but no fewer significant digits than written (not 80)
     (399.96, "452", "400"),
     (12.2, "9", "12"),

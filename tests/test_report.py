@@ -24,6 +24,8 @@ def test_without_a_machine_line_it_follows_the_command_then_the_title():
 def test_lines_that_name_a_commit_or_no_commit_are_left_as_they_are():
     named = ["# T", "Machine: m", "Commit: 1234567; date: today"]
     assert with_commit(named, "abcdef0") == named
+    inline = ["# T", "Machine: m; 2026-11-29; commit abcdef0."]
+    assert with_commit(inline, "abcdef0123") == inline
     assert with_commit(["# T", "Machine: m"], None) == ["# T", "Machine: m"]
     assert with_commit(["# T", "Machine: m"], "") == ["# T", "Machine: m"]
 
