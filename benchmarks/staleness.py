@@ -184,7 +184,8 @@ REVIEWED_FOR: dict[str, dict[str, str]] = {
         "cdf1a91": "test_figures: tests of figures.formatted and figures.update on tmp files "
                    "(about 0.02 s)",
         "5e65810": "test_figures: three more cases of a parametrised format test",
-        "cb4418f": "test_report: one more test of a Markdown line (about 0.01 s)"},
+        "cb4418f": "test_report: one more test of a Markdown line (about 0.01 s)",
+        "14fd583": "test_figures and test_report: a few more cases of format tests"},
     "batch_defaults": {"2090fc6": "the per-model batch and lr defaults; batch_defaults.py gives "
                                   "every run its batch size and lr (TrainConfig(batch_size=, "
                                   "lr=)), so no run of it reads a default"},
