@@ -93,9 +93,9 @@ def check_fits(num_workers: int, cpw: float, *, use_gpu: bool = False, reading: 
                          "--cpus-per-worker, or add nodes")
 
 
-def pending_demands() -> str:
+def pending_demands() -> str | None:
     """What the cluster's scheduler cannot place now (the "Pending Demands" of ``ray status``),
-    as text; empty where Ray does not say."""
+    as text: empty when nothing waits, None where Ray does not say."""
     try:
         import ray
         from ray.autoscaler.v2.sdk import get_cluster_status
@@ -105,7 +105,7 @@ def pending_demands() -> str:
                          for d in [*demands.ray_task_actor_demand, *demands.placement_group_demand]
                          for b in d.bundles_by_count)
     except Exception:  # noqa: BLE001 (an older or newer Ray, a cluster without the autoscaler)
-        return ""
+        return None
 
 
 def _shape(bundle: dict) -> str:
@@ -123,9 +123,12 @@ def stall_message(what: str, num_workers: int, cpw: float, use_gpu: bool, waited
     asked = f"{num_workers} worker(s) x {cpw:g} CPU" + (" + 1 GPU" if use_gpu else "") + \
         (f" plus {READ_CPUS} CPU for reading" if reading else "")
     gpus = (f", {free.get('GPU', 0):g} of {total.get('GPU', 0):g} GPUs free" if use_gpu else "")
-    return (f"{what}: no epoch finished {waited:.0f}s after it started; it asks for {asked}; the "
-            f"cluster has {free.get('CPU', 0):g} of {total.get('CPU', 0):g} CPUs free{gpus}"
-            + (f"; waiting to be scheduled: {pending}" if pending else "")
+    head = (f"{what}: no epoch finished {waited:.0f}s after it started; it asks for {asked}; the "
+            f"cluster has {free.get('CPU', 0):g} of {total.get('CPU', 0):g} CPUs free{gpus}")
+    if pending == "":  # Ray says nothing waits: the workers are placed, the epoch is just long
+        return (head + "; nothing waits to be scheduled, so its workers are running: a first "
+                "epoch this large takes longer (not a stall; this line repeats until one ends)")
+    return (head + (f"; waiting to be scheduled: {pending}" if pending else "")
             + ". If it stays this way, other runs hold what it needs, or the request does not "
             "fit: lower --num-workers or --cpus-per-worker, or add nodes")
 

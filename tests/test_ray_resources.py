@@ -99,6 +99,23 @@ def test_the_stall_message_names_what_waits(ray_head):
     assert ray.is_initialized()
 
 
+@pytest.mark.ray
+def test_the_stall_message_says_a_placed_run_is_not_stalled(ray_head):
+    """Nothing waits to be scheduled (a run whose workers are placed, on an epoch of minutes):
+    the line says the workers run, not that other runs hold what it needs (which a healthy run
+    at the Yahoo scale printed a minute into its first 3-minute epoch)."""
+    deadline, line = time.monotonic() + 30, ""
+    while time.monotonic() < deadline and "nothing waits" not in line:
+        line = rc.stall_message("run small", 1, 1, False, 60)
+        time.sleep(1)
+    assert line.startswith("run small: no epoch finished 60s after it started; it asks for 1 "
+                           "worker(s) x 1 CPU plus 1 CPU for reading; the cluster has "), line
+    assert line.endswith("nothing waits to be scheduled, so its workers are running: a first "
+                         "epoch this large takes longer (not a stall; this line repeats until "
+                         "one ends)"), line
+    assert "other runs hold" not in line
+
+
 def test_only_checkpoint_folders_are_counted_and_dropped(tmp_path):
     """Ray Train writes checkpoint_manager_snapshot.json beside its checkpoint_* folders: it is
     neither progress nor a checkpoint to delete (deleting it as a folder failed a finished run)."""
