@@ -185,7 +185,9 @@ REVIEWED_FOR: dict[str, dict[str, str]] = {
                    "(about 0.02 s)",
         "5e65810": "test_figures: three more cases of a parametrised format test",
         "cb4418f": "test_report: one more test of a Markdown line (about 0.01 s)",
-        "14fd583": "test_figures and test_report: a few more cases of format tests"},
+        "14fd583": "test_figures and test_report: a few more cases of format tests",
+        "976a25b": "test_ray_resources: one more stall-message test on the session's Ray head "
+                   "(about 1 s)"},
     "batch_defaults": {"2090fc6": "the per-model batch and lr defaults; batch_defaults.py gives "
                                   "every run its batch size and lr (TrainConfig(batch_size=, "
                                   "lr=)), so no run of it reads a default"},
