@@ -127,7 +127,7 @@ def stall_message(what: str, num_workers: int, cpw: float, use_gpu: bool, waited
             f"cluster has {free.get('CPU', 0):g} of {total.get('CPU', 0):g} CPUs free{gpus}")
     if pending == "":  # Ray says nothing waits: the workers are placed, the epoch is just long
         return (head + "; nothing waits to be scheduled, so its workers are running: a first "
-                "epoch this large takes longer (not a stall; this line repeats until one ends)")
+                "epoch this large can take longer (this line repeats until one ends)")
     return (head + (f"; waiting to be scheduled: {pending}" if pending else "")
             + ". If it stays this way, other runs hold what it needs, or the request does not "
             "fit: lower --num-workers or --cpus-per-worker, or add nodes")
