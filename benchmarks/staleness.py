@@ -187,7 +187,10 @@ REVIEWED_FOR: dict[str, dict[str, str]] = {
         "cb4418f": "test_report: one more test of a Markdown line (about 0.01 s)",
         "14fd583": "test_figures and test_report: a few more cases of format tests",
         "976a25b": "test_ray_resources: one more stall-message test on the session's Ray head "
-                   "(about 1 s)"},
+                   "(about 1 s)",
+        "1cb2e2a": "test_ray_resources: the stall test's expected wording (same test, same time)"},
+    "fresh_clone": {
+        "1cb2e2a": "test_ray_resources: the stall test's expected wording (same test, same time)"},
     "batch_defaults": {"2090fc6": "the per-model batch and lr defaults; batch_defaults.py gives "
                                   "every run its batch size and lr (TrainConfig(batch_size=, "
                                   "lr=)), so no run of it reads a default"},
