@@ -81,9 +81,15 @@ def parse_number(text: str) -> tuple[float, float]:
     return float(Decimal(s)), 0.5 * 10.0 ** int(exponent)
 
 
+def figure_match(before: str) -> re.Match | None:
+    """The match of the figure at the end of ``before`` (the line up to the tag): its ``num``
+    group is the figure, and its span is where ``update`` rewrites it."""
+    return FIGURE.search(before.rstrip())
+
+
 def written_figure(before: str) -> str:
     """The figure at the end of ``before`` (the line up to the tag), or '' if there is none."""
-    m = FIGURE.search(before.rstrip())
+    m = figure_match(before)
     return m.group("num") if m else ""
 
 
@@ -223,10 +229,15 @@ def check(tag: Tag, results: Path = RESULTS) -> str:
         value = artifact_value(tag, results)
     except FigureError as e:
         return f"{head}: {e}"
-    written, half = parse_number(tag.written)
-    if abs(value - written) > half * (1 + 1e-9) + 1e-12:
+    if not agrees(value, tag.written):
         return f"{head}: written {tag.written}, the artifact says {value:.6g}"
     return ""
+
+
+def agrees(value: float, written: str) -> bool:
+    """Whether ``value`` rounds to the figure ``written`` at the precision written."""
+    number, half = parse_number(written)
+    return abs(value - number) <= half * (1 + 1e-9) + 1e-12
 
 
 def formatted(value: float, written: str) -> str | None:
@@ -266,19 +277,20 @@ def update(doc: Path, results: Path = RESULTS) -> list[str]:
     for n, line in enumerate(lines):
         for m in reversed(list(TAG.finditer(line))):  # right to left: earlier spans stay put
             head = line[:m.start()]
-            fig = FIGURE.search(head.rstrip())
+            fig = figure_match(head)
             if not fig:
                 continue
             written = fig.group("num")
             t = Tag(doc=name, line=n + 1, text=m.group(0), written=written,
                     file=m.group("file"), key=m.group("key"))
-            if not check(t, results):
-                continue
             try:
-                new = formatted(artifact_value(t, results), written)
+                value = artifact_value(t, results)
             except FigureError as e:
                 changes.append(f"{name}:{n + 1}: {m.group(0)}: {e} (not changed)")
                 continue
+            if agrees(value, written):
+                continue
+            new = formatted(value, written)
             if new is None:
                 changes.append(f"{name}:{n + 1}: {written} is in exponent form: update by hand")
                 continue
