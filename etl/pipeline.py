@@ -1,13 +1,16 @@
 """The ETL's Spark steps, from parsed lines to a prepared directory (see ``prepared.schema``).
 
 Each step ends in an action, so the progress log's time per step is the time of that step.
-One shuffle by user id carries the whole per-user part (dedup, split, user rows): a hash
-partitioning on ``user_id`` satisfies every later grouping that includes ``user_id``, so Spark adds
-no further exchange of the big table; items are few and go by broadcast.
+One shuffle by user id brings each user's ratings into one partition; from there the per-user
+work is numpy on a partition at a time (``etl.passes``), in two passes over the cached user lists
+(``user_lists``): one to split and count (popularity), one to write the rows and the split table.
+Only the small global steps are Spark sorts and aggregates: user and item indices (positions in
+a sort, ``positions``), the cold-user draw, the counts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -15,9 +18,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from prepared import protocol
@@ -26,6 +32,7 @@ from etl.config import ETLConfig, PositiveRule
 from prepared.errors import InputDataError
 from prepared.files import Crc32Sink, crc32_hex
 from prepared.reader import filesystem
+from etl import passes
 from etl.sources import parse
 from etl.synthetic import synthetic_rows
 
@@ -51,17 +58,6 @@ class Progress:
         log.info("%-12s %7.1fs  %s", name, took, shown)
 
 
-def positive_condition(rule: PositiveRule, rating: Column) -> Column:
-    if rule.all_rows:
-        return F.lit(True)
-    cond = rating.isNotNull()
-    if rule.low is not None:
-        cond &= (rating >= rule.low) if rule.low_inclusive else (rating > rule.low)
-    if rule.high is not None:
-        cond &= (rating <= rule.high) if rule.high_inclusive else (rating < rule.high)
-    return cond
-
-
 def _yahoo_checks(parsed: DataFrame) -> DataFrame:
     """Yahoo R1 ratings are integers 0-100, or 255 ("never play again"); anything else is bad."""
     r = F.col("rating")
@@ -71,11 +67,6 @@ def _yahoo_checks(parsed: DataFrame) -> DataFrame:
         .otherwise(F.col("error"))).withColumn("kind", F.when(invalid, "bad").otherwise(F.col("kind")))
 
 
-# Dedup key: the latest row of a pair wins, ties broken by input position. When timestamps fit
-# 33 bits and positions 30 bits, (timestamp + 1) << 30 | position is one sortable long and the
-# dedup is a hash aggregate (max_by); otherwise a max over a struct, which Spark sorts for.
-POS_BITS = 30
-TS_LIMIT = (1 << 33) - 2
 # Ids in this canonical integer form survive string -> long -> string unchanged, so the pipeline
 # carries them as longs (cheaper to shuffle, hash, sort and cache than strings) and writes them
 # back as strings. Anything else ("007", "u42") stays a string throughout.
@@ -102,32 +93,26 @@ def _order_key(column: str, numeric: bool) -> list[Column]:
 
 
 def read_validated(spark: SparkSession, cfg: ETLConfig, files: list[str], progress: Progress,
-                   counts: dict, labels: dict[str, str] | None = None) -> tuple[DataFrame, bool]:
+                   counts: dict, labels: dict[str, str] | None = None) -> DataFrame:
     """Parsed rating rows ``user_id, item_id, rating, timestamp, gpos, given``; bad rows counted.
-    ``labels``: each file's given split (``--split given`` with a file per split).
-
-    Also says whether the fast dedup key fits (see ``POS_BITS``).
-    """
+    ``labels``: each file's given split (``--split given`` with a file per split)."""
     if cfg.spec.layout.generated:
         rows = synthetic_rows(spark, cfg.users, cfg.items, cfg.positives, cfg.seed,  # long ids
                               topics=cfg.topics, affinity=cfg.affinity, zipf=cfg.zipf)
-        # generated pairs are distinct and their times are 2010-2015: the fast key fits
+        # generated pairs are distinct: no position is needed to break ties
         return rows.select("*", F.lit(0).cast("long").alias("gpos"),
-                           F.lit(None).cast("byte").alias("given")), True
+                           F.lit(None).cast("byte").alias("given"))
     parsed = parse(spark, cfg, files, labels)
     if cfg.spec.layout.rating_255:
         parsed = _yahoo_checks(parsed)
     is_row = F.col("kind") == "row"
     stats = parsed.groupBy("kind").agg(
-        F.count(F.lit(1)).alias("n"), F.min(F.when(is_row, F.col("timestamp"))).alias("ts_min"),
-        F.max(F.when(is_row, F.col("timestamp"))).alias("ts_max"), F.max("gpos").alias("gpos_max"),
+        F.count(F.lit(1)).alias("n"),
         F.bool_and(F.when(is_row, F.col("user_id").rlike(CANONICAL_INT))).alias("users_int"),
         F.bool_and(F.when(is_row, F.col("item_id").rlike(CANONICAL_INT))).alias("items_int"),
     ).collect()
     by_kind = {r["kind"]: r["n"] for r in stats}
     row_stats = next((r for r in stats if r["kind"] == "row"), None)
-    fast = row_stats is not None and row_stats["gpos_max"] < (1 << POS_BITS) and (
-        row_stats["ts_min"] is None or (row_stats["ts_min"] >= 0 and row_stats["ts_max"] <= TS_LIMIT))
     n_rows, n_bad = by_kind.get("row", 0), by_kind.get("bad", 0)
     counts["lines"] = {k: int(by_kind.get(k, 0)) for k in ("row", "bad", *SKIPPED_KINDS)}
     examples = []
@@ -154,50 +139,107 @@ def read_validated(spark: SparkSession, cfg: ETLConfig, files: list[str], progre
     progress.done("read", rows=n_rows, bad=n_bad, skipped=sum(by_kind.get(k, 0) for k in SKIPPED_KINDS))
     as_long = {"user_id": row_stats["users_int"], "item_id": row_stats["items_int"]}
     ids = [F.col(c).cast("long").alias(c) if as_long[c] else F.col(c) for c in as_long]
-    return parsed.where(is_row).select(*ids, "rating", "timestamp", "gpos", "given"), fast
+    return parsed.where(is_row).select(*ids, "rating", "timestamp", "gpos", "given")
 
 
-def positives_of(rows: DataFrame, fast_key: bool, cfg: ETLConfig, partitions: int,
-                 progress: Progress, counts: dict) -> tuple[DataFrame, DataFrame]:
-    """Dedup (the most recent row of a pair decides), binarise.
+def _arrow_type(spark_type: str) -> pa.DataType:
+    return {"bigint": pa.int64(), "string": pa.string()}[spark_type]
 
-    Returns the positives ``user_id, item_id, timestamp`` and the persisted pairs (to unpersist).
-    Ties in time are broken by position in the input (the later line wins).
+
+def _ddl(schema: pa.Schema) -> str:
+    """A Spark DDL schema for an Arrow schema of the types ``etl.passes`` uses."""
+    names = {pa.int8(): "tinyint", pa.int32(): "int", pa.int64(): "bigint", pa.string(): "string",
+             pa.bool_(): "boolean", pa.float32(): "float", pa.float64(): "double"}
+    spell = lambda t: f"array<{names[t.value_type]}>" if pa.types.is_list(t) else names[t]
+    return ", ".join(f"{f.name} {spell(f.type)}" for f in schema)
+
+
+def _partition_table(batches: Iterator[pa.RecordBatch]) -> pa.Table | None:
+    """A task's whole partition as one table (None when it is empty)."""
+    batches = [b for b in batches if b.num_rows]
+    return pa.Table.from_batches(batches) if batches else None
+
+
+@dataclass(frozen=True)
+class Work:
+    """Where the per-user passes keep a partition's data between Spark jobs (under the staging
+    directory, removed before publishing): ``lists/part-NNNNN.arrow``, each user's positives
+    (``etl.passes.lists_schema``), and ``users/part-NNNNN.arrow``, its users' indices. Arrow
+    files, read by the next pass's task for that partition with no trip through the JVM: the
+    lists hold every positive, and turning them into Spark rows and back cost more than the
+    passes' own work."""
+
+    root: str
+    partitions: int
+
+    def path(self, kind: str, part: int) -> str:
+        return f"{filesystem(self.root)[1]}/{kind}/part-{part:05d}.arrow"
+
+    def write(self, kind: str, part: int, table: pa.Table | pa.RecordBatch) -> None:
+        fs, _ = filesystem(self.root)
+        fs.create_dir(self.path(kind, part).rsplit("/", 1)[0], recursive=True)
+        with fs.open_output_stream(self.path(kind, part)) as f, pa.ipc.new_file(
+                f, table.schema, options=pa.ipc.IpcWriteOptions(compression="lz4")) as w:
+            w.write(table)
+
+    def read(self, kind: str, part: int) -> pa.Table | None:
+        """The partition's table; None when the partition had no such rows."""
+        fs, _ = filesystem(self.root)
+        path = self.path(kind, part)
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return None
+        with fs.open_input_file(path) as f:
+            return pa.ipc.open_file(f).read_all()
+
+    def tasks(self, spark: SparkSession) -> DataFrame:
+        """One Spark task per partition (``part int``)."""
+        return spark.createDataFrame(spark.sparkContext.parallelize(
+            [(p,) for p in range(self.partitions)], self.partitions), "part int")
+
+
+def user_lists(rows: DataFrame, cfg: ETLConfig, work: Work, progress: Progress,
+               counts: dict) -> tuple[DataFrame, dict]:
+    """Dedup (the most recent row of a pair decides; ties: the later line), binarise, and gather
+    each user's positives: one shuffle by user, then ``etl.passes.dedup`` per partition, which
+    writes the partition's lists (``Work``).
+
+    Returns, persisted, the counts (``etl.passes.counts_schema`` and ``part``, the partition):
+    one row per user (users whose pairs are all negative have ``n_pos`` 0) and two per partition
+    listing its distinct items; and the totals ``split_rule`` needs.
     """
     rule = PositiveRule.parse(cfg.positive_rule)
-    by_user = rows.repartition(partitions, "user_id")
-    if fast_key:
-        order = F.shiftleft(F.coalesce(F.col("timestamp") + 1, F.lit(0)), POS_BITS) + F.col("gpos")
-        aggs = [F.max("timestamp").alias("timestamp"), F.max_by("rating", order).alias("rating")]
-    else:
-        latest = F.max(F.struct(F.coalesce(F.col("timestamp"), F.lit(-(1 << 62))).alias("t"),
-                                "gpos", "rating", "timestamp")).alias("latest")
-        aggs = [latest]
-    if cfg.split_mode == "given":
-        # a pair given in two splits (a leak in the benchmark) stays in the earlier one: an item
-        # a user trained on is never a test item (counted, and said in the manifest)
-        aggs += [F.min("given").alias("given"), (F.min("given") != F.max("given")).alias("twice")]
-    else:
-        aggs += [F.lit(None).cast("byte").alias("given"), F.lit(False).alias("twice")]
-    pairs = by_user.groupBy("user_id", "item_id").agg(*aggs, F.count(F.lit(1)).alias("copies"))
-    if not fast_key:
-        pairs = pairs.select("user_id", "item_id", F.col("latest.rating").alias("rating"),
-                             F.col("latest.timestamp").alias("timestamp"), "given", "twice",
-                             "copies")
-    pairs = pairs.withColumn("positive", positive_condition(rule, F.col("rating")))
-    pairs = pairs.persist(StorageLevel.MEMORY_AND_DISK)
-    agg = pairs.agg(
-        F.count(F.lit(1)).alias("pairs"), F.sum("copies").alias("rows"),
-        F.sum(F.col("positive").cast("long")).alias("positives"),
-        F.sum((F.col("rating") == 255).cast("long")).alias("r255"),
-        F.sum(F.col("twice").cast("long")).alias("twice"),
-    ).first()
-    # distinct counts one column at a time: a single agg with two count_distincts expands the table
-    users_raw = pairs.select("user_id").distinct().count()
-    items_raw = pairs.select("item_id").distinct().count()
-    n_pairs, n_pos = int(agg["pairs"]), int(agg["positives"] or 0)
-    counts.update(rows=int(agg["rows"]), duplicate_rows=int(agg["rows"]) - n_pairs, pairs=n_pairs,
-                  non_positive_pairs=n_pairs - n_pos, users_raw=users_raw, items_raw=items_raw)
+    hashed = cfg.split_mode in ("random", "given")
+    if hashed:
+        # the seeded order of a random split, on the ids as read (see _split_order)
+        rows = rows.withColumn("rhash", _split_order("random", cfg.seed)[0])
+    types = dict(rows.dtypes)
+    user_type, item_type = _arrow_type(types["user_id"]), _arrow_type(types["item_id"])
+    lists = passes.lists_schema(user_type, item_type, cfg.split_mode == "given", hashed)
+    per_user = passes.counts_schema(user_type, item_type)
+
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        table = _partition_table(batches)
+        if table is not None:
+            part = TaskContext.get().partitionId()
+            mine, tally = passes.dedup(table, rule, lists, per_user)
+            work.write("lists", part, mine)
+            yield tally.append_column("part", pa.array(np.full(tally.num_rows, part, np.int32)))
+
+    out = (rows.repartition(work.partitions, "user_id")
+           .mapInArrow(fn, _ddl(per_user) + ", part int").persist(StorageLevel.MEMORY_AND_DISK))
+    is_user = F.col("n_pos") >= 0
+    agg = out.where(is_user).agg(
+        F.count(F.lit(1)).alias("users_raw"), F.sum("n_pos").alias("positives"),
+        *[F.sum(c).alias(c) for c in passes.COUNTS]).first()
+    with small_shuffles(out.sparkSession, 0):
+        items_raw = (out.where(F.col("n_pos") == passes.ALL_ITEMS).select(F.explode("items"))
+                     .distinct().count())
+    n_rows, n_pairs, n_pos = (int(agg[k] or 0) for k in ("rows", "pairs", "positives"))
+    counts.update(rows=n_rows, duplicate_rows=n_rows - n_pairs, pairs=n_pairs,
+                  non_positive_pairs=n_pairs - n_pos, users_raw=int(agg["users_raw"]),
+                  items_raw=items_raw)
     if cfg.spec.layout.rating_255:
         counts["rating_255_pairs"] = int(agg["r255"] or 0)
     if cfg.split_mode == "given":
@@ -206,13 +248,32 @@ def positives_of(rows: DataFrame, fast_key: bool, cfg: ETLConfig, partitions: in
             log.warning("%s (user, item) pairs appear in two given splits; each is kept in the "
                         "earlier one (train before valid before test)", f"{int(agg['twice']):,}")
     if n_pos == 0:
+        out.unpersist()
         raise InputDataError(
             f"no positives left after binarising {n_pairs:,} (user, item) pairs with --positive "
             f"'{rule}'; check the rule against the rating scale of --dataset {cfg.dataset}")
-    progress.done("dedup", rows=counts["rows"], duplicates=counts["duplicate_rows"], pairs=n_pairs,
+    progress.done("dedup", rows=n_rows, duplicates=n_rows - n_pairs, pairs=n_pairs,
                   positives=n_pos)
-    pos = pairs.where("positive").select("user_id", "item_id", "timestamp", "given")
-    return pos.persist(StorageLevel.MEMORY_AND_DISK), pairs
+    return out, {k: int(agg[k] or 0) for k in ("timed", "given_train", "given_valid", "given_test")}
+
+
+#: rows per shuffle partition of the small steps (indices, counts): a task per partition of the
+#: big table's 98 at the Yahoo scale costs more in scheduling than these steps' work
+SMALL_STEP_ROWS = 1 << 20
+
+
+@contextlib.contextmanager
+def small_shuffles(spark: SparkSession, rows: int):
+    """Shuffles of a step over ``rows`` rows (users, items) in few partitions: as many as the
+    cluster has cores, more only past ``SMALL_STEP_ROWS`` each. Restores the setting after."""
+    key = "spark.sql.shuffle.partitions"
+    before = spark.conf.get(key)
+    n = max(spark.sparkContext.defaultParallelism, math.ceil(rows / SMALL_STEP_ROWS))
+    spark.conf.set(key, str(n))
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
 
 
 def positions(df: DataFrame, order: list, name: str) -> DataFrame:
@@ -241,76 +302,83 @@ def positions(df: DataFrame, order: list, name: str) -> DataFrame:
     return out
 
 
-def index_users(pos: DataFrame, cfg: ETLConfig, progress: Progress, counts: dict) -> DataFrame:
-    """``user_id, user_index, cold, n``: contiguous indices in id order; a seeded cold-user draw.
-    Both are positions in a sort (``positions``), so no step holds every user in one task."""
-    base = pos.groupBy("user_id").agg(F.count(F.lit(1)).alias("n")).persist(StorageLevel.MEMORY_AND_DISK)
-    numeric = _all_integers(base, "user_id")
-    m = base.count()
-    n_cold = int(round(cfg.cold_users * m))
-    if cfg.cold_users > 0 and m - n_cold < 1:
-        raise InputDataError(f"--cold-users {cfg.cold_users} leaves no training user out of {m}")
-    by_id = positions(base, _order_key("user_id", numeric), "user_index")
-    base.unpersist()
-    # seeded sample without replacement: the n_cold users with the smallest seeded hash
-    # hash of the id as read (a string), so the draw does not depend on how ids are carried
-    drawn = positions(by_id, [F.xxhash64(F.lit(cfg.seed), as_str("user_id")), "user_index"], "_draw")
-    by_id.unpersist()
-    users = (drawn.withColumn("cold", F.col("_draw") < n_cold).drop("_draw")
-             .persist(StorageLevel.MEMORY_AND_DISK))
-    single = users.where(F.col("n") == 1).count()
-    drawn.unpersist()
+def index_users(lists: DataFrame, cfg: ETLConfig, progress: Progress, counts: dict) -> DataFrame:
+    """``user_id, user_index, cold, n, part``: contiguous indices in id order; a seeded cold-user
+    draw; ``part``, the partition that holds the user's lists. Both are positions in a sort
+    (``positions``), so no step holds every user in one task."""
+    base = (lists.where(F.col("n_pos") > 0)
+            .select("user_id", F.col("n_pos").cast("long").alias("n"), "part")
+            .persist(StorageLevel.MEMORY_AND_DISK))
+    with small_shuffles(lists.sparkSession, base.count()):
+        numeric = _all_integers(base, "user_id")
+        m = base.count()
+        n_cold = int(round(cfg.cold_users * m))
+        if cfg.cold_users > 0 and m - n_cold < 1:
+            raise InputDataError(f"--cold-users {cfg.cold_users} leaves no training user out of {m}")
+        by_id = positions(base, _order_key("user_id", numeric), "user_index")
+        base.unpersist()
+        # seeded sample without replacement: the n_cold users with the smallest seeded hash
+        # hash of the id as read (a string), so the draw does not depend on how ids are carried
+        drawn = positions(by_id, [F.xxhash64(F.lit(cfg.seed), as_str("user_id")), "user_index"],
+                          "_draw")
+        by_id.unpersist()
+        users = (drawn.withColumn("cold", F.col("_draw") < n_cold).drop("_draw")
+                 .persist(StorageLevel.MEMORY_AND_DISK))
+        single = users.where(F.col("n") == 1).count()
+        drawn.unpersist()
     counts.update(users=m, cold_users=n_cold, users_single_positive=int(single),
                   users_numeric_ids=numeric)
     progress.done("users", users=m, cold=n_cold, single_positive=int(single))
     return users
 
 
-def index_items(pos: DataFrame, progress: Progress, counts: dict) -> DataFrame:
+def index_items(lists: DataFrame, progress: Progress, counts: dict) -> DataFrame:
     """``item_id, item_index``: contiguous indices in id order (as numbers when all are)."""
-    base = pos.select("item_id").distinct().persist(StorageLevel.MEMORY_AND_DISK)
-    numeric = _all_integers(base, "item_id")
-    items = positions(base, _order_key("item_id", numeric), "item_index")
-    n = items.count()
-    base.unpersist()
+    with small_shuffles(lists.sparkSession, counts["items_raw"]):
+        base = (lists.where(F.col("n_pos") == passes.POSITIVE_ITEMS)
+                .select(F.explode("items").alias("item_id")).distinct()
+                .persist(StorageLevel.MEMORY_AND_DISK))
+        numeric = _all_integers(base, "item_id")
+        items = positions(base, _order_key("item_id", numeric), "item_index")
+        n = items.count()
+        base.unpersist()
     counts.update(items=n, items_numeric_ids=numeric)
     progress.done("items", items=n)
     return items
 
 
-def split_positives(pos: DataFrame, users: DataFrame, items: DataFrame,
-                    cfg: ETLConfig, progress: Progress, counts: dict) -> DataFrame:
-    """Per-user split by time (ties: item id) or by a seeded permutation, the authors' arithmetic;
-    or the split the input gave (``--split given``, see ``given_labels``).
+def split_rule(totals: dict, cfg: ETLConfig, counts: dict) -> passes.SplitRule:
+    """How each user's positives are split: per user by time (ties: item id) or by a seeded
+    permutation, the authors' arithmetic; or the split the input gave (``--split given``).
+    ``totals``: positives with a time and given to each split (``user_lists``).
 
-    Items are ordered by ``item_index``, which follows the id order (numeric when all ids are).
+    Under ``--split given``, when no positive was given to validation, each user's validation is
+    carved out of their given train positives with the protocol's proportions: of m train
+    positives, the newest (or, without timestamps, a seeded random) floor(m (h - t) / (1 - t))
+    become valid, 2/7 with the defaults, the share valid has of train+valid in the protocol's
+    50/20/30 split.
     """
     t = protocol.as_fraction(cfg.test_fraction)
     h = protocol.as_fraction(cfg.holdout_fraction)
-    if cfg.split_mode == "given":
-        label = given_labels(pos, cfg, counts)
-    else:
-        # The hash in front lets the sort compare longs, not strings; partitioning stays by user.
-        by_user = [F.xxhash64("user_id"), "user_id"]
-        w = Window.partitionBy(*by_user).orderBy(*_split_order(cfg.split_mode, cfg.seed))
-        n = F.count(F.lit(1)).over(Window.partitionBy(*by_user))
-        k = F.row_number().over(w) - 1  # 0-based, oldest first
-        n_test = F.floor(n * t.numerator / t.denominator)  # exact: integer / integer of longs
-        n_holdout = F.floor(n * h.numerator / h.denominator)
-        label = F.when(k < n - n_holdout, "train").when(k < n - n_test, "valid").otherwise("test")
-    df = (pos.join(F.broadcast(items), "item_id")
-          # users by a plain join: broadcast by Spark while they are small, never forced (10^8
-          # users would not fit a broadcast); the positives keep their partitioning by user
-          .join(users.select("user_id", "user_index", "cold"), "user_id")
-          .withColumn("split", label))
-    df = df.drop("given").persist(StorageLevel.MEMORY_AND_DISK)
-    per = df.groupBy("split", "cold").agg(F.count(F.lit(1)).alias("n")).collect()
-    per_split = {s: sum(r["n"] for r in per if r["split"] == s) for s in S.SPLITS}
-    cold_pos = sum(r["n"] for r in per if r["cold"])
-    counts["positives"] = per_split
-    counts["positives_cold_users"] = int(cold_pos)
-    progress.done("split", **per_split, cold=int(cold_pos))
-    return df
+    fractions = dict(test=(t.numerator, t.denominator), holdout=(h.numerator, h.denominator))
+    if cfg.split_mode != "given":
+        return passes.SplitRule(cfg.split_mode, **fractions)
+    given = {s: totals[f"given_{s}"] for s in S.SPLITS if totals[f"given_{s}"]}
+    if not given.get("test"):
+        raise InputDataError(f"--split given: no test positives (per given split: {given}); the "
+                             "test file or the test rows are missing, or none is positive under "
+                             f"--positive '{cfg.positive_rule}'")
+    carve = not given.get("valid")
+    info = {"source": "column " + cfg.split_col if cfg.split_col else "files",
+            "given_positives": given, "valid": "carved from train" if carve else "given"}
+    counts["given_split"] = info
+    if not carve:
+        return passes.SplitRule("given", **fractions)
+    share = (h - t) / (1 - t)
+    order = "time" if totals["timed"] else "random"
+    info.update(valid_fraction_of_train=str(share), valid_order=order)
+    return passes.SplitRule("given", **fractions, carve=(share.numerator, share.denominator),
+                            carve_by=order)
 
 
 def _split_order(mode: str, seed: int) -> list:
@@ -320,57 +388,101 @@ def _split_order(mode: str, seed: int) -> list:
     return [F.xxhash64(F.lit(seed), as_str("user_id"), as_str("item_id")), "item_index"]
 
 
-def given_labels(pos: DataFrame, cfg: ETLConfig, counts: dict) -> Column:
-    """The split of each positive under ``--split given``: the one the input gave it; when no
-    positive was given to validation, each user's validation is carved out of their given train
-    positives with the protocol's proportions: of m train positives, the newest (or, without
-    timestamps, a seeded random) floor(m (h - t) / (1 - t)) become valid, 2/7 with the defaults,
-    the share valid has of train+valid in the protocol's 50/20/30 split. Needs the ``item_index``
-    column (joined by the caller)."""
-    given = {S.SPLITS[r["given"]]: int(r["n"])
-             for r in pos.groupBy("given").agg(F.count(F.lit(1)).alias("n")).collect()}
-    if not given.get("test"):
-        raise InputDataError(f"--split given: no test positives (per given split: {given}); the "
-                             "test file or the test rows are missing, or none is positive under "
-                             f"--positive '{cfg.positive_rule}'")
-    t = protocol.as_fraction(cfg.test_fraction)
-    h = protocol.as_fraction(cfg.holdout_fraction)
-    carve = not given.get("valid")
-    info = {"source": "column " + cfg.split_col if cfg.split_col else "files",
-            "given_positives": given, "valid": "carved from train" if carve else "given"}
-    named = F.element_at(F.array(*[F.lit(x) for x in S.SPLITS]), F.col("given").cast("int") + 1)
-    if not carve:
-        counts["given_split"] = info
-        return named
-    share = (h - t) / (1 - t)
-    order = "time" if pos.where(F.col("timestamp").isNotNull()).limit(1).count() else "random"
-    info.update(valid_fraction_of_train=str(share), valid_order=order)
-    counts["given_split"] = info
-    # a window per (user, given split): the train rows' own count and order
-    by_user_split = [F.xxhash64("user_id"), "user_id", "given"]
-    w = Window.partitionBy(*by_user_split).orderBy(*_split_order(order, cfg.seed))
-    m = F.count(F.lit(1)).over(Window.partitionBy(*by_user_split))
-    k = F.row_number().over(w) - 1
-    n_valid = F.floor(m * share.numerator / share.denominator)
-    return F.when((F.col("given") == 0) & (k >= m - n_valid), F.lit("valid")).otherwise(named)
+def users_by_partition(users: DataFrame, work: Work) -> None:
+    """Write each partition's users (``user_id, user_index, cold, uhash``) beside its lists
+    (``Work``): the join of the lists with the users, without moving the lists."""
+
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        table = _partition_table(batches)
+        parts = [] if table is None else np.unique(table.column("part").to_numpy())
+        for part in parts:
+            mine = table.filter(pc.equal(table.column("part"), part)).drop_columns(["part"])
+            work.write("users", int(part), mine)
+        yield pa.RecordBatch.from_pydict({"parts": pa.array([len(parts)], pa.int32())})
+
+    # uhash: the rows' order in a shard, as the split window's sort left it before etl.passes
+    (users.select("user_id", "user_index", "cold", F.xxhash64("user_id").alias("uhash"), "part")
+     .repartition(work.partitions, "part").mapInArrow(fn, "parts int").collect())
 
 
-def popularity(split: DataFrame, items: DataFrame, progress: Progress):
-    """Item table (a pandas DataFrame on the driver): index, raw id, train and train+valid
-    counts of warm users."""
-    warm = split.where(~F.col("cold"))
-    pop = warm.groupBy("item_index").agg(
-        F.sum((F.col("split") == "train").cast("long")).alias(S.POP_TRAIN),
-        F.sum(F.col("split").isin("train", "valid").cast("long")).alias(S.POP_TRAIN_VALID))
-    table = (items.join(pop, "item_index", "left").fillna(0, [S.POP_TRAIN, S.POP_TRAIN_VALID])
-             .select("item_index", as_str("item_id"), S.POP_TRAIN, S.POP_TRAIN_VALID)
-             .orderBy("item_index").toPandas())
-    table = table[[S.ITEM_INDEX, S.ITEM_ID, S.POP_TRAIN, S.POP_TRAIN_VALID]]
-    table[S.ITEM_INDEX] = table[S.ITEM_INDEX].astype("int32")
-    table[S.POP_TRAIN] = table[S.POP_TRAIN].astype("int64")
-    table[S.POP_TRAIN_VALID] = table[S.POP_TRAIN_VALID].astype("int64")
-    progress.done("popularity", items_without_train=int((table[S.POP_TRAIN] == 0).sum()))
-    return table
+def positives_of(lists: pa.Table, side: pa.Table, items: passes.IdLookup,
+                 item_index: np.ndarray, rule: passes.SplitRule) -> dict:
+    """One partition's users with their lists (``lists``) and indices (``side``), in the order of
+    the shards since they exist (by ``xxhash64(user_id)``, then ``user_id``), and their positives
+    flat: ``user_index, user_id, cold, lengths`` per user and ``item`` (raw ids),
+    ``item_index``, ``code`` (0 train, 1 valid, 2 test), ``ts`` per positive."""
+    lists = lists.combine_chunks()
+    at = passes.IdLookup(side.column("user_id").combine_chunks(), "partition's users")(
+        lists.column("user_id").chunk(0))
+    order = pc.sort_indices(pa.table({"h": side.column("uhash").take(pa.array(at)),
+                                      "id": lists.column("user_id")}),
+                            sort_keys=[("h", "ascending"), ("id", "ascending")]).to_numpy()
+    at = at[order]
+    batch = lists.take(pa.array(order)).combine_chunks().to_batches()[0]
+    lengths = batch.column("n_pos").to_numpy().astype(np.int64)
+    raw = batch.column("items").flatten()
+    idx = item_index[items(raw)]
+    ts = batch.column("ts").flatten()
+    extra = {c: passes.flat(batch, c) for c in ("given", "rhash") if c in lists.column_names}
+    code = passes.split_codes(lengths, idx, passes._int(ts, passes.NULL_TS), extra.get("given"),
+                              extra.get("rhash"), rule)
+    return {"user_index": side.column("user_index").to_numpy()[at], "user_id": batch.column("user_id"),
+            "cold": side.column("cold").to_numpy(zero_copy_only=False)[at],
+            "lengths": lengths, "item": raw, "item_index": idx, "code": code, "ts": ts}
+
+
+def split_positives(spark: SparkSession, work: Work, items: DataFrame, rule: passes.SplitRule,
+                    progress: Progress, counts: dict):
+    """Split every user's positives (``etl.passes.split_codes``) and count them: per split, of
+    cold users, and per item of warm users in train and in train+valid (the popularity R* and
+    the negatives need). Returns the item table (a pandas DataFrame on the driver): index, raw
+    id, train and train+valid counts of warm users; and the item lookup the rows need."""
+    table = items.select("item_id", "item_index").toArrow()
+    ids, item_index = table.column("item_id").combine_chunks(), table.column("item_index").to_numpy()
+    lookup, n_items = passes.IdLookup(ids, "items"), len(ids)
+    stats = ("train", "valid", "test", "cold")  # item_index -1, -2, ... in the output
+
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            for part in b.column("part").to_pylist():
+                lists = work.read("lists", part)
+                if lists is None:
+                    continue
+                p = positives_of(lists, work.read("users", part), lookup, item_index, rule)
+                owner = np.repeat(np.arange(len(p["lengths"])), p["lengths"])
+                warm = ~p["cold"][owner]
+                train = np.bincount(p["item_index"][warm & (p["code"] == 0)], minlength=n_items)
+                train_valid = np.bincount(p["item_index"][warm & (p["code"] <= 1)], minlength=n_items)
+                seen = np.flatnonzero(train_valid)
+                per = [*np.bincount(p["code"], minlength=3), int((~warm).sum())]
+                cat = lambda a, b, t: pa.array(np.concatenate([a, b]).astype(t))
+                yield pa.RecordBatch.from_pydict({
+                    "item_index": cat(seen, -1 - np.arange(len(stats)), np.int32),
+                    "train": cat(train[seen], per, np.int64),
+                    "train_valid": cat(train_valid[seen], np.zeros(len(stats)), np.int64)})
+
+    with small_shuffles(spark, n_items):
+        sums = (work.tasks(spark).mapInArrow(fn, "item_index int, train long, train_valid long")
+                .groupBy("item_index").agg(F.sum("train").alias("train"),
+                                           F.sum("train_valid").alias("train_valid")).toArrow())
+    at = sums.column("item_index").to_numpy()
+    got = dict(zip(at.tolist(), sums.column("train").to_numpy().tolist()))
+    per_split = {s: int(got.get(-1 - k, 0)) for k, s in enumerate(S.SPLITS)}
+    cold_pos = int(got.get(-1 - stats.index("cold"), 0))
+    counts["positives"] = per_split
+    counts["positives_cold_users"] = cold_pos
+    progress.done("split", **per_split, cold=cold_pos)
+
+    pop = np.zeros((n_items, 2), np.int64)
+    keep = at >= 0
+    pop[at[keep], 0] = sums.column("train").to_numpy()[keep]
+    pop[at[keep], 1] = sums.column("train_valid").to_numpy()[keep]
+    order = np.argsort(item_index)
+    item_table = pd.DataFrame({
+        S.ITEM_INDEX: item_index[order].astype("int32"),
+        S.ITEM_ID: pc.cast(ids, pa.string()).to_numpy(zero_copy_only=False)[order],
+        S.POP_TRAIN: pop[item_index[order], 0], S.POP_TRAIN_VALID: pop[item_index[order], 1]})
+    return item_table, lookup, item_index
 
 
 ROWS_SCHEMA = pa.schema([
@@ -379,7 +491,6 @@ ROWS_SCHEMA = pa.schema([
     (S.VALID_ITEMS, pa.list_(pa.int32())), (S.TEST_ITEMS, pa.list_(pa.int32())),
     (S.NEG_ITEMS, pa.list_(pa.int32())), (S.NEG_COUNTS, pa.list_(pa.int32())),
 ])
-SPLIT_CODE = {name: code for code, name in enumerate(S.SPLITS)}
 
 
 def build_rows(batch: pa.RecordBatch, rstar_item: np.ndarray, pop: np.ndarray, negatives: int,
@@ -442,89 +553,91 @@ def _offsets(lengths: np.ndarray) -> pa.Array:
     return pa.array(out, pa.int32())
 
 
-def _rows_fn(rstar_item: np.ndarray, pop: np.ndarray, negatives: int, seed: int):
-    """``mapInArrow`` function: user-contiguous positives in, user rows out.
+#: a rows shard's row groups: about this many bytes of lists each
+ROW_GROUP_BYTES = 64 << 20
 
-    Arrow batches cut through users; the last (possibly incomplete) user of a batch is carried
-    into the next one, so every user is built from all of its rows.
+
+def _row_groups(rows: pa.RecordBatch) -> list[pa.RecordBatch]:
+    """``rows`` cut into slices of about ``ROW_GROUP_BYTES`` (by their lists' elements)."""
+    sizes = sum(pc.list_value_length(rows.column(c)).to_numpy(zero_copy_only=False).astype(np.int64)
+                for c in (S.TRAIN_ITEMS, S.TRAIN_RSTAR, S.VALID_ITEMS, S.TEST_ITEMS, S.NEG_ITEMS,
+                          S.NEG_COUNTS)) * 4 + 32
+    group = np.cumsum(sizes) // ROW_GROUP_BYTES
+    cuts = [0, *(np.flatnonzero(np.diff(group)) + 1).tolist(), rows.num_rows]
+    return [rows.slice(a, b - a) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+
+
+def _write_fn(out_dir: str, split_dir: str, work: Work, items: passes.IdLookup,
+              item_index: np.ndarray, rule: passes.SplitRule, rstar_item: np.ndarray,
+              pop: np.ndarray, negatives: int, seed: int):
+    """``mapInArrow`` function over ``Work.tasks``: a partition's lists and users in; its rows
+    shard (``prepared.schema``, in ``positives_of``'s order) and its part of the split table
+    written by pyarrow from the worker; one ``shard, users, bytes, crc32`` row out.
+
+    Written from the worker because handing ~1e9 list elements (the negatives at the Yahoo scale)
+    to the JVM only to write them costs more than the whole rest of the step. A retried task
+    rewrites the same deterministic file names; the directory is published whole. Each shard's
+    CRC-32 is computed as its bytes are written, for the manifest.
     """
     table = protocol.alias_table(pop) if negatives else None
 
-    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        carry = None
-        for b in batches:
-            if b.num_rows == 0:
-                continue
-            if carry is not None:
-                b = pa.Table.from_batches([carry, b]).combine_chunks().to_batches()[0]
-            users = b.column("user_index").to_numpy(zero_copy_only=False)
-            others = np.flatnonzero(users != users[-1])
-            last = int(others[-1]) + 1 if len(others) else 0  # rows before the batch's last user
-            carry = b.slice(last)
-            if last:
-                yield build_rows(b.slice(0, last), rstar_item, pop, negatives, seed, table)
-        if carry is not None and carry.num_rows:
-            yield build_rows(carry, rstar_item, pop, negatives, seed, table)
-
-    return fn
-
-
-def _write_rows_fn(out_dir: str, rstar_item: np.ndarray, pop: np.ndarray, negatives: int, seed: int):
-    """``mapInArrow`` function: build a partition's user rows and write them as one Parquet shard.
-
-    The rows are written by pyarrow from the worker: handing ~1e9 list elements (the negatives at
-    Yahoo scale) back to the JVM only to write them costs more than the whole rest of the step.
-    A retried task rewrites the same deterministic file name; the directory is published whole.
-    Each shard's CRC-32 is computed as its bytes are written, for the manifest.
-    """
-    build = _rows_fn(rstar_item, pop, negatives, seed)
-
-    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def write(part: int) -> dict:
         import pyarrow.parquet as pq
-        from pyspark import TaskContext
 
         fs, root = filesystem(out_dir)
-        part = TaskContext.get().partitionId()
         path = f"{root}/part-{part:05d}.parquet"
-        n_users, pending, buffered = 0, 0, []
+        groups, lists = [], work.read("lists", part)
+        if lists is not None:
+            p = positives_of(lists, work.read("users", part), items, item_index, rule)
+            owner = pa.array(np.repeat(np.arange(len(p["lengths"])), p["lengths"]))
+            user_id = pc.cast(p["user_id"], pa.string()).take(owner)
+            flat = pa.RecordBatch.from_arrays(
+                [pa.array(p["user_index"], pa.int32()).take(owner), user_id,
+                 pa.array(p["cold"], pa.bool_()).take(owner), pa.array(p["item_index"], pa.int32()),
+                 pa.array(p["code"], pa.int8())],
+                names=["user_index", "user_id", "cold", "item_index", "split_code"])
+            groups = _row_groups(build_rows(flat, rstar_item, pop, negatives, seed, table))
+            split = pa.table({S.USER_ID: user_id, S.ITEM_ID: pc.cast(p["item"], pa.string()),
+                              S.SPLIT: pa.array(S.SPLITS).take(pa.array(p["code"])),
+                              S.TIMESTAMP: p["ts"]})
+            sfs, sroot = filesystem(split_dir)
+            pq.write_table(split, f"{sroot}/part-{part:05d}.parquet", filesystem=sfs,
+                           compression="zstd")
         sink = Crc32Sink(fs.open_output_stream(path))
         try:  # the writer leaves a file object it was given open
-            with pq.ParquetWriter(sink, ROWS_SCHEMA, compression="zstd") as w:
-                for rows in build(batches):
-                    buffered.append(rows)
-                    n_users += rows.num_rows
-                    pending += rows.nbytes
-                    if pending > 64 << 20:  # ~64 MiB row groups
-                        w.write_table(pa.Table.from_batches(buffered))
-                        pending, buffered = 0, []
-                if buffered:
-                    w.write_table(pa.Table.from_batches(buffered))
+            # no dictionaries: item lists rarely repeat, and trying costs a third of the write
+            with pq.ParquetWriter(sink, ROWS_SCHEMA, compression="zstd", use_dictionary=False) as w:
+                for g in groups:
+                    w.write_batch(g)
         finally:
             sink.close()
-        n_bytes = fs.get_file_info(path).size
-        yield pa.RecordBatch.from_pydict({"shard": [path.rsplit("/", 1)[1]], "users": [n_users],
-                                          "bytes": [n_bytes], "crc32": [crc32_hex(sink.crc)]})
+        return {"shard": path.rsplit("/", 1)[1], "users": sum(g.num_rows for g in groups),
+                "bytes": fs.get_file_info(path).size, "crc32": crc32_hex(sink.crc)}
+
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            done = [write(part) for part in b.column("part").to_pylist()]
+            if done:
+                yield pa.RecordBatch.from_pylist(done, schema=pa.schema([
+                    ("shard", pa.string()), ("users", pa.int64()), ("bytes", pa.int64()),
+                    ("crc32", pa.string())]))
 
     return fn
 
 
-def write_user_rows(split: DataFrame, out_dir: str, rstar_item: np.ndarray, pop: np.ndarray,
-                    cfg: ETLConfig) -> list[dict]:
-    """Write one Parquet shard of user rows per partition of ``split`` (see ``prepared.schema``).
-
-    ``split`` comes out of the split window with each user's positives adjacent in its partition,
-    so the rows are built in one streaming Python pass: no aggregation, no further sort.
-    Returns one ``{shard, users, bytes, crc32}`` per shard.
-    """
-    fs, root = filesystem(out_dir)
-    fs.create_dir(root, recursive=True)
-    codes = F.lit(None)
-    for name, code in SPLIT_CODE.items():
-        codes = F.when(F.col("split") == name, code).otherwise(codes)
-    positives = split.select("user_index", as_str("user_id"), "cold", "item_index",
-                             codes.cast("byte").alias("split_code"))
-    fn = _write_rows_fn(out_dir, rstar_item, pop, cfg.negatives, cfg.seed)
-    shards = positives.mapInArrow(fn, "shard string, users long, bytes long, crc32 string").collect()
+def write_user_rows(spark: SparkSession, work: Work, out_dir: str, split_dir: str,
+                    items: passes.IdLookup, item_index: np.ndarray, rule: passes.SplitRule,
+                    rstar_item: np.ndarray, pop: np.ndarray, cfg: ETLConfig) -> list[dict]:
+    """Write one Parquet shard of user rows per partition (see ``prepared.schema``) and the split
+    table beside them, in one pass over the partitions' lists (``Work``). Returns one
+    ``{shard, users, bytes, crc32}`` per shard."""
+    for d in (out_dir, split_dir):
+        fs, root = filesystem(d)
+        fs.create_dir(root, recursive=True)
+    fn = _write_fn(out_dir, split_dir, work, items, item_index, rule, rstar_item, pop,
+                   cfg.negatives, cfg.seed)
+    shards = work.tasks(spark).mapInArrow(
+        fn, "shard string, users long, bytes long, crc32 string").collect()
     return sorted((r.asDict() for r in shards), key=lambda r: r["shard"])
 
 

@@ -111,14 +111,18 @@ def run(cfg: ETLConfig, spark=None) -> dict:
     cached = []
     try:
         with publisher.staging() as tmp:
-            rows, fast_key = P.read_validated(spark, cfg, files, progress, counts, labels)
-            pos, pairs = P.positives_of(rows, fast_key, cfg, partitions, progress, counts)
-            users = P.index_users(pos, cfg, progress, counts)
-            items = P.index_items(pos, progress, counts)
-            split = P.split_positives(pos, users, items, cfg, progress, counts)
-            cached = [pairs, pos, users, items, split]
-            pairs.unpersist()
-            item_table = P.popularity(split, items, progress)
+            rows = P.read_validated(spark, cfg, files, progress, counts, labels)
+            # the per-user passes' data between jobs, removed before publishing (see Work)
+            work = P.Work(f"{tmp}/_work", partitions)
+            per_user, totals = P.user_lists(rows, cfg, work, progress, counts)
+            cached = [per_user]
+            users = P.index_users(per_user, cfg, progress, counts)
+            items = P.index_items(per_user, progress, counts)
+            cached += [users, items]
+            rule = P.split_rule(totals, cfg, counts)
+            P.users_by_partition(users, work)
+            item_table, item_ids, item_index = P.split_positives(spark, work, items, rule,
+                                                                 progress, counts)
             pop = item_table[S.POP_TRAIN].to_numpy()
             warm_users = counts["users"] - counts["cold_users"]
             train_pos = int(pop.sum())
@@ -132,14 +136,13 @@ def run(cfg: ETLConfig, spark=None) -> dict:
             progress.done("tables", items=len(item_table), users=counts["users"],
                           user_files=user_files)
 
-            (split.select(P.as_str(S.USER_ID), P.as_str(S.ITEM_ID), S.SPLIT, S.TIMESTAMP)
-             .write.parquet(f"{tmp}/{S.SPLIT_DIR}"))
-            progress.done("write-split", rows=sum(counts["positives"].values()))
-
             if cfg.negatives and train_pos == 0:
                 raise InputDataError("no training positives among warm users; lower --cold-users")
-            shards = P.write_user_rows(split, f"{tmp}/{S.ROWS_DIR}", rstar_item, pop, cfg)
-            progress.done("write-rows", users=sum(s["users"] for s in shards), shards=len(shards),
+            shards = P.write_user_rows(spark, work, f"{tmp}/{S.ROWS_DIR}", f"{tmp}/{S.SPLIT_DIR}",
+                                       item_ids, item_index, rule, rstar_item, pop, cfg)
+            publisher.delete(work.root)
+            progress.done("write", users=sum(s["users"] for s in shards), shards=len(shards),
+                          positives=sum(counts["positives"].values()),
                           mib=round(sum(s["bytes"] for s in shards) / 2**20, 1))
 
             manifest = {

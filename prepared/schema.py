@@ -10,7 +10,7 @@ through these names. Bump ``SCHEMA_VERSION`` on any incompatible change.
     DIR/users/          Parquet, one row per user:  user_index int32, user_id string, cold bool
                         (sorted by user_index, within each file and across the files in name
                         order: a range of users per file, etl.pipeline.write_users)
-    DIR/rows/           Parquet shards, one row per user (sorted by user_index within a shard):
+    DIR/rows/           Parquet shards, one row per user (within a shard by xxhash64 of user_id):
                         user_index int32, user_id string, cold bool,
                         train_items list<int32> (ascending), train_rstar list<float32> (aligned),
                         valid_items list<int32>, test_items list<int32>,

@@ -46,7 +46,7 @@ def test_spark_submit_ml_100k(shared_datasets, tmp_path):
     assert manifest["schema_version"] == 2 and manifest["counts"]["users"] == 942
     assert manifest["spark"]["master"] == "local[2]"
     log = out.stdout + out.stderr  # spark-submit merges the Python driver's stderr into stdout
-    for step in ("read", "dedup", "split", "write-rows"):  # a progress line per step
+    for step in ("read", "dedup", "users", "split", "write"):  # a progress line per step
         assert f"[etl] {step}" in log
     # its JVM started without SPARK_LOCAL_IP, so the UI would listen on every interface: off
     assert "Spark UI off" in log and "SPARK_LOCAL_IP=127.0.0.1" in log

@@ -59,10 +59,15 @@ def test_user_index_and_cold_draw_as_before(many_partitions):
     rows = [(f"u{u}", f"i{rng.randrange(50)}", 0) for u in range(2000)
             for _ in range(rng.randrange(1, 4))]
     pos = spark.createDataFrame(rows, "user_id string, item_id string, timestamp long").distinct()
+    base = pos.groupBy("user_id").agg(F.count(F.lit(1)).alias("n"))
     cfg = ETLConfig(dataset="csv", input=("x",), output="y", cold_users=0.05, seed=11)
     counts = {}
-    users = P.index_users(pos, cfg, P.Progress(), counts)
-    base = pos.groupBy("user_id").agg(F.count(F.lit(1)).alias("n"))
+    # what user_lists gives index_users: a row per user with its positives (n_pos) and partition
+    # (a user without positives, and a partition's item row, have no index)
+    per_user = base.select("user_id", F.col("n").cast("int").alias("n_pos"), F.lit(0).alias("part"))
+    per_user = per_user.union(spark.createDataFrame(
+        [("u-none", 0, 0), (None, -1, 0)], "user_id string, n_pos int, part int"))
+    users = P.index_users(per_user, cfg, P.Progress(), counts)
     want = reference(base, P._order_key("user_id", False), "user_index")
     draw = F.row_number().over(Window.orderBy(F.xxhash64(F.lit(11), P.as_str("user_id")),
                                               "user_index"))

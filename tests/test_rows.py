@@ -1,9 +1,11 @@
-"""The streaming user-row builder: any cut of the input into Arrow batches gives the same rows."""
+"""The user-row builder (``etl.pipeline.build_rows``): the rows of any cut of a partition's users are
+the rows of the whole, and the row groups of a shard hold every row once, in order."""
 
 import numpy as np
 import pyarrow as pa
 
-from etl.pipeline import _rows_fn
+from etl.pipeline import _row_groups, build_rows
+from prepared.protocol import alias_table
 
 
 def _positives(seed=0):
@@ -24,17 +26,34 @@ def _positives(seed=0):
 def _run(batches):
     pop = np.arange(1, 51)
     rstar = np.log(pop.astype(float))
-    out = list(_rows_fn(rstar, pop, negatives=20, seed=3)(iter(batches)))
+    out = [build_rows(b, rstar, pop, 20, 3, alias_table(pop)) for b in batches]
     return pa.Table.from_batches(out).to_pylist()
 
 
-def test_rows_do_not_depend_on_batch_cuts():
+def test_rows_do_not_depend_on_how_users_are_cut():
+    """A user's negatives depend on (seed, user), never on the other users of its batch."""
     batch, n = _positives()
     whole = _run([batch])
-    cuts = [0, 1, 2, 17, 18, 40, n - 1, n]
+    users = batch.column("user_index").to_numpy()
+    starts = np.flatnonzero(np.diff(users)) + 1
+    cuts = [0, *starts[[0, 5, 6, 20]].tolist(), n]
     pieces = [batch.slice(a, b - a) for a, b in zip(cuts[:-1], cuts[1:])]
     assert _run(pieces) == whole
     assert [r["user_index"] for r in whole] == list(range(30))
+
+
+def test_row_groups_cut_a_shard_by_size_and_keep_every_row(monkeypatch):
+    import etl.pipeline as P
+
+    pop = np.arange(1, 51)
+    batch, _ = _positives()
+    rows = build_rows(batch, np.log(pop.astype(float)), pop, 20, 3, alias_table(pop))
+    monkeypatch.setattr(P, "ROW_GROUP_BYTES", 400)
+    groups = _row_groups(rows)
+    assert len(groups) > 3
+    assert pa.Table.from_batches(groups).to_pylist() == pa.Table.from_batches([rows]).to_pylist()
+    monkeypatch.setattr(P, "ROW_GROUP_BYTES", 64 << 20)
+    assert len(_row_groups(rows)) == 1
 
 
 def test_rows_content():
