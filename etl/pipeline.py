@@ -224,7 +224,8 @@ def user_lists(rows: DataFrame, cfg: ETLConfig, work: Work, progress: Progress,
         if table is not None:
             part = TaskContext.get().partitionId()
             mine, tally = passes.dedup(table, rule, lists, per_user)
-            work.write("lists", part, mine)
+            if mine.num_rows:  # a partition whose users have no positive has no lists, no users
+                work.write("lists", part, mine)
             yield tally.append_column("part", pa.array(np.full(tally.num_rows, part, np.int32)))
 
     out = (rows.repartition(work.partitions, "user_id")

@@ -201,3 +201,17 @@ def test_integer_like_ids_keep_their_exact_text(spark, tmp_path):
     assert out.users.user_id.tolist() == ["-3", "007", "7"]  # as numbers; the tie 007 = 7 by text
     assert set(out.split.user_id) == {"007", "7", "-3"}
     assert out.manifest["counts"]["users_numeric_ids"] is True
+
+
+def test_a_partition_without_positives_gets_an_empty_shard(spark, tmp_path):
+    """Users whose every rating is below the rule can fill a partition: it has no lists and no
+    users, and its shard is written empty (one shard per partition, as always)."""
+    lines = [f"{u}\t{i}\t{5 if u < 3 else 1}\t{880000000 + i}" for u in range(12) for i in range(6)]
+    f = tmp_path / "u.data"
+    f.write_text("\n".join(lines) + "\n")
+    out = run(ETLConfig(dataset="ml-100k", input=(str(f),), output=str(tmp_path / "out"),
+                        shards=8, negatives=3), spark)
+    shards = out["layout"]["row_shards"]
+    assert len(shards) == 8 and sum(s["users"] for s in shards) == 3
+    assert any(s["users"] == 0 for s in shards)
+    assert out["counts"]["users"] == 3 and out["counts"]["users_raw"] == 12
