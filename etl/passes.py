@@ -60,7 +60,8 @@ def positive(rule: PositiveRule, rating: np.ndarray) -> np.ndarray:
     return ok
 
 
-def _offsets(lengths: np.ndarray) -> pa.Array:
+def offsets(lengths: np.ndarray) -> pa.Array:
+    """Arrow list offsets (int32) of lists of these lengths."""
     out = np.zeros(len(lengths) + 1, np.int32)
     np.cumsum(lengths, out=out[1:])
     return pa.array(out, pa.int32())
@@ -148,7 +149,7 @@ def dedup(rows: pa.Table, rule: PositiveRule, lists: pa.Schema,
             schema=counts))
 
     has = np.flatnonzero(n_pos > 0)
-    off = _offsets(n_pos[has])
+    off = offsets(n_pos[has])
     cols = [ids.take(pa.array(has)), pa.array(n_pos[has], pa.int32()),
             pa.ListArray.from_arrays(off, item.take(pos_rows)),
             pa.ListArray.from_arrays(off, ts.take(pos_rows))]

@@ -517,14 +517,14 @@ def build_rows(batch: pa.RecordBatch, rstar_item: np.ndarray, pop: np.ndarray, n
     for c in range(3):
         # positions of split c: for user u, [start[3u + c], start[3u + c + 1])
         lo, hi = start[np.arange(n_users) * 3 + c], start[np.arange(n_users) * 3 + c + 1]
-        lists.append((_offsets(hi - lo), item[_ranges(lo, hi)].astype(np.int32)))
+        lists.append((passes.offsets(hi - lo), item[_ranges(lo, hi)].astype(np.int32)))
     users = user[first]
     cold = batch.column("cold").to_numpy(zero_copy_only=False)[first]
     warm = np.flatnonzero(~cold)
     off, neg_items, neg_counts = protocol.negative_counts(users[warm], pop, negatives, seed, table)
     per_user = np.zeros(n_users, np.int64)
     per_user[warm] = np.diff(off)
-    neg_off = _offsets(per_user)
+    neg_off = passes.offsets(per_user)
     train_off, train_items = lists[0]
     return pa.RecordBatch.from_arrays(
         [pa.array(users, pa.int32()), batch.column("user_id").take(pa.array(first)),
@@ -546,12 +546,6 @@ def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.int64)
     starts = np.repeat(lo - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
     return starts + np.arange(total)
-
-
-def _offsets(lengths: np.ndarray) -> pa.Array:
-    out = np.zeros(len(lengths) + 1, np.int32)
-    np.cumsum(lengths, out=out[1:])
-    return pa.array(out, pa.int32())
 
 
 #: a rows shard's row groups: about this many bytes of lists each
