@@ -48,9 +48,11 @@ def publish(out: Path, payload: dict, lines: list[str]) -> None:
 def with_commit(lines: list[str], commit: str | None) -> list[str]:
     """``lines`` with a ``Commit:`` line after the ``Machine:`` line (else the ``Command:`` line,
     else the title), so a reader of the .md sees what code produced it, as the .json records;
-    unchanged when there is no commit, a line starts with "Commit" or one names this commit."""
-    if not commit or any(line.lower().startswith("commit") or commit[:7] in line
-                         for line in lines):
+    unchanged when there is no commit, a line starts with "Commit" or the ``Machine:`` line names
+    this commit. (Only that line: another may name the same commit for what it cites, as
+    yahoo_scale's note on the floors' commit did, and then the report went without its own.)"""
+    if not commit or any(line.lower().startswith("commit")
+                         or (line.startswith("Machine:") and commit[:7] in line) for line in lines):
         return lines
     at = next((i for i, line in enumerate(lines) if line.startswith("Machine:")),
               next((i for i, line in enumerate(lines) if line.startswith("Command:")), 0))

@@ -30,6 +30,11 @@ def test_lines_that_name_a_commit_or_no_commit_are_left_as_they_are():
     assert with_commit(["# T", "Machine: m"], "") == ["# T", "Machine: m"]
 
 
+def test_a_line_citing_the_same_commit_for_something_else_does_not_stand_for_the_reports():
+    cites = ["# T", "Machine: m", "Floors from floors.md, commit abcdef0."]
+    assert with_commit(cites, "abcdef0123") == [*cites[:2], "Commit: abcdef0123  ", cites[2]]
+
+
 def test_a_stamp_kept_under_run_names_its_commit_too(tmp_path):
     publish(tmp_path / "r", {"run": {"commit": "abc1234"}, "rows": []}, ["# T", "Machine: m"])
     assert (tmp_path / "r.md").read_text() == "# T\nMachine: m\nCommit: abc1234  \n"
