@@ -33,7 +33,8 @@ NULL_TS = np.iinfo(np.int64).min
 ALL_ITEMS, POSITIVE_ITEMS = -1, -2
 
 
-def _int(a: pa.Array | pa.ChunkedArray, fill: int = 0) -> np.ndarray:
+def as_int(a: pa.Array | pa.ChunkedArray, fill: int = 0) -> np.ndarray:
+    """An integer Arrow array as numpy, nulls as ``fill``."""
     return pc.fill_null(a, fill).to_numpy(zero_copy_only=False)
 
 
@@ -120,7 +121,7 @@ def dedup(rows: pa.Table, rule: PositiveRule, lists: pa.Schema,
     rating = pc.fill_null(pc.cast(rows.column("rating"), pa.float64()), np.nan).to_numpy(
         zero_copy_only=False)[last]
     is_pos = positive(rule, rating)
-    g = _int(rows.column("given"), -1).astype(np.int8)
+    g = as_int(rows.column("given"), -1).astype(np.int8)
     g_min = np.minimum.reduceat(g, first)
     twice = g_min != np.maximum.reduceat(g, first)
     ts = rows.column("timestamp").chunk(0)
@@ -231,7 +232,7 @@ def _order(owner: np.ndarray, key: np.ndarray, item: np.ndarray) -> np.ndarray:
 
 def flat(batch: pa.RecordBatch, name: str, fill: int = 0) -> np.ndarray:
     """The values of list column ``name`` as one numpy array (nulls as ``fill``)."""
-    return _int(batch.column(name).flatten(), fill)
+    return as_int(batch.column(name).flatten(), fill)
 
 
 class IdLookup:
@@ -254,7 +255,7 @@ class IdLookup:
             found = self.sorted[at] == values if len(self.sorted) else np.zeros(len(values), bool)
             at = self.order[at] if len(self.sorted) else at
         else:
-            at = _int(pc.index_in(raw, value_set=self.ids), -1)
+            at = as_int(pc.index_in(raw, value_set=self.ids), -1)
             found = at >= 0
         if not found.all():  # the tables are built from these very lists: a bug, not bad input
             raise RuntimeError(f"{int((~found).sum())} ids missing from the {self.what} table")

@@ -2,8 +2,9 @@
 
 Each step ends in an action, so the progress log's time per step is the time of that step.
 One shuffle by user id brings each user's ratings into one partition; from there the per-user
-work is numpy on a partition at a time (``etl.passes``), in two passes over the cached user lists
-(``user_lists``): one to split and count (popularity), one to write the rows and the split table.
+work is numpy on a partition at a time (``etl.passes``), in two passes over the user lists kept
+per partition (``user_lists``, ``Work``): one to split and count (popularity), one to write the
+rows and the split table from the split the first kept.
 Only the small global steps are Spark sorts and aggregates: user and item indices (positions in
 a sort, ``positions``), the cold-user draw, the counts.
 """
@@ -32,6 +33,7 @@ from etl.config import ETLConfig, PositiveRule
 from prepared.errors import InputDataError
 from prepared.files import Crc32Sink, crc32_hex
 from prepared.reader import filesystem
+from runtime.spark import one_task_each
 from etl import passes
 from etl.sources import parse
 from etl.synthetic import synthetic_rows
@@ -164,7 +166,8 @@ def _partition_table(batches: Iterator[pa.RecordBatch]) -> pa.Table | None:
 class Work:
     """Where the per-user passes keep a partition's data between Spark jobs (under the staging
     directory, removed before publishing): ``lists/part-NNNNN.arrow``, each user's positives
-    (``etl.passes.lists_schema``), and ``users/part-NNNNN.arrow``, its users' indices. Arrow
+    (``etl.passes.lists_schema``), ``users/part-NNNNN.arrow``, its users' indices, and
+    ``split/part-NNNNN.arrow``, the split pass's result for the write pass (``kept_split``). Arrow
     files, read by the next pass's task for that partition with no trip through the JVM: the
     lists hold every positive, and turning them into Spark rows and back cost more than the
     passes' own work."""
@@ -193,8 +196,7 @@ class Work:
 
     def tasks(self, spark: SparkSession) -> DataFrame:
         """One Spark task per partition (``part int``)."""
-        return spark.createDataFrame(spark.sparkContext.parallelize(
-            [(p,) for p in range(self.partitions)], self.partitions), "part int")
+        return one_task_each(spark, list(range(self.partitions)), "part int")
 
 
 def user_lists(rows: DataFrame, cfg: ETLConfig, work: Work, progress: Progress,
@@ -410,8 +412,9 @@ def positives_of(lists: pa.Table, side: pa.Table, items: passes.IdLookup,
                  item_index: np.ndarray, rule: passes.SplitRule) -> dict:
     """One partition's users with their lists (``lists``) and indices (``side``), in the order of
     the shards since they exist (by ``xxhash64(user_id)``, then ``user_id``), and their positives
-    flat: ``user_index, user_id, cold, lengths`` per user and ``item`` (raw ids),
-    ``item_index``, ``code`` (0 train, 1 valid, 2 test), ``ts`` per positive."""
+    flat: ``row`` (the user's row of ``lists``), ``user_index, user_id, cold, lengths`` per user
+    and ``item`` (raw ids), ``item_index``, ``code`` (0 train, 1 valid, 2 test), ``ts`` per
+    positive."""
     lists = lists.combine_chunks()
     at = passes.IdLookup(side.column("user_id").combine_chunks(), "partition's users")(
         lists.column("user_id").chunk(0))
@@ -419,25 +422,57 @@ def positives_of(lists: pa.Table, side: pa.Table, items: passes.IdLookup,
                                       "id": lists.column("user_id")}),
                             sort_keys=[("h", "ascending"), ("id", "ascending")]).to_numpy()
     at = at[order]
-    batch = lists.take(pa.array(order)).combine_chunks().to_batches()[0]
-    lengths = batch.column("n_pos").to_numpy().astype(np.int64)
-    raw = batch.column("items").flatten()
-    idx = item_index[items(raw)]
-    ts = batch.column("ts").flatten()
+    p = _reordered(lists, order)
+    p["item_index"] = item_index[items(p["item"])]
+    batch = p.pop("batch")
     extra = {c: passes.flat(batch, c) for c in ("given", "rhash") if c in lists.column_names}
-    code = passes.split_codes(lengths, idx, passes._int(ts, passes.NULL_TS), extra.get("given"),
-                              extra.get("rhash"), rule)
-    return {"user_index": side.column("user_index").to_numpy()[at], "user_id": batch.column("user_id"),
-            "cold": side.column("cold").to_numpy(zero_copy_only=False)[at],
-            "lengths": lengths, "item": raw, "item_index": idx, "code": code, "ts": ts}
+    p["code"] = passes.split_codes(p["lengths"], p["item_index"], passes.as_int(p["ts"], passes.NULL_TS),
+                                   extra.get("given"), extra.get("rhash"), rule)
+    p.update(user_index=side.column("user_index").to_numpy()[at],
+             cold=side.column("cold").to_numpy(zero_copy_only=False)[at])
+    return p
+
+
+def _reordered(lists: pa.Table, order: np.ndarray) -> dict:
+    """``lists``' users in ``order``: ``row, user_id, lengths``, and ``item, ts`` flat."""
+    batch = lists.take(pa.array(order)).combine_chunks().to_batches()[0]
+    return {"row": order, "user_id": batch.column("user_id"),
+            "lengths": batch.column("n_pos").to_numpy().astype(np.int64),
+            "item": batch.column("items").flatten(), "ts": batch.column("ts").flatten(),
+            "batch": batch}
+
+
+def kept_split(p: dict) -> pa.Table:
+    """What the split pass keeps of ``positives_of``'s result for the write pass (``Work`` kind
+    "split"), so that the write pass neither looks ids up nor splits again: per user, in order,
+    its row of the lists, index and cold flag, and its positives' item indices and split codes."""
+    off = passes.offsets(p["lengths"])
+    return pa.table({
+        "row": pa.array(p["row"], pa.int32()), "user_index": pa.array(p["user_index"], pa.int32()),
+        "cold": pa.array(p["cold"], pa.bool_()),
+        "item_index": pa.ListArray.from_arrays(off, pa.array(p["item_index"], pa.int32())),
+        "code": pa.ListArray.from_arrays(off, pa.array(p["code"], pa.int8()))})
+
+
+def kept_positives(lists: pa.Table, kept: pa.Table) -> dict:
+    """``positives_of``'s result again, from the partition's lists and ``kept_split``'s table."""
+    kept = kept.combine_chunks()
+    p = _reordered(lists.combine_chunks(), kept.column("row").to_numpy())
+    del p["batch"]
+    p.update(user_index=kept.column("user_index").to_numpy(),
+             cold=kept.column("cold").to_numpy(zero_copy_only=False),
+             item_index=pc.list_flatten(kept.column("item_index")).to_numpy(),
+             code=pc.list_flatten(kept.column("code")).to_numpy())
+    return p
 
 
 def split_positives(spark: SparkSession, work: Work, items: DataFrame, rule: passes.SplitRule,
                     progress: Progress, counts: dict):
     """Split every user's positives (``etl.passes.split_codes``) and count them: per split, of
     cold users, and per item of warm users in train and in train+valid (the popularity R* and
-    the negatives need). Returns the item table (a pandas DataFrame on the driver): index, raw
-    id, train and train+valid counts of warm users; and the item lookup the rows need."""
+    the negatives need). Keeps each partition's split for the write pass (``kept_split``).
+    Returns the item table (a pandas DataFrame on the driver): index, raw id, train and
+    train+valid counts of warm users."""
     table = items.select("item_id", "item_index").toArrow()
     ids, item_index = table.column("item_id").combine_chunks(), table.column("item_index").to_numpy()
     lookup, n_items = passes.IdLookup(ids, "items"), len(ids)
@@ -450,6 +485,7 @@ def split_positives(spark: SparkSession, work: Work, items: DataFrame, rule: pas
                 if lists is None:
                     continue
                 p = positives_of(lists, work.read("users", part), lookup, item_index, rule)
+                work.write("split", part, kept_split(p))
                 owner = np.repeat(np.arange(len(p["lengths"])), p["lengths"])
                 warm = ~p["cold"][owner]
                 train = np.bincount(p["item_index"][warm & (p["code"] == 0)], minlength=n_items)
@@ -483,7 +519,7 @@ def split_positives(spark: SparkSession, work: Work, items: DataFrame, rule: pas
         S.ITEM_INDEX: item_index[order].astype("int32"),
         S.ITEM_ID: pc.cast(ids, pa.string()).to_numpy(zero_copy_only=False)[order],
         S.POP_TRAIN: pop[item_index[order], 0], S.POP_TRAIN_VALID: pop[item_index[order], 1]})
-    return item_table, lookup, item_index
+    return item_table
 
 
 ROWS_SCHEMA = pa.schema([
@@ -508,7 +544,7 @@ def build_rows(batch: pa.RecordBatch, rstar_item: np.ndarray, pop: np.ndarray, n
     first = np.flatnonzero(np.concatenate([[True], user[1:] != user[:-1]]))
     n_users = len(first)
     owner = np.repeat(np.arange(n_users), np.diff(np.append(first, len(user))))
-    order = np.lexsort((item, code, owner))  # by user, then split, then item
+    order = passes._order(owner, code, item)  # by user, then split, then item
     item, code, owner = item[order], code[order], owner[order]
     per = np.bincount(owner * 3 + code, minlength=n_users * 3).reshape(n_users, 3)
     start = np.zeros(n_users * 3 + 1, np.int64)
@@ -562,12 +598,12 @@ def _row_groups(rows: pa.RecordBatch) -> list[pa.RecordBatch]:
     return [rows.slice(a, b - a) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
 
 
-def _write_fn(out_dir: str, split_dir: str, work: Work, items: passes.IdLookup,
-              item_index: np.ndarray, rule: passes.SplitRule, rstar_item: np.ndarray,
-              pop: np.ndarray, negatives: int, seed: int):
-    """``mapInArrow`` function over ``Work.tasks``: a partition's lists and users in; its rows
-    shard (``prepared.schema``, in ``positives_of``'s order) and its part of the split table
-    written by pyarrow from the worker; one ``shard, users, bytes, crc32`` row out.
+def _write_fn(out_dir: str, split_dir: str, work: Work, rstar_item: np.ndarray, pop: np.ndarray,
+              negatives: int, seed: int):
+    """``mapInArrow`` function over ``Work.tasks``: a partition's lists and kept split
+    (``kept_split``) in; its rows shard (``prepared.schema``, in ``positives_of``'s order) and
+    its part of the split table written by pyarrow from the worker; one ``shard, users, bytes,
+    crc32`` row out.
 
     Written from the worker because handing ~1e9 list elements (the negatives at the Yahoo scale)
     to the JVM only to write them costs more than the whole rest of the step. A retried task
@@ -583,7 +619,7 @@ def _write_fn(out_dir: str, split_dir: str, work: Work, items: passes.IdLookup,
         path = f"{root}/part-{part:05d}.parquet"
         groups, lists = [], work.read("lists", part)
         if lists is not None:
-            p = positives_of(lists, work.read("users", part), items, item_index, rule)
+            p = kept_positives(lists, work.read("split", part))
             owner = pa.array(np.repeat(np.arange(len(p["lengths"])), p["lengths"]))
             user_id = pc.cast(p["user_id"], pa.string()).take(owner)
             flat = pa.RecordBatch.from_arrays(
@@ -621,7 +657,6 @@ def _write_fn(out_dir: str, split_dir: str, work: Work, items: passes.IdLookup,
 
 
 def write_user_rows(spark: SparkSession, work: Work, out_dir: str, split_dir: str,
-                    items: passes.IdLookup, item_index: np.ndarray, rule: passes.SplitRule,
                     rstar_item: np.ndarray, pop: np.ndarray, cfg: ETLConfig) -> list[dict]:
     """Write one Parquet shard of user rows per partition (see ``prepared.schema``) and the split
     table beside them, in one pass over the partitions' lists (``Work``). Returns one
@@ -629,11 +664,24 @@ def write_user_rows(spark: SparkSession, work: Work, out_dir: str, split_dir: st
     for d in (out_dir, split_dir):
         fs, root = filesystem(d)
         fs.create_dir(root, recursive=True)
-    fn = _write_fn(out_dir, split_dir, work, items, item_index, rule, rstar_item, pop,
-                   cfg.negatives, cfg.seed)
+    fn = _write_fn(out_dir, split_dir, work, rstar_item, pop, cfg.negatives, cfg.seed)
     shards = work.tasks(spark).mapInArrow(
         fn, "shard string, users long, bytes long, crc32 string").collect()
     return sorted((r.asDict() for r in shards), key=lambda r: r["shard"])
+
+
+def write_items(item_table: pd.DataFrame, out_dir: str) -> None:
+    """Write the items table (``prepared.schema``, one row per item, by item index) as one
+    Parquet file, from the driver that holds it: a Spark job would ship the whole table inside
+    its one task (Spark warns of the task's size) only to write it back from there."""
+    import pyarrow.parquet as pq
+
+    fs, root = filesystem(out_dir)
+    fs.create_dir(root, recursive=True)
+    schema = pa.schema([(S.ITEM_INDEX, pa.int32()), (S.ITEM_ID, pa.string()),
+                        (S.POP_TRAIN, pa.int64()), (S.POP_TRAIN_VALID, pa.int64())])
+    pq.write_table(pa.Table.from_pandas(item_table, schema=schema, preserve_index=False),
+                   f"{root}/part-00000.parquet", filesystem=fs, compression="snappy")
 
 
 def write_users(users: DataFrame, out_dir: str, partitions: int, n_users: int) -> int:

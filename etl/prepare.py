@@ -121,8 +121,7 @@ def run(cfg: ETLConfig, spark=None) -> dict:
             cached += [users, items]
             rule = P.split_rule(totals, cfg, counts)
             P.users_by_partition(users, work)
-            item_table, item_ids, item_index = P.split_positives(spark, work, items, rule,
-                                                                 progress, counts)
+            item_table = P.split_positives(spark, work, items, rule, progress, counts)
             pop = item_table[S.POP_TRAIN].to_numpy()
             warm_users = counts["users"] - counts["cold_users"]
             train_pos = int(pop.sum())
@@ -130,8 +129,7 @@ def run(cfg: ETLConfig, spark=None) -> dict:
             rstar_item = rstar_per_item(pop, z, cfg.beta)
             counts.update(warm_users=warm_users, train_positives_warm=train_pos, rstar_z=z)
 
-            (spark.createDataFrame(item_table).coalesce(1)
-             .write.parquet(f"{tmp}/{S.ITEMS_DIR}"))
+            P.write_items(item_table, f"{tmp}/{S.ITEMS_DIR}")
             user_files = P.write_users(users, f"{tmp}/{S.USERS_DIR}", partitions, counts["users"])
             progress.done("tables", items=len(item_table), users=counts["users"],
                           user_files=user_files)
@@ -139,7 +137,7 @@ def run(cfg: ETLConfig, spark=None) -> dict:
             if cfg.negatives and train_pos == 0:
                 raise InputDataError("no training positives among warm users; lower --cold-users")
             shards = P.write_user_rows(spark, work, f"{tmp}/{S.ROWS_DIR}", f"{tmp}/{S.SPLIT_DIR}",
-                                       item_ids, item_index, rule, rstar_item, pop, cfg)
+                                       rstar_item, pop, cfg)
             publisher.delete(work.root)
             progress.done("write", users=sum(s["users"] for s in shards), shards=len(shards),
                           positives=sum(counts["positives"].values()),

@@ -149,10 +149,15 @@ class heartbeat:
         self._thread.join()
 
 
+def one_task_each(spark, values: list, schema: str):
+    """A DataFrame of one row per value (one column, ``schema`` in DDL), each in its own
+    partition: a ``mapInArrow`` over it runs one Spark task per value, for work that reads and
+    writes its own files with pyarrow inside the task."""
+    return spark.createDataFrame(spark.sparkContext.parallelize([(v,) for v in values],
+                                                                max(1, len(values))), schema)
+
+
 def shard_tasks(spark, shards: list[str]):
-    """A DataFrame of one row (``shard string``) per name, each in its own partition: a
-    ``mapInArrow`` over it runs one Spark task per shard, the unit in which scoring writes the
-    lists and evaluation reads them beside the rows (a shard's work is read and written with
-    pyarrow inside its task)."""
-    return spark.createDataFrame(spark.sparkContext.parallelize([(s,) for s in shards],
-                                                                len(shards)), "shard string")
+    """One task per shard (``shard string``, ``one_task_each``): the unit in which scoring
+    writes the lists and evaluation reads them beside the rows."""
+    return one_task_each(spark, shards, "shard string")

@@ -6,6 +6,7 @@ from fractions import Fraction
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from etl import passes
@@ -187,3 +188,36 @@ def test_order_is_a_lexsort_of_user_key_item(wide):
     key = rng.integers(-3, 3, 5000) * 2**61  # few distinct keys, far apart: ranks pack them
     item = rng.choice(2**60, 5000, replace=False) if wide else rng.permutation(5000)
     assert passes._order(owner, key, item).tolist() == np.lexsort((item, key, owner)).tolist()
+
+
+@pytest.mark.parametrize("string_ids", [False, True])
+def test_the_split_kept_for_the_write_pass_gives_back_the_positives(string_ids):
+    """The write pass rebuilds ``positives_of``'s result from the lists and what the split pass
+    kept (``kept_split``), instead of looking ids up and splitting again: the same, field by
+    field, and in the shards' order (by the users' hash, then id)."""
+    from etl import pipeline
+
+    rng = np.random.default_rng(3)
+    table = _ratings(rng, string_ids=string_ids)
+    id_type = pa.string() if string_ids else pa.int64()
+    lists, _ = passes.dedup(table, PositiveRule.parse(">3"), passes.lists_schema(
+        id_type, id_type, False, False), passes.counts_schema(id_type, id_type))
+    lists = pa.Table.from_batches([lists])
+    users = lists.column("user_id")
+    side = pa.table({"user_id": users, "user_index": np.arange(len(users), dtype=np.int32)[::-1],
+                     "cold": np.arange(len(users)) % 4 == 0,
+                     "uhash": rng.integers(-3, 3, len(users))})  # ties: then by id
+    items = pa.array(sorted(set(pc.list_flatten(lists.column("items")).to_pylist())))
+    rule = passes.SplitRule("time", (3, 10), (1, 2))
+    p = pipeline.positives_of(lists, side, passes.IdLookup(items, "items"),
+                              np.arange(len(items))[::-1].copy(), rule)
+    back = pipeline.kept_positives(lists, pipeline.kept_split(p))
+    assert set(back) == set(p)
+    for k in p:
+        want, got = p[k], back[k]
+        if isinstance(want, (pa.Array, pa.ChunkedArray)):
+            assert got.to_pylist() == want.to_pylist(), k
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=k)
+    order = sorted(range(len(users)), key=lambda r: (side["uhash"][r].as_py(), users[r].as_py()))
+    assert p["row"].tolist() == order
