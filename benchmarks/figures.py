@@ -270,6 +270,8 @@ def formatted(value: float, written: str) -> str | None:
 def update(doc: Path, results: Path = RESULTS) -> list[str]:
     """Rewrite ``doc``'s disagreeing figures to their artifacts' values (``formatted``); returns
     one line per change (and per figure it could not rewrite). The file is replaced whole."""
+    if str(ROOT) not in sys.path:  # run as a script (the docstring's command), not as a module
+        sys.path.insert(0, str(ROOT))
     from runtime.atomic import write_text
 
     lines, changes = doc.read_text().split("\n"), []
