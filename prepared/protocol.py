@@ -166,7 +166,8 @@ def draw_alias(bits: np.ndarray, prob: np.ndarray, alias: np.ndarray) -> np.ndar
 
 
 #: draws per block of ``negative_counts``: 128k (1 MiB of bits, 262 users of the ETL's 500
-#: draws), within 10% of the fastest of 16k-2M on the 2-core VM (negative_draws.md)
+#: draws), within 7% of the fastest of 16k-2M for calls of 8k and 40k users on the 2-core VM,
+#: 15% for calls of 400 (5 ms each) (negative_draws.md)
 DRAW_BLOCK = 1 << 17
 
 
