@@ -189,7 +189,7 @@ def split_codes(lengths: np.ndarray, item_index: np.ndarray, ts: np.ndarray,
 
     def ranks(sel: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each selected positive's 0-based place in its user's order, and the users' counts."""
-        o = sel[_order(owner[sel], key[sel], item_index[sel])]
+        o = sel[lexorder(owner[sel], key[sel], item_index[sel])]
         count = np.bincount(owner[sel], minlength=n_users)
         start = np.zeros(n_users, np.int64)
         np.cumsum(count[:-1], out=start[1:])
@@ -214,7 +214,7 @@ def split_codes(lengths: np.ndarray, item_index: np.ndarray, ts: np.ndarray,
     return code
 
 
-def _order(owner: np.ndarray, key: np.ndarray, item: np.ndarray) -> np.ndarray:
+def lexorder(owner: np.ndarray, key: np.ndarray, item: np.ndarray) -> np.ndarray:
     """The permutation sorting positives by (owner, key, item), a total order (a user's items are
     distinct). One argsort of a packed int64 where the three fit in 63 bits (the key as its rank
     among the keys): three times faster than ``np.lexsort``'s three passes, which it falls back

@@ -544,7 +544,7 @@ def build_rows(batch: pa.RecordBatch, rstar_item: np.ndarray, pop: np.ndarray, n
     first = np.flatnonzero(np.concatenate([[True], user[1:] != user[:-1]]))
     n_users = len(first)
     owner = np.repeat(np.arange(n_users), np.diff(np.append(first, len(user))))
-    order = passes._order(owner, code, item)  # by user, then split, then item
+    order = passes.lexorder(owner, code, item)  # by user, then split, then item
     item, code, owner = item[order], code[order], owner[order]
     per = np.bincount(owner * 3 + code, minlength=n_users * 3).reshape(n_users, 3)
     start = np.zeros(n_users * 3 + 1, np.int64)
