@@ -170,6 +170,7 @@ REVIEWED: dict[str, tuple[frozenset[str], str]] = {
                 "unlink added, milliseconds against a scoring stage's tens of seconds"),
     "c2bb0f6": (frozenset({QUALITY}), "negative_counts in blocks: the same draws bit for bit "
                 "(a draw-by-draw reference test); faster, so timings move"),
+    "503007a": (BOTH, "renames passes._order to passes.lexorder; the same function"),
 }
 
 
