@@ -422,9 +422,8 @@ def positives_of(lists: pa.Table, side: pa.Table, items: passes.IdLookup,
                                       "id": lists.column("user_id")}),
                             sort_keys=[("h", "ascending"), ("id", "ascending")]).to_numpy()
     at = at[order]
-    p = _reordered(lists, order)
+    batch, p = _reordered(lists, order)
     p["item_index"] = item_index[items(p["item"])]
-    batch = p.pop("batch")
     extra = {c: passes.flat(batch, c) for c in ("given", "rhash") if c in lists.column_names}
     p["code"] = passes.split_codes(p["lengths"], p["item_index"], passes.as_int(p["ts"], passes.NULL_TS),
                                    extra.get("given"), extra.get("rhash"), rule)
@@ -433,13 +432,13 @@ def positives_of(lists: pa.Table, side: pa.Table, items: passes.IdLookup,
     return p
 
 
-def _reordered(lists: pa.Table, order: np.ndarray) -> dict:
-    """``lists``' users in ``order``: ``row, user_id, lengths``, and ``item, ts`` flat."""
+def _reordered(lists: pa.Table, order: np.ndarray) -> tuple[pa.RecordBatch, dict]:
+    """``lists``' users in ``order``: as one batch, and ``row, user_id, lengths`` and ``item, ts``
+    flat."""
     batch = lists.take(pa.array(order)).combine_chunks().to_batches()[0]
-    return {"row": order, "user_id": batch.column("user_id"),
-            "lengths": batch.column("n_pos").to_numpy().astype(np.int64),
-            "item": batch.column("items").flatten(), "ts": batch.column("ts").flatten(),
-            "batch": batch}
+    return batch, {"row": order, "user_id": batch.column("user_id"),
+                   "lengths": batch.column("n_pos").to_numpy().astype(np.int64),
+                   "item": batch.column("items").flatten(), "ts": batch.column("ts").flatten()}
 
 
 def kept_split(p: dict) -> pa.Table:
@@ -457,8 +456,7 @@ def kept_split(p: dict) -> pa.Table:
 def kept_positives(lists: pa.Table, kept: pa.Table) -> dict:
     """``positives_of``'s result again, from the partition's lists and ``kept_split``'s table."""
     kept = kept.combine_chunks()
-    p = _reordered(lists.combine_chunks(), kept.column("row").to_numpy())
-    del p["batch"]
+    _, p = _reordered(lists.combine_chunks(), kept.column("row").to_numpy())
     p.update(user_index=kept.column("user_index").to_numpy(),
              cold=kept.column("cold").to_numpy(zero_copy_only=False),
              item_index=pc.list_flatten(kept.column("item_index")).to_numpy(),
