@@ -171,6 +171,7 @@ REVIEWED: dict[str, tuple[frozenset[str], str]] = {
     "c2bb0f6": (frozenset({QUALITY}), "negative_counts in blocks: the same draws bit for bit "
                 "(a draw-by-draw reference test); faster, so timings move"),
     "503007a": (BOTH, "renames passes._order to passes.lexorder; the same function"),
+    "8fd351e": (BOTH, "pipeline._reordered returns its batch apart; the same values"),
 }
 
 
