@@ -19,11 +19,12 @@ UV_FLAGS := $(foreach l,$(PIP_FIND_LINKS),--find-links $(l)) \
 VAR ?= var
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv java-check clean help stack status stop
+.PHONY: demo test test-fast venv java-check clean help stack status stop
 
 help:
 	@echo "make demo   - set up $(VENV) and run the main job on data/ml-latest-small"
 	@echo "make test   - set up $(VENV) and run the test suite"
+	@echo "make test-fast - the edit loop's tier: no Spark, Ray or slow tests (about 2 minutes)"
 	@echo "make stack  - start the local MLflow server and Ray head (make demo does it too)"
 	@echo "make status - show whether they are up"
 	@echo "make stop   - stop them; nothing is left running"
@@ -73,6 +74,11 @@ demo: venv java-check
 test: venv java-check
 	$(PY) -m ruff check prepared runtime models etl training evaluation experiment infra tests benchmarks
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# the edit loop: numpy/torch-level tests only (no Spark session, no Ray head, nothing marked slow)
+test-fast: venv
+	$(PY) -m ruff check prepared runtime models etl training evaluation experiment infra tests benchmarks
+	$(PY) -m pytest -m 'not spark and not ray and not slow' $(PYTEST_ARGS)
 
 stack: venv
 	$(PY) -m infra.stack start

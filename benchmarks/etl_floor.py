@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.spark import get_spark  # noqa: E402
 from etl.synthetic import synthetic_rows  # noqa: E402
+from runtime.spark import get_spark  # noqa: E402
 
 
 def main() -> None:

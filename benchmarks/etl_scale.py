@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import floors as roofline  # noqa: E402
 from benchmarks import report  # noqa: E402
 from infra.submit import spark_submit  # noqa: E402
+
 YAHOO = {"users": 1_876_280, "items": 44_865, "positives": 48_817_561}
 SCALES = {"1M": 1_000_000, "10M": 10_000_000, "49M": YAHOO["positives"]}
 

@@ -472,7 +472,7 @@ def _recommend(users: int, items: int, per_user: int, width: int = 200, k: int =
     from models.batch import sparse_rows
     from models.registry import build
     torch.manual_seed(0)
-    model = build("nce-autorec", {"n_items": items, "width": width}).eval()
+    model = build("nce-autorec", {"lam_units": "plain", "n_items": items, "width": width}).eval()
     rng = np.random.default_rng(0)
     rows, offsets = sparse_rows([rng.choice(items, per_user, replace=False)
                                  for _ in range(users)])

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.manual_seed(0)
             net = MODELS[model].from_config(prep.n_items, TrainConfig(data="", model=model)
                                             .hyperparameters(), prep.n_users,
-                                            MODELS[model].data_statistics(prep)).eval()
+                                            MODELS[model].trainer.data_statistics(prep)).eval()
             timed(net, rows.slice(0, 64), "blocked")  # warm-up: first-call costs out of the way
             row = {"dataset": name, "model": model, "users": rows.num_rows, "items": prep.n_items}
             for way in WAYS:

@@ -66,8 +66,9 @@ def users_per_second(model_name: str, n_items: int, batches: list[Batch], dense:
     torch.manual_seed(0)
     model = MODELS[model_name].from_config(n_items, {"width": WIDTH, "lam_units": "plain"})
     model.dense_loss = dense
-    steps = model.phases()[0]  # the first phase (joint mode: both heads, the costliest)
-    opts = make_optimizers(model, steps, 1e-3)
+    policy = model.trainer(model)
+    steps = policy.phases()[0]  # the first phase (joint mode: both heads, the costliest)
+    opts = make_optimizers(policy, steps, 1e-3)
     train_batch(model, batches[0], steps, opts)  # warm-up
     t0 = time.perf_counter()
     for batch in batches[1:]:

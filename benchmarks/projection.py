@@ -40,8 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import report  # noqa: E402
-from benchmarks import yahoo_scale  # noqa: E402
+from benchmarks import report, yahoo_scale  # noqa: E402
 from benchmarks.yahoo_scale import YAHOO  # noqa: E402
 
 FULL = ROOT / "benchmarks" / "results" / "yahoo_scale.json"

@@ -33,13 +33,13 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from prepared.metrics import hit_matrix, per_user  # noqa: E402
 from evaluation.popularity import popularity_summary  # noqa: E402
 from infra.submit import spark_submit  # noqa: E402
-from training.config import TrainConfig  # noqa: E402
 from models.batch import sparse_rows  # noqa: E402
 from models.registry import load_model_file  # noqa: E402
+from prepared.metrics import hit_matrix, per_user  # noqa: E402
 from prepared.reader import open_prepared  # noqa: E402
+from training.config import TrainConfig  # noqa: E402
 from training.train import run  # noqa: E402
 
 MODELS = ("autorec", "nce-autorec")

@@ -70,7 +70,8 @@ def save_model(data: Path, work: Path) -> Path:
     from prepared.reader import open_prepared
 
     torch.manual_seed(0)
-    model = build("nce-autorec", {"n_items": open_prepared(str(data)).n_items, "width": WIDTH})
+    model = build("nce-autorec", {"lam_units": "plain",
+                                  "n_items": open_prepared(str(data)).n_items, "width": WIDTH})
     run = work / f"model-{data.name}"
     run.mkdir(exist_ok=True)
     torch.save(save(model, config={"model": "nce-autorec"}, summary={}), run / MODEL_FILE)

@@ -115,11 +115,11 @@ def reference_users_per_second(data: Path, model: str, batch: int, loss_path: st
     import pyarrow.parquet as pq
     import torch
 
+    from models.registry import MODELS as REGISTRY
+    from prepared.reader import open_prepared
     from training import feed as F
     from training.config import TrainConfig
     from training.loop import build_model
-    from prepared.reader import open_prepared
-    from models.registry import MODELS as REGISTRY
     from training.step import make_optimizers, train_batch
 
     torch.set_num_threads(os.cpu_count() or 1)
@@ -135,9 +135,10 @@ def reference_users_per_second(data: Path, model: str, batch: int, loss_path: st
     table = table.filter(pc.invert(table[S.COLD]))  # the warm users, as training reads them
     n = max(1, min(steps + 2, len(table) // batch))
     batches = [make(table.slice(i * batch, batch), 0) for i in range(n)]
-    net = build_model(cfg, prep.n_items, prep.n_users, REGISTRY[model].data_statistics(prep))
-    phase = net.phases()[0]
-    opts = make_optimizers(net, phase, 1e-3)
+    net, policy = build_model(cfg, prep.n_items, prep.n_users,
+                              REGISTRY[model].trainer.data_statistics(prep))
+    phase = policy.phases()[0]
+    opts = make_optimizers(policy, phase, 1e-3)
     for b in batches[:2]:
         train_batch(net, b, phase, opts)
     timed = batches[2:] or batches
@@ -172,13 +173,14 @@ def measure(data: Path, shape: str, model: str, run: tuple[int, int, str], work:
     from types import SimpleNamespace
 
     from models.registry import MODELS
-    data = MODELS[model].data_statistics(SimpleNamespace(user_overlap=lambda train_valid: 1.0))
-    net = build_model(cfg, SHAPES[shape]["items"], None, data)
+    data = MODELS[model].trainer.data_statistics(
+        SimpleNamespace(user_overlap=lambda train_valid: 1.0))
+    _, policy = build_model(cfg, SHAPES[shape]["items"], None, data)
     return {"shape": shape, "model": model, "workers": workers, "threads_per_worker":
             max(1, cpus // workers), "batch": batch, "per_worker_batch": batch // workers,
             "loss_path": loss_path, "users_per_second": per_epoch[last],
             "epoch_seconds_with_validation": epoch_s[last],
-            "allreduce_mib_per_step": allreduce_bytes(net, net.phases()) / 2**20 if workers > 1
+            "allreduce_mib_per_step": allreduce_bytes(policy, policy.phases()) / 2**20 if workers > 1
             else 0.0,
             "peak_rss_gib_per_worker": sorted(round(v / 2**30, 2) for v in rss.peak.values())}
 

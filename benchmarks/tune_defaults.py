@@ -35,15 +35,15 @@ import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
+from models.registry import MODELS  # noqa: E402
 from prepared import schema as S  # noqa: E402
+from prepared.reader import open_prepared  # noqa: E402
 from runtime.atomic import write_text  # noqa: E402
 from training import feed as F  # noqa: E402
+from training.closed_form import validate  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.loop import Ranks, build_model, new_progress, next_state  # noqa: E402
-from models.registry import MODELS  # noqa: E402
-from prepared.reader import open_prepared  # noqa: E402
 from training.step import phase_optimizers, train_epoch  # noqa: E402
-from training.closed_form import validate  # noqa: E402
 
 # lambda in overlap units (models/autorec/): lambda * omega multiplies mean(W^2). The plain
 # form's best values, 10-30 on ml-100k and ml-latest-small and about 0.3 on citeulike-a, are
@@ -61,10 +61,10 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid, watch=None) -> dict
     the timed curve's seconds: what a benchmark measures beside NDCG, e.g. the code's rank)."""
     torch.manual_seed(cfg.seed)
     make = F.BatchMaker(F.plan(MODELS[cfg.model], prep, cfg))
-    model = build_model(cfg, prep.n_items, prep.n_users,
-                        MODELS[cfg.model].data_statistics(prep))
-    all_phases = model.phases()
-    opts = phase_optimizers(model, all_phases, 0, cfg.learning_rate)
+    model, policy = build_model(cfg, prep.n_items, prep.n_users,
+                                MODELS[cfg.model].trainer.data_statistics(prep))
+    all_phases = policy.phases()
+    opts = phase_optimizers(policy, all_phases, 0, cfg.learning_rate)
     p = new_progress()
     rng = np.random.default_rng(cfg.seed)
     curve = []  # (seconds so far, validation NDCG) after each validated epoch
@@ -88,13 +88,13 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid, watch=None) -> dict
                 w0 = time.perf_counter()
                 trace.append(watch(model))
                 watched += time.perf_counter() - w0
-        embed = (model.monitor(phase, {h: float(v) / users for h, v in sums.items()})
+        embed = (policy.monitor(phase, {h: float(v) / users for h, v in sums.items()})
                  if phase < len(all_phases) - 1 else None)
-        _, switched = next_state(p, cfg, len(all_phases), embed, ndcg)
+        _, switched = next_state(p, cfg, len(all_phases), embed, ndcg, policy.phase_epochs(phase))
         if switched:
-            model.between_phases(phase, partial(batches, make, rows, cfg.batch_size, p["epoch"]),
-                                 Ranks)
-            opts = phase_optimizers(model, all_phases, p["phase"], cfg.learning_rate)
+            policy.between_phases(phase, partial(batches, make, rows, cfg.batch_size, p["epoch"]),
+                                  Ranks)
+            opts = phase_optimizers(policy, all_phases, p["phase"], cfg.learning_rate)
     return {"best_ndcg": p["best_ndcg"], "best_epoch": p["best_epoch"], "epochs": p["epoch"],
             "phase_epochs": p["phase_epochs"],
             "seconds": time.perf_counter() - t0 - watched, "curve": curve, "trace": trace,

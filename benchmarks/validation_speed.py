@@ -89,7 +89,7 @@ def measure(shape: str, threads: int, b: int, n_batches: int, seed: int = 0) -> 
     s = SHAPES[shape]
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
-    model = build("nce-autorec", {"n_items": s["items"], "width": WIDTH}).eval()
+    model = build("nce-autorec", {"lam_units": "plain", "n_items": s["items"], "width": WIDTH}).eval()
     batches = [valid_rows(rng, s["items"], s["per_user"], b) for _ in range(n_batches + 1)]
     # the two ways must agree before their speeds mean anything
     for got, want in zip(model_metrics(model, batches[0]), before(model, batches[0])):

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl.config import PositiveRule
+from prepared.lists import list_offsets as offsets  # also etl.pipeline's passes.offsets
 
 #: stands for a missing timestamp in sort keys: Spark orders nulls first, and so does this
 NULL_TS = np.iinfo(np.int64).min
@@ -59,13 +60,6 @@ def positive(rule: PositiveRule, rating: np.ndarray) -> np.ndarray:
         if rule.high is not None:
             ok &= (rating <= rule.high) if rule.high_inclusive else (rating < rule.high)
     return ok
-
-
-def offsets(lengths: np.ndarray) -> pa.Array:
-    """Arrow list offsets (int32) of lists of these lengths."""
-    out = np.zeros(len(lengths) + 1, np.int32)
-    np.cumsum(lengths, out=out[1:])
-    return pa.array(out, pa.int32())
 
 
 def lists_schema(id_type: pa.DataType, item_type: pa.DataType, given: bool, hashed: bool) -> pa.Schema:

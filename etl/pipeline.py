@@ -27,16 +27,16 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from prepared import protocol
-from prepared import schema as S
-from etl.config import ETLConfig, PositiveRule
-from prepared.errors import InputDataError
-from prepared.files import Crc32Sink, crc32_hex
-from prepared.reader import filesystem
-from runtime.spark import one_task_each
 from etl import passes
+from etl.config import ETLConfig, PositiveRule
 from etl.sources import parse
 from etl.synthetic import synthetic_rows
+from prepared import protocol
+from prepared import schema as S
+from prepared.errors import InputDataError
+from prepared.files import Crc32Sink, crc32_hex
+from prepared.uri import filesystem
+from runtime.spark import one_task_each
 
 log = logging.getLogger("etl")
 

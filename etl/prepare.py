@@ -25,11 +25,11 @@ import subprocess
 import time
 
 from etl import __version__
+from etl.config import DATASETS, ETLConfig
+from prepared import schema as S
+from prepared.errors import InputDataError, UsageError
 from runtime.cli import add_options, strict_parser, values
 from runtime.logs import setup_logging
-from prepared import schema as S
-from etl.config import DATASETS, ETLConfig
-from prepared.errors import InputDataError, UsageError
 
 log = logging.getLogger("etl")
 
@@ -86,9 +86,9 @@ def code_version() -> str:
 def run(cfg: ETLConfig, spark=None) -> dict:
     """Run the whole ETL for ``cfg`` and publish ``cfg.output``; returns the manifest."""
     from etl import pipeline as P
+    from etl.sources import labelled_inputs
     from prepared.protocol import rstar_per_item, rstar_z
     from runtime.publish import Publisher
-    from etl.sources import labelled_inputs
     from runtime.spark import get_spark
 
     started = dt.datetime.now(dt.timezone.utc)

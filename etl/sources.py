@@ -23,7 +23,6 @@ from etl.config import FILE_SPLIT_NAMES, SPLIT_NAMES, ETLConfig
 from prepared.errors import InputDataError
 from prepared.schema import SPLITS
 
-
 # ---------------------------------------------------------------------------------------------
 # Input files
 # ---------------------------------------------------------------------------------------------

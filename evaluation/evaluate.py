@@ -49,15 +49,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prepared import schema as S
-from prepared.errors import UsageError
 from evaluation import plots
 from evaluation.popularity import summary_from_counts
 from evaluation.score import MARKER as RECS_MARKER
-from evaluation.spark_metrics import (METRICS, encode_lists, inverse_logs, metric_key,
-                                      metrics_for, split_name)
-from evaluation.user_table import (USERS_PER_PARTITION, co_sharded, column, sharded_user_table,
-                                   summary_rows, user_table)
+from evaluation.spark_metrics import METRICS, encode_lists, inverse_logs, metric_key, metrics_for, split_name
+from evaluation.user_table import (
+    USERS_PER_PARTITION,
+    co_sharded,
+    column,
+    sharded_user_table,
+    summary_rows,
+    user_table,
+)
+from prepared import schema as S
+from prepared.errors import UsageError
 from prepared.protocol import KS, TABLE, TOP_K
 from runtime.cli import add_options, option, strict_parser, values
 from runtime.progress import EVERY, info_lines, spark_progress
@@ -432,7 +437,7 @@ def log_to_mlflow(recs: list[Recs], rows: list[dict], pop: dict, files: dict[str
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from runtime.tracking import artifact_root, check_reachable, tracking_uri
+    from runtime.tracking import check_reachable, experiment_id, tracking_uri
 
     out = {}
     ts = int(time.time() * 1000)
@@ -449,10 +454,8 @@ def log_to_mlflow(recs: list[Recs], rows: list[dict], pop: dict, files: dict[str
                         r.label, uri)
             run_id = None
         if not run_id:
-            exp = client.get_experiment_by_name("evaluation")
-            exp_id = exp.experiment_id if exp else client.create_experiment(
-                "evaluation", artifact_location=artifact_root(uri))
-            run_id = client.create_run(exp_id, run_name=f"evaluate {r.label}").info.run_id
+            run_id = client.create_run(experiment_id(client, uri, "evaluation"),
+                                       run_name=f"evaluate {r.label}").info.run_id
             client.set_terminated(run_id)
         metrics = []
         for row in rows:
@@ -558,8 +561,8 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
     labels, overwrite, mlflow_uri = cfg.labels, cfg.overwrite, cfg.mlflow_uri
     from pyspark.sql import functions as F
 
-    from runtime.publish import Publisher
     from prepared.reader import open_prepared
+    from runtime.publish import Publisher
 
     t0 = time.perf_counter()
     started = dt.datetime.now(dt.timezone.utc)

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-from prepared.errors import UsageError
+from models import registry as registry_module
 from models.base import Recommender
 from models.registry import build as build_model
 from models.registry import load_weights_only
+from prepared.errors import UsageError
 from runtime.runs import MODEL_FILE, RUN_RECORD
-from models import registry as registry_module
 
 MLFLOW_SCHEMES = ("runs:/", "models:/", "mlflow-artifacts:/")
 
@@ -136,8 +136,9 @@ def from_mlflow(uri: str, tracking_uri: str) -> ModelSource:
     (``read_logged``): the tracking server is trusted to store bytes, never to run code here."""
     import tempfile
 
-    import mlflow
     from mlflow.exceptions import MlflowException
+
+    import mlflow
 
     mlflow.set_tracking_uri(tracking_uri)
     with tempfile.TemporaryDirectory(prefix="nce-model-") as d:

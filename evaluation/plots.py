@@ -8,12 +8,7 @@ import itertools
 
 import numpy as np
 
-
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+from runtime.tracking import pyplot
 
 
 def log_density(popularity: np.ndarray, weights: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -46,7 +41,7 @@ def popularity_density(models: dict[str, tuple[np.ndarray, np.ndarray]],
 
     ``models[label] = (popularity (n_items,), times recommended (n_items,))``: the density is over
     recommendations (an item recommended 100 times weighs 100)."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     top = max(float(p.max()) for p, _ in models.values())
     grid = np.linspace(0, np.log10(max(top, 10.0)) + 0.2, 300)
@@ -73,7 +68,7 @@ def cold_start_scatter(reference: str, ndcg: dict[str, np.ndarray], title: str,
     ({label: (better, worse, tied) users}, counted where the values are, e.g. in Spark), the
     panel's points as an (x, y) pair, e.g. the distinct ones of a fine grid: the driver then
     holds no per-user array."""
-    plt = _plt()
+    plt = pyplot()
     others = [k for k in ndcg if k != reference]
     cols = min(len(others), 4)  # many models wrap into rows rather than one very wide strip
     rows = -(-len(others) // cols)
@@ -102,7 +97,7 @@ def setting_effect(series: dict[str, dict], setting: str, title: str, log_x: boo
     """Best validation NDCG at each value of one setting (the others searched over), a line (or
     bars, for a categorical setting) per model: the paper's per-mode, N and beta figures.
     ``series[model] = {value: ndcg}``."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     numeric = all(isinstance(v, int | float) for s in series.values() for v in s)
     if numeric:
@@ -128,7 +123,7 @@ def setting_effect(series: dict[str, dict], setting: str, title: str, log_x: boo
 def convergence(curves: dict[str, tuple[list[float], list[float]]], title: str):
     """Validation NDCG against training wall time, one line per label (the paper's convergence
     figure: one per optimisation mode). ``curves[label] = (seconds, ndcg)`` per epoch."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, (t, y) in curves.items():
         ax.plot(t, y, marker=".", label=label)
@@ -142,5 +137,5 @@ def convergence(curves: dict[str, tuple[list[float], list[float]]], title: str):
 def png_bytes(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
-    _plt().close(fig)
+    pyplot().close(fig)
     return buf.getvalue()

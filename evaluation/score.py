@@ -50,6 +50,7 @@ import pyarrow as pa
 
 from prepared import schema as S
 from prepared.errors import UsageError
+from prepared.lists import list_offsets
 from prepared.protocol import TOP_K
 from runtime.cli import add_options, option, strict_parser, values
 from runtime.progress import EVERY, info_lines, spark_progress
@@ -145,8 +146,8 @@ def score_batches(batches, *, key: str, bc_weights, bc_item_ids, model: str, mod
         out_items = item_ids.take(pa.array(idx[keep]))
         yield pa.RecordBatch.from_arrays(
             [rb.column(S.USER_ID).cast(pa.string()),
-             pa.ListArray.from_arrays(_offsets(lengths), out_items),
-             pa.ListArray.from_arrays(_offsets(lengths), pa.array(vals[keep], pa.float32()))],
+             pa.ListArray.from_arrays(list_offsets(lengths), out_items),
+             pa.ListArray.from_arrays(list_offsets(lengths), pa.array(vals[keep], pa.float32()))],
             names=["user_id", "item_ids", "scores"])
 
 
@@ -176,7 +177,7 @@ def score_shards_fn(rows_uri: str, out_uri: str, columns: list[str], users: str,
         import pyarrow.parquet as pq
 
         from prepared.files import Crc32Sink, crc32_hex
-        from prepared.reader import filesystem, join
+        from prepared.uri import filesystem, join
 
         fs_in, root_in = filesystem(rows_uri)
         fs_out, root_out = filesystem(out_uri)
@@ -200,12 +201,6 @@ def score_shards_fn(rows_uri: str, out_uri: str, columns: list[str], users: str,
                     "crc32": [crc32_hex(sink.crc)]})
 
     return fn
-
-
-def _offsets(lengths: np.ndarray) -> pa.Array:
-    offsets = np.zeros(len(lengths) + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    return pa.array(offsets)
 
 
 # ---- driver side -----------------------------------------------------------------------------
@@ -269,9 +264,9 @@ def score(spark, progress_every: float = EVERY, **kwargs) -> dict:
     cfg = ScoreConfig(**kwargs)
     model, data, output, k, users = cfg.model, cfg.data, cfg.output, cfg.k, cfg.users
     exclude, overwrite, mlflow_uri = cfg.exclude, cfg.overwrite, cfg.mlflow_uri
-    from runtime.publish import Publisher
     from evaluation.model_source import load_source
     from prepared.reader import open_prepared
+    from runtime.publish import Publisher
 
     t0 = time.perf_counter()
     if k < 1:
@@ -375,8 +370,8 @@ def jobs(args: argparse.Namespace) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from runtime.logs import setup_logging
     from prepared.verify import naming_damaged_files
+    from runtime.logs import setup_logging
     from runtime.spark import get_spark
 
     args = build_parser().parse_args(argv)

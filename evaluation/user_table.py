@@ -159,8 +159,16 @@ def partition_rows(table, ks: list[int], target: str, inverse_log: np.ndarray, n
 
 def wide_schema(ks: list[int]):
     """The Spark schema of ``partition_rows``' output."""
-    from pyspark.sql.types import (ArrayType, BooleanType, DoubleType, IntegerType, LongType,
-                                   StringType, StructField, StructType)
+    from pyspark.sql.types import (
+        ArrayType,
+        BooleanType,
+        DoubleType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+    )
 
     fields = [StructField("user_id", StringType()), StructField("cold", BooleanType()),
               StructField("known", BooleanType()), StructField("truth", BooleanType())]
@@ -292,7 +300,7 @@ def sharded_user_table(spark, prep, paths: list[str], ks: list[int], target: str
     import pyarrow.parquet as pq
 
     from evaluation.spark_metrics import encode_batch
-    from prepared.reader import filesystem, join
+    from prepared.uri import filesystem, join
 
     shards = list(prep.row_shards())
     rows_uri, n_items, ids = prep.rows_uri, len(catalogue), list(catalogue)

@@ -1,6 +1,6 @@
 """Search grids of ``experiment/run.py``: per model, each searched flag and its values.
 
-    grid("small", ["nce-autorec", "puresvd"])   the default: 45 trials over every model
+    grid("small", ["nce-autorec", "puresvd"])   the default: one to a few trials per model
     grid("paper", ["nce-autorec"])              the paper's settings (its section 4.2)
     grid("my-grid.yaml", ["autorec"])           a user's: {model: {flag: [values]}} in YAML or JSON
 
@@ -33,7 +33,7 @@ from prepared.errors import UsageError
 # how it learns, never where or how long it runs
 RUN_SEARCHABLE = {"beta", "lr", "batch_size", "num_negatives", "negatives"}
 SEARCHABLE = RUN_SEARCHABLE | {name for cls in MODELS.values() for name in cls.hyperparameters} \
-    | {name for cls in MODELS.values() for name, opt in cls.training_options.items()
+    | {name for cls in MODELS.values() for name, opt in cls.trainer.options.items()
        if opt.searchable}  # a model's training options it declares searchable (finetune_lr)
 
 

@@ -5,14 +5,11 @@ A model is a ``torch.nn.Module`` whose state is its ``state_dict`` (tensors only
 loads weights-only) and whose constructor arguments are ``model_args()`` (plain JSON), from which
 ``models.registry`` rebuilds it by name. Two kinds:
 
-    gradient      ``phases()`` lists the optimisation steps of each training phase; ``forward(batch,
-                  step)`` returns that step's named loss terms (what DDP wraps: the trainer sums
-                  them, backpropagates, and logs each term); ``step_parameters(step)`` what the
-                  step's optimizer trains. Most models have one phase of one step. What else is
-                  the model's own in training goes through hooks the loop calls without knowing
-                  the model: ``data_statistics`` (facts of the training data its constructor
-                  takes), ``configure_training`` (its training flags) and ``between_phases`` (work
-                  when a phase ends, e.g. the AutoRec family's ridge start of fine-tune phase 2).
+    gradient      ``forward(batch, step)`` returns a step's named loss terms (what DDP wraps: the
+                  trainer sums them, backpropagates, and logs each term). Which steps there are,
+                  in which phases, over which parameters, at which learning rates, is the
+                  model's training policy's (``trainer``, ``models.training.Training``): most
+                  models take the default, one phase of one step over every parameter.
     closed-form   ``fit(train, rstar)`` sets the parameters from the whole training matrix (scipy
                   CSR, users x items) at once, in place of forward.
 
@@ -28,8 +25,9 @@ import torch
 from torch import nn
 
 from models.batch import Batch, row_ids, user_slice
+from models.hparams import HP
 from models.topk import top_k
-from models.hparams import HP, Option
+from models.training import Training
 
 RSTAR, NEGATIVES = "rstar", "negatives"  # what a model's batches may need beyond the input rows
 SCORE_BLOCK_FLOATS = 1 << 22  # scores per block of ``recommend`` on a CPU (16 MiB: measured best)
@@ -37,7 +35,9 @@ SCORE_BLOCK_FLOATS = 1 << 22  # scores per block of ``recommend`` on a CPU (16 M
 
 class Recommender(nn.Module):
     """The interface. Subclasses set the class attributes and implement ``model_args``, ``score``
-    and either ``forward`` (gradient) or ``fit`` (closed-form)."""
+    and either ``forward`` (gradient) or ``fit`` (closed-form). How a model trains (its phases,
+    defaults, options, data statistics) is its ``trainer``'s (``models.training``), not
+    this interface's."""
 
     #: the name it is registered and selected by (``--model``)
     name: ClassVar[str] = ""
@@ -58,24 +58,13 @@ class Recommender(nn.Module):
     #: never uses them: such a model folds every user in from the input row (models/peruser.py),
     #: so ``score`` stays a function of the row. Validation may (``trained_scores``).
     per_user: ClassVar[bool] = False
-    #: Adam's learning rate when ``--lr`` is not given (gradient models)
-    learning_rate: ClassVar[float] = 3e-4
-    #: users per step when ``--batch-size`` is not given (gradient models)
-    batch_size: ClassVar[int] = 128
-    #: epochs without a better validation NDCG before early stopping, when ``--patience`` is not
-    #: given (gradient models; a model whose validation dips before it climbs needs more)
-    patience: ClassVar[int] = 5
-    #: loss terms that regularise rather than fit (they may rise while the model learns, e.g. an
-    #: annealed KL weight): logged like any term, left out of "the fit improves" checks
-    regularisers: ClassVar[frozenset[str]] = frozenset({"l2"})
     #: whether ``recommend`` may score a batch's users in cache-sized blocks (False where scoring
     #: has a per-call cost of its own, e.g. a fold-in's optimiser steps, that blocks would repeat)
     score_in_blocks: ClassVar[bool] = True
-    #: run-level training flags it reads (``models.hparams.Option``: default, help, range, the
-    #: error for a model that does not take one), the one place each is declared: training's
-    #: config makes a field and a flag of each, checks it, and refuses it for other models;
-    #: ``configure_training`` applies them
-    training_options: ClassVar[dict[str, Option]] = {}
+    #: how it trains: the policy the loop builds per run, ``trainer(model, cfg)``, and whose
+    #: class the driver asks for defaults, options and data statistics (``models.training``)
+    #: (not ``training``: that is nn.Module's train/eval flag)
+    trainer: ClassVar[type[Training]] = Training
 
     n_items: int
 
@@ -84,7 +73,8 @@ class Recommender(nn.Module):
                     data: dict[str, Any] | None = None) -> Recommender:
         """A new model for ``n_items`` items (and ``n_users`` user indices, for a ``per_user``
         model) from hyperparameters (missing ones take defaults; the constructor has none of its
-        own, so ``hyperparameters`` is the only copy) and ``data``, its ``data_statistics``."""
+        own, so ``hyperparameters`` is the only copy) and ``data``, its training policy's
+        ``data_statistics``."""
         args = {**{k: hp.get(k, v) for k, v in cls.defaults().items()}, **(data or {})}
         if cls.per_user:
             if not n_users:
@@ -97,115 +87,10 @@ class Recommender(nn.Module):
         """Each hyperparameter's default."""
         return {name: hp.default for name, hp in cls.hyperparameters.items()}
 
-    @classmethod
-    def data_statistics(cls, prep, split: str = "train", config: Any = None) -> dict[str, Any]:
-        """Facts of the training data (``prepared.reader.Prepared``'s ``split``: "train", or
-        "train,valid" only for runs recorded before 2026-11-27) that the constructor takes beside
-        the hyperparameters, e.g. a unit of lambda: read once by the driver, recorded in the run,
-        handed to ``from_config`` on every worker. The driver computes them on the split model
-        selection trains on (train) also for the final retraining on train+valid, so that a
-        hyperparameter validation chose means the same in the final model
-        (``training.train.STATISTICS_SPLIT``). ``config``: the run's TrainConfig, for a
-        statistic only some settings need (None: none of those). Default: none."""
-        return {}
-
-    @classmethod
-    def combination_problem(cls, hp: dict[str, Any], options: dict[str, Any]) -> str | None:
-        """What is wrong with this combination of hyperparameters ``hp`` (defaults filled in) and
-        training options ``options`` (as given, None where not), as one error line naming the
-        flags and what to pass instead; None when it is fine. Default: nothing."""
-        return None
-
-    @classmethod
-    def takes_option(cls, name: str, hp: dict[str, Any]) -> bool:
-        """Whether the training option ``name`` applies to this model with hyperparameters ``hp``
-        (defaults filled in): a flag that does not is refused with the option's ``refused``.
-        Default: every option it declares."""
-        return name in cls.training_options
-
-    @classmethod
-    def resolved_options(cls, options: dict[str, Any], hp: dict[str, Any], lr: float
-                         ) -> dict[str, Any]:
-        """The training options (``options``: as given, None for unset) that apply with
-        hyperparameters ``hp``, with what None stands for filled in (``lr``: the run's learning
-        rate): what the run logs beside the resolved hyperparameters. Default: none."""
-        return {}
-
-    @classmethod
-    def converges_a_phase(cls, hp: dict[str, Any], options: dict[str, Any]) -> bool:
-        """Whether, with hyperparameters ``hp`` (defaults filled in) and training options
-        ``options`` (as given), a training phase runs until its loss converges
-        (``--pretrain-epochs 0``) rather than for a set number of epochs: the final retraining,
-        which has no validation split, then needs the count. Default: no."""
-        return False
-
-    @classmethod
-    def upgrade_record(cls, config: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-        """A run's recorded configuration (run.json's ``config``) from an older version, brought
-        to what this code would record for the same run, before a resume compares it with the
-        flags ``given`` (the new configuration, as a dict); raises ``UsageError`` where the old
-        run cannot resume as given. Default: as recorded."""
-        return config
-
-    @classmethod
-    def saved_args(cls, model_args: dict[str, Any]) -> dict[str, Any]:
-        """``model_args`` as saved by an older version, brought to what the constructor takes
-        now (``models.registry.build``). Default: as saved."""
-        return model_args
-
-    @classmethod
-    def fit_memory(cls, n_items: int) -> int:
-        """Bytes a fit holds at its peak where that is large and known before it starts (a
-        dense n_items x n_items state); 0 otherwise. The experiment runs no more such trials at
-        once than the machine's memory holds."""
-        return 0
-
     def model_args(self) -> dict[str, Any]:
         """The constructor's keyword arguments, JSON-able: ``type(self)(**model_args())`` rebuilds
         the model (then ``load_state_dict``)."""
         raise NotImplementedError
-
-    # -- gradient models ---------------------------------------------------------------------
-
-    def phases(self) -> list[list[Any]]:
-        """The steps of each training phase; a step is whatever ``forward`` and
-        ``step_parameters`` accept. Default: one phase of one step over every parameter."""
-        return [[None]]
-
-    def step_parameters(self, step: Any) -> list[nn.Parameter]:
-        return list(self.parameters())
-
-    def uses_every_parameter(self) -> bool:
-        """Whether every step trains every parameter (DDP's find_unused_parameters stays off)."""
-        every = set(map(id, self.parameters()))
-        return all(set(map(id, self.step_parameters(s))) == every
-                   for steps in self.phases() for s in steps)
-
-    def configure_training(self, options: Any) -> None:
-        """Apply the training flags in ``training_options`` (``options``: the run's
-        TrainConfig). Default: none."""
-
-    def phase_epochs(self, phase: int) -> int:
-        """Epochs of ``phase`` when it is not the last, from a training option of the model (0:
-        until its loss converges; ``--pretrain-epochs``, when given, overrides). Default: 0."""
-        return 0
-
-    def phase_lr(self, phase: int, lr: float) -> float:
-        """Adam's learning rate in ``phase`` (0-based) for a run whose learning rate is ``lr``
-        (a training option may give a later phase its own). Default: ``lr``."""
-        return lr
-
-    def between_phases(self, phase: int, batches: Any, ranks: Any) -> str | None:
-        """Called on every rank when ``phase`` (not the last) ends, before the next one's
-        optimizers exist. ``batches()`` iterates this rank's training batches (``Batch``, on the
-        model's device); ``ranks`` sums (``sum_``) and shares rank 0's value of (``broadcast_``)
-        a tensor in place over the ranks. Returns a line for the log when it did something.
-        Default: nothing."""
-        return None
-
-    def monitor(self, phase: int, terms: dict[str, float]) -> float:
-        """The loss whose convergence ends a phase that is not the last (its sum of terms)."""
-        return sum(terms.values())
 
     def forward(self, batch: Batch, step: Any = None) -> dict[str, torch.Tensor]:
         """Named 0-d loss terms of ``step`` on ``batch``; the step minimises their sum."""

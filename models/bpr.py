@@ -24,9 +24,17 @@ from torch import nn
 
 from models.base import Recommender
 from models.batch import Batch, row_ids
-from models.peruser import (FOLD_STEPS, fold_in, fold_rows, hashed_negatives, is_positive,
-                            pair_dots, uniform_negatives)
 from models.hparams import HP, LAM_HELP, NEG_RATIO_HELP, PAPER_LAMBDAS, PAPER_WIDTHS, WIDTH_HELP
+from models.peruser import (
+    FOLD_STEPS,
+    fold_in,
+    fold_rows,
+    hashed_negatives,
+    is_positive,
+    pair_dots,
+    uniform_negatives,
+)
+from models.training import Training
 
 
 class BPR(Recommender):
@@ -39,7 +47,7 @@ class BPR(Recommender):
                   search={"paper": PAPER_LAMBDAS, "small": [1e-5, 1e-4, 1e-3]}),
         "neg_ratio": HP(1, NEG_RATIO_HELP, lo=1, hi=10_000, why="0, the whole row, is cdae's"),
     }
-    learning_rate = 1e-2  # probed on ml-100k validation (README, "Models")
+    trainer = Training.tuned(learning_rate=1e-2)  # probed on ml-100k validation (README, "Models")
 
     def __init__(self, n_items: int, n_users: int, width: int, lam: float, neg_ratio: int):
         super().__init__()

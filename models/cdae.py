@@ -31,11 +31,27 @@ from torch import nn
 
 from models.base import Recommender
 from models.batch import Batch, row_ids
+from models.hparams import (
+    DROPOUT_HELP,
+    HP,
+    LAM_HELP,
+    NEG_RATIO_HELP,
+    PAPER_CORRUPTION,
+    PAPER_LAMBDAS,
+    PAPER_WIDTHS,
+    WIDTH_HELP,
+)
 from models.losses import densify, l2_penalty
-from models.peruser import (FOLD_STEPS, fold_in, fold_rows, hashed_negatives, is_positive,
-                            pair_dots, uniform_negatives)
-from models.hparams import (DROPOUT_HELP, HP, LAM_HELP, NEG_RATIO_HELP, PAPER_CORRUPTION,
-                            PAPER_LAMBDAS, PAPER_WIDTHS, WIDTH_HELP)
+from models.peruser import (
+    FOLD_STEPS,
+    fold_in,
+    fold_rows,
+    hashed_negatives,
+    is_positive,
+    pair_dots,
+    uniform_negatives,
+)
+from models.training import Training
 
 
 class CDAE(Recommender):
@@ -51,13 +67,12 @@ class CDAE(Recommender):
         # 0: the whole row (every unobserved item a negative), CDAE's alone
         "neg_ratio": HP(5, NEG_RATIO_HELP, lo=0, hi=10_000, why="0 = the whole row"),
     }
-    learning_rate = 3e-3  # probed on ml-100k validation (README, "Models")
-    # its validation NDCG first climbs to the popularity ranking's (the output biases learn
-    # first), dips for several epochs while the user-dependent part starts, then climbs past it:
-    # on ml-latest-small from 0.123 at epoch 3 to 0.171 by epoch 56, but patience 5 stopped it at
-    # epoch 8 (the former benchmarks/baselines.py: git show
-    # 6071794:benchmarks/results/baselines.md)
-    patience = 20
+    # its rate probed on ml-100k validation (README, "Models"); patience 20: its validation NDCG
+    # first climbs to the popularity ranking's (the output biases learn first), dips for several
+    # epochs while the user-dependent part starts, then climbs past it: on ml-latest-small from
+    # 0.123 at epoch 3 to 0.171 by epoch 56, but patience 5 stopped it at epoch 8 (the former
+    # benchmarks/baselines.py: git show 6071794:benchmarks/results/baselines.md)
+    trainer = Training.tuned(learning_rate=3e-3, patience=20)
 
     def __init__(self, n_items: int, n_users: int, width: int, lam: float, dropout: float,
                  neg_ratio: int):

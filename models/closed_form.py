@@ -60,6 +60,3 @@ def check_memory(model: Recommender, need: int, what: str, instead: str) -> None
 
 class ClosedForm(Recommender):
     kind = "closed-form"
-
-    def uses_every_parameter(self) -> bool:
-        return True

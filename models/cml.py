@@ -29,9 +29,17 @@ from torch import nn
 
 from models.base import Recommender
 from models.batch import Batch, row_ids
-from models.peruser import (FOLD_STEPS, fold_in, fold_rows, hashed_negatives, is_positive,
-                            pair_dots, uniform_negatives)
 from models.hparams import HP, NEG_RATIO_HELP, PAPER_WIDTHS, WIDTH_HELP
+from models.peruser import (
+    FOLD_STEPS,
+    fold_in,
+    fold_rows,
+    hashed_negatives,
+    is_positive,
+    pair_dots,
+    uniform_negatives,
+)
+from models.training import Training
 
 
 def clip(x: torch.Tensor) -> torch.Tensor:
@@ -52,8 +60,8 @@ class CML(Recommender):
         "cov_weight": HP(0.0, "weight of the covariance regulariser, 0 = off", lo=0, hi=1e6,
                          open_hi=True),
     }
-    learning_rate = 3e-3  # probed on ml-100k validation (README, "Models")
-    regularisers = frozenset({"cov"})
+    # its rate probed on ml-100k validation (README, "Models"); the covariance term regularises
+    trainer = Training.tuned(learning_rate=3e-3, regularisers=frozenset({"cov"}))
 
     def __init__(self, n_items: int, n_users: int, width: int, margin: float, neg_ratio: int,
                  cov_weight: float):

@@ -17,13 +17,23 @@ import torch
 
 from models.closed_form import ClosedForm, check_memory, row_sums
 from models.hparams import HP, LAM_HELP, PAPER_LAMBDAS
-
+from models.training import Training
 
 INSTEAD = "use a model with a low-rank state (puresvd, nce-plrec) or a machine with more memory"
 
 
+class EASETraining(Training):
+    """A fit whose peak is its dense float64 item-by-item state: the experiment runs no more EASE
+    fits at once than memory holds."""
+
+    @classmethod
+    def fit_memory(cls, n_items: int) -> int:
+        return fit_bytes(n_items)
+
+
 class EASE(ClosedForm):
     name = "ease"
+    trainer = EASETraining
     hyperparameters = {
         "lam": HP(500.0, LAM_HELP, lo=0, open_lo=True, hi=1e6, open_hi=True,
                   why="the diagonal added to the item Gram matrix",
@@ -40,10 +50,6 @@ class EASE(ClosedForm):
         # the same machine can serve (citeulike-a: 1.1 GiB held, 7.5 GiB to fit)
         check_memory(self, 4 * n_items * n_items, "its n x n weights B (float32)", INSTEAD)
         self.register_buffer("weights", torch.zeros(n_items, n_items))
-
-    @classmethod
-    def fit_memory(cls, n_items: int) -> int:
-        return fit_bytes(n_items)
 
     def model_args(self) -> dict:
         return {"n_items": self.n_items, "lam": self.lam}

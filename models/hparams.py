@@ -56,6 +56,9 @@ class HP:
     choices: tuple | None = None
     why: str = ""  # the range's reason, quoted in its error ("the paper: 50..500")
     search: Mapping[str, Sequence] = field(default_factory=dict)  # grid name -> values
+    #: shown beside the model's name where a run is named and tagged (the two-headed models'
+    #: mode): a value that changes what the model is, not only how strong
+    label: bool = False
 
     @property
     def kind(self) -> type:
@@ -96,14 +99,14 @@ class HP:
 
 @dataclass(frozen=True)
 class Option(HP):
-    """A run-level training flag a model reads (``Recommender.training_options``), declared like
-    a hyperparameter but not a constructor argument: ``configure_training`` applies it to the
-    built model, and the run records it among its flags. Models that declare one name share its
-    flag, default and help (``training.config`` makes one field of it and names the models in
-    its help).
+    """A run-level training flag a model's training policy reads (``Training.options``,
+    models/training.py), declared like a hyperparameter but not a constructor argument: the
+    policy reads it from the run's config, and the run records it among its flags. Models that
+    declare one name share its flag, default and help (``training.config`` makes one field of
+    it and names the models in its help).
 
     ``refused``: the end of the one-line error when the flag is given to a model (or a
-    configuration of it, ``Recommender.takes_option``) that does not take it; ``{model}`` is the
+    configuration of it, ``Training.takes_option``) that does not take it; ``{model}`` is the
     model, ``{takers}`` the models that declare the flag. ``resumable``: it changes how the run
     computes, not what it trains, so a resumed run may change it. ``searchable``: a grid may
     search it beside the hyperparameters."""

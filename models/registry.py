@@ -14,7 +14,6 @@ import pickle
 
 import torch
 
-from prepared.errors import UsageError
 from models.autorec import AutoRec, NCEAutoRec, NSAutoRec, OHNSAutoRec
 from models.base import Recommender
 from models.bpr import BPR
@@ -26,6 +25,7 @@ from models.popularity import Popularity
 from models.puresvd import PureSVD
 from models.vae import VAECF
 from models.wrmf import WRMF
+from prepared.errors import UsageError
 
 MODELS: dict[str, type[Recommender]] = {c.name: c for c in (
     AutoRec, OHNSAutoRec, NSAutoRec, NCEAutoRec,   # the paper's family (models/autorec/)
@@ -46,7 +46,7 @@ def build(name: str, model_args: dict) -> Recommender:
     """The model ``name`` from its ``model_args()`` (weights still to load); arguments left out
     take the model's defaults (its class's ``hyperparameters``, the one place they live)."""
     cls = model_class(name, "model")
-    return cls(**{**cls.defaults(), **cls.saved_args(model_args)})
+    return cls(**{**cls.defaults(), **model_args})
 
 
 def payload(name: str, model_args: dict, state_dict: dict, **extra) -> dict:

@@ -17,8 +17,9 @@ cap (the paper's "partially regularised" Mult-VAE, cap 0.2). Scores are the logi
 Deviations, all to fit this project's shapes, none to the model:
 - ``anneal_steps`` defaults to 2000 updates, not the paper's 200,000: the paper's count is for
   ML-20M's 116k users at batch 500 (about 860 epochs); at this project's data sizes and batch 128
-  the cap would never be reached. The update counter is a buffer, so a resumed run continues the
-  schedule and DDP ranks agree on it.
+  the cap would never be reached. The update counter is the training policy's (``VAETraining``,
+  its one step a ``KLSchedule``), saved in every checkpoint, so a resumed run continues the
+  schedule; every DDP rank counts the same updates.
 - The input layer reads the sparse row (an EmbeddingBag with per-item weights 1/|x|_2, dropped items
   weighted 0 and kept ones 1/(1-p), as inverted dropout of the normalised row is), so the (B, n)
   input is never formed; the decoder's (B, n) logits are inherent to the multinomial likelihood.
@@ -34,14 +35,53 @@ from torch import nn
 
 from models.base import Recommender
 from models.batch import Batch, row_ids
+from models.hparams import (
+    DROPOUT_HELP,
+    HP,
+    LAM_HELP,
+    PAPER_CORRUPTION,
+    PAPER_LAMBDAS,
+    PAPER_WIDTHS,
+    WIDTH_HELP,
+)
 from models.losses import densify
-from models.hparams import (DROPOUT_HELP, HP, LAM_HELP, PAPER_CORRUPTION, PAPER_LAMBDAS,
-                            PAPER_WIDTHS, WIDTH_HELP)
+from models.training import Training
+
+
+class KLSchedule:
+    """The KL weight's schedule, beta_t = min(cap, t / steps) after t updates: the one step of a
+    VAE-CF phase, advanced by each training forward. A plain object, not a dataclass: DDP hands
+    it to the forward as it is, where it would rebuild a dataclass on the way."""
+
+    def __init__(self, cap: float, steps: int, updates: int = 0):
+        self.cap, self.steps, self.updates = float(cap), int(steps), int(updates)
+
+    def weight(self) -> float:
+        return min(self.cap, self.updates / self.steps)
+
+
+class VAETraining(Training):
+    """One phase of one step, the ``KLSchedule``, whose position the checkpoint keeps."""
+
+    regularisers = frozenset({"kl", "l2"})  # the KL weight rises from 0: its term may too
+    learning_rate = 1e-3  # the paper's Adam rate; probed on ml-100k validation
+
+    def __init__(self, model: VAECF, options=None):
+        super().__init__(model, options)
+        self.schedule = KLSchedule(model.kl_cap, model.anneal_steps)
+
+    def phases(self) -> list[list[KLSchedule]]:
+        return [[self.schedule]]
+
+    def state_dict(self) -> dict:
+        return {"updates": self.schedule.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.schedule.updates = int(state["updates"])
 
 
 class VAECF(Recommender):
     name = "vae-cf"
-    regularisers = frozenset({"kl", "l2"})  # the KL weight rises from 0: its term may too
     hyperparameters = {
         "width": HP(200, WIDTH_HELP, lo=1, hi=100_000, search={"paper": PAPER_WIDTHS}),
         "hidden": HP(600, "hidden layer width", lo=1, hi=100_000, why="the paper: 600"),
@@ -52,7 +92,7 @@ class VAECF(Recommender):
         "anneal_steps": HP(2000, "updates over which the KL weight rises from 0 to its cap", lo=1),
         "lam": HP(0.0, LAM_HELP, lo=0, hi=1e6, open_hi=True, search={"paper": PAPER_LAMBDAS}),
     }
-    learning_rate = 1e-3  # the paper's Adam rate; probed on ml-100k validation
+    trainer = VAETraining
 
     def __init__(self, n_items: int, width: int, hidden: int, dropout: float, kl_cap: float,
                  anneal_steps: int, lam: float):
@@ -75,7 +115,6 @@ class VAECF(Recommender):
         for layer in (self.encoder_out, self.decoder[0], self.decoder[2]):
             nn.init.xavier_uniform_(layer.weight)
             nn.init.normal_(layer.bias, std=0.001)
-        self.register_buffer("updates", torch.zeros((), dtype=torch.int64))
 
     def model_args(self) -> dict:
         return {"n_items": self.n_items, "width": self.width, "hidden": self.hidden,
@@ -100,24 +139,23 @@ class VAECF(Recommender):
         mu, logvar = self.encoder_out(h).chunk(2, dim=1)
         return mu, logvar
 
-    def kl_weight(self) -> float:
-        return min(self.kl_cap, float(self.updates) / self.anneal_steps)
-
-    def forward(self, batch: Batch, step=None) -> dict[str, torch.Tensor]:
-        """``nll`` (multinomial, per user, batch mean), ``kl`` (already weighted by beta_t), and
-        ``l2`` when lam > 0. Each training forward counts one update of the annealing schedule."""
+    def forward(self, batch: Batch, step: KLSchedule | None = None) -> dict[str, torch.Tensor]:
+        """``nll`` (multinomial, per user, batch mean), ``kl`` (weighted by ``step``'s beta_t;
+        None: the cap, the schedule's end), and ``l2`` when lam > 0. Each training forward
+        advances ``step`` by one update."""
         mu, logvar = self.encode(batch.train_items, batch.train_offsets, drop=self.training)
         z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar) if self.training else mu
         logp = F.log_softmax(self.decoder(z), dim=1)
         target = densify(batch.train_items, batch.train_offsets, None, self.n_items)
         terms = {"nll": -(logp * target).sum(dim=1).mean(),
-                 "kl": self.kl_weight() * kl_divergence(mu, logvar)}
+                 "kl": (step.weight() if step is not None else self.kl_cap)
+                       * kl_divergence(mu, logvar)}
         if self.lam > 0:
             weights = [self.encoder_in.weight, self.encoder_out.weight, self.decoder[0].weight,
                        self.decoder[2].weight]
             terms["l2"] = self.lam * sum(w.pow(2).sum() for w in weights)
-        if self.training:
-            self.updates += 1
+        if self.training and step is not None:
+            step.updates += 1
         return terms
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import zlib
 
 from prepared.errors import UsageError
+from prepared.uri import filesystem
 
 FILES = "files"  # the manifest's key listing every file of the output with its size
 CHECKSUMS = "crc32"  # the manifest's key: data file -> CRC-32 as 8 hex digits (ETL outputs)
@@ -91,8 +92,6 @@ def crc32_of(fs, path: str) -> str:
 
 def crc32_of_uri(uri: str) -> str:
     """CRC-32 of the file at ``uri`` (a local path, or any URI pyarrow opens; s3a:// as s3://)."""
-    from prepared.reader import filesystem
-
     fs, path = filesystem(uri)
     return crc32_of(fs, path)
 

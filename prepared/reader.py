@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow.dataset as pds
@@ -22,6 +21,7 @@ from prepared import protocol
 from prepared import schema as S
 from prepared.errors import UsageError
 from prepared.files import CHECKSUMS, FILES, check_checksum, check_files, crc32_of, is_data_file
+from prepared.uri import filesystem, join
 
 VERIFY_ON_OPEN = 8 << 20  # files up to this size get their CRC-32 checked on every open
 
@@ -90,18 +90,6 @@ class Prepared:
                             format="parquet").to_table(columns=[S.ITEM_INDEX, S.ITEM_ID])
         order = np.argsort(items.column(S.ITEM_INDEX).to_numpy())
         return [str(v) for v in np.asarray(items.column(S.ITEM_ID).to_pylist(), object)[order]]
-
-
-def join(base: str, name: str) -> str:
-    return base.rstrip("/") + "/" + name
-
-
-def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    """(pyarrow FileSystem, path) of a local path or a URI (file:/x as Hadoop writes it, s3a://
-    as s3://)."""
-    if "://" not in uri and not uri.startswith("file:"):
-        return pafs.LocalFileSystem(), str(Path(uri).resolve())
-    return pafs.FileSystem.from_uri(uri.replace("s3a://", "s3://", 1))
 
 
 def verify_files(where: str, fs: pafs.FileSystem, path: str, manifest: dict,

@@ -21,7 +21,8 @@ from collections.abc import Iterator
 
 from prepared.errors import UsageError
 from prepared.files import CHECKSUMS, FILES, is_data_file
-from prepared.reader import filesystem, join, open_prepared
+from prepared.reader import open_prepared
+from prepared.uri import filesystem, join
 
 
 def verify(uri: str) -> dict:

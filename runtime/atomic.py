@@ -37,7 +37,7 @@ def atomic_output(target: str | Path, kind: str = "tmp") -> Iterator[BinaryIO]:
         finally:
             Path(tmp).unlink(missing_ok=True)
         return
-    from prepared.reader import filesystem  # pyarrow: only for URIs
+    from prepared.uri import filesystem  # pyarrow: only for URIs
     fs, path = filesystem(target)
     fs.create_dir(path.rpartition("/")[0], recursive=True)
     tmp = temporary_sibling(path, kind)

@@ -165,7 +165,7 @@ def checkpoints(run_dir: str) -> set[str]:
     """The checkpoint folders Ray Train has written in a run's directory (one per epoch)."""
     from pyarrow import fs as pafs
 
-    from prepared.reader import filesystem
+    from prepared.uri import filesystem
 
     fs, path = filesystem(run_dir)
     try:
@@ -179,7 +179,7 @@ def checkpoints(run_dir: str) -> set[str]:
 def drop_checkpoints(run_dir: str) -> int:
     """Delete the checkpoint folders of a finished run (``checkpoints``); returns how many.
     Only for a run whose model file and record are written: nothing resumes from them then."""
-    from prepared.reader import filesystem
+    from prepared.uri import filesystem
 
     fs, path = filesystem(run_dir)
     names = sorted(checkpoints(run_dir))

@@ -74,6 +74,14 @@ def artifact_root(uri: str) -> str | None:
     return None
 
 
+def experiment_id(client, uri: str, name: str) -> str:
+    """The id of the MLflow experiment ``name`` in the store ``uri`` (``client``'s), created if
+    there is none yet, its artifacts where ``artifact_root`` puts them."""
+    exp = client.get_experiment_by_name(name)
+    return exp.experiment_id if exp else client.create_experiment(
+        name, artifact_location=artifact_root(uri))
+
+
 def open_run(uri: str, experiment: str, run_name: str, run_id: str | None,
              tags: dict[str, str]) -> str:
     """The id of the MLflow run for ``run_name``: ``run_id`` if given (a resumed run), else new."""
@@ -87,10 +95,8 @@ def open_run(uri: str, experiment: str, run_name: str, run_id: str | None,
             return run.info.run_id
         except Exception:  # the store was reset: start a fresh run below
             pass
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(
-        experiment, artifact_location=artifact_root(uri))
-    run = client.create_run(exp_id, run_name=run_name, tags={RUN_NAME_TAG: run_name, **tags})
+    run = client.create_run(experiment_id(client, uri, experiment), run_name=run_name,
+                            tags={RUN_NAME_TAG: run_name, **tags})
     return run.info.run_id
 
 
@@ -205,12 +211,18 @@ def wait_reachable(uri: str, seconds: float) -> bool:
             time.sleep(2)
 
 
-def learning_curves(history: list[dict], title: str):
-    """A figure: each head's training loss, and validation NDCG / Recall@50, per epoch."""
+def pyplot():
+    """``matplotlib.pyplot`` drawing off-screen (the Agg backend: figures become files, and no
+    display is needed), for every figure the project draws."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
+
+def learning_curves(history: list[dict], title: str):
+    """A figure: each head's training loss, and validation NDCG / Recall@50, per epoch."""
+    plt = pyplot()
     epochs = [r["epoch"] for r in history]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for key in sorted({k for r in history for k in r if k.startswith("loss_")}):

@@ -160,3 +160,18 @@ def ray_head(local_stack):
     """The stack's Ray head, which this process joined as a driver (``.url``: job server,
     ``.address``: GCS). 3 logical CPUs: two 1-CPU training workers and one for Ray Data."""
     return local_stack.services["ray"]
+
+
+# the fixtures that start a real service: a test using one (directly or through another fixture)
+# is in that tier whether or not its module says so, so that the fast tier (`make test-fast`,
+# -m 'not spark and not ray') never starts a Spark session or the stack
+SERVICE_MARKS = {"spark": "spark", "small_prepared": "spark", "local_stack": "ray",
+                 "mlflow_server": "ray", "ray_head": "ray"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):
+            mark = SERVICE_MARKS.get(fixture)
+            if mark and mark not in {m.name for m in item.iter_markers()}:
+                item.add_marker(getattr(pytest.mark, mark))

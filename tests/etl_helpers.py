@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from prepared import schema as S
 from etl.config import ETLConfig
 from etl.prepare import run
+from prepared import schema as S
 
 
 @dataclass
@@ -139,9 +139,9 @@ def reshard_rows(prepared: Path, out: Path, shards: int) -> Path:
     import shutil
 
     import pyarrow as pa
+    from pyarrow import fs
 
     from prepared.files import crc32_of
-    from pyarrow import fs
 
     shutil.copytree(prepared, out)
     rows = pq.read_table(out / S.ROWS_DIR)

@@ -4,6 +4,7 @@ import statement of the project's code, including those inside functions."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,6 +106,58 @@ def test_training_reaches_a_model_only_through_the_interface():
            for name in sorted(code_names(path))
            if any(word in name.lower() for word in MODEL_WORDS)]
     assert not bad, "training/ names a model's own parts:\n" + "\n".join(bad)
+
+
+def model_knobs() -> set[str]:
+    """Every hyperparameter and training option name the registered models declare."""
+    from models.registry import MODELS
+
+    return ({n for c in MODELS.values() for n in c.hyperparameters}
+            | {n for c in MODELS.values() for n in c.trainer.options})
+
+
+def knob_uses(path: Path, knobs: set[str]) -> set[str]:
+    """Where ``path``'s code names a model's knob: as an attribute (``cfg.mode``), a keyword
+    (``f(lam=...)``), or in a string that is not a docstring (``"pos_weight"``, ``"--width"``,
+    an f-string's text "raise --lam"); local variable names are the code's own."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef,
+                                       ast.ClassDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    flags = {k: re.compile(rf"(^|[^\w-])--{re.escape(k.replace('_', '-'))}(?![\w-])") for k in knobs}
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in knobs:
+            found.add(f".{node.attr}")
+        elif isinstance(node, ast.keyword) and node.arg in knobs:
+            found.add(f"{node.arg}=")
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in docstrings):
+            found |= {repr(k) for k in knobs if node.value == k}
+            found |= {f"--{k}" for k, rx in flags.items() if rx.search(node.value)}
+    return found
+
+
+def test_training_names_no_model_knob():
+    """The generic loop and driver know a model's knobs (mode, width, lambda, pos_weight, the
+    fine-tune flags) only through the models' declarations and training policies: no attribute,
+    keyword or string in training/ names one."""
+    knobs = model_knobs() - {"rank"}  # a worker's DDP rank in training/, not PureSVD's rank
+    bad = [f"{path.relative_to(ROOT)}: {use}" for path in sorted((ROOT / "training").rglob("*.py"))
+           for use in sorted(knob_uses(path, knobs))]
+    assert not bad, "training/ names a model's knob:\n" + "\n".join(bad)
+
+
+def test_the_knob_check_sees_each_kind_of_use(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text('"""--lam in a docstring is fine"""\n'
+                 'def f(cfg, width):\n    """mode here too"""\n'
+                 '    x = cfg.mode\n    g(pos_weight=1)\n    h["dropout"]\n'
+                 '    return f"raise --lam (now {width})", "--lam-units", "a mode"\n')
+    assert knob_uses(p, {"mode", "pos_weight", "dropout", "lam", "width", "lam_units"}) == {
+        ".mode", "pos_weight=", "'dropout'", "--lam", "--lam_units"}
 
 
 def test_the_model_name_check_sees_a_model_named(tmp_path):

@@ -10,8 +10,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from evaluation.spark_metrics import (NULL_ID, batch_metrics, encode_batch, inverse_logs, metric_key,
-                                      metrics_for)
+from evaluation.spark_metrics import (
+    NULL_ID,
+    batch_metrics,
+    encode_batch,
+    inverse_logs,
+    metric_key,
+    metrics_for,
+)
 from prepared import metrics as M
 from prepared.protocol import TOP_K
 

@@ -12,13 +12,13 @@ import torch
 from models import bpr as bpr_module
 from models import cdae as cdae_module
 from models import cml as cml_module
+from models import peruser
 from models.batch import Batch
 from models.bpr import BPR, pair_losses
 from models.cdae import CDAE
 from models.cml import CML, clip
-from models import peruser
 from models.peruser import hashed_negatives, is_positive, row_hash
-from models.vae import VAECF
+from models.vae import VAECF, KLSchedule
 
 
 def batch(users, rows) -> Batch:
@@ -104,7 +104,7 @@ def test_cdae_loss_by_hand(monkeypatch):
 
 def test_vae_loss_by_hand():
     m = VAECF(n_items=3, width=1, hidden=2, dropout=0.5, kl_cap=0.2, anneal_steps=10, lam=0.0)
-    m.updates.fill_(4)  # beta_t = min(0.2, 4 / 10)
+    schedule = KLSchedule(0.2, 10, updates=4)  # beta_t = min(0.2, 4 / 10)
     m.eval()           # the mean code, no dropout
     E = np.array([[0.1, 0.2], [-0.3, 0.4], [0.5, -0.6]])
     eb = np.array([0.01, -0.02])
@@ -115,7 +115,7 @@ def test_vae_loss_by_hand():
                  (m.encoder_out.bias, bo), (m.decoder[0].weight, W3), (m.decoder[0].bias, b3),
                  (m.decoder[2].weight, W4), (m.decoder[2].bias, b4)):
         p.data = torch.tensor(v, dtype=torch.float32)
-    terms = m(batch([0], [[0, 2]]))
+    terms = m(batch([0], [[0, 2]]), schedule)
     x = np.array([1.0, 0.0, 1.0])
     h = np.tanh(E.T @ (x / np.sqrt(2)) + eb)
     mu, logvar = Wo @ h + bo
@@ -124,19 +124,29 @@ def test_vae_loss_by_hand():
     assert float(terms["nll"]) == pytest.approx(-(logp * x).sum(), rel=1e-5)
     kl = 0.5 * (np.exp(logvar) + mu ** 2 - 1 - logvar)
     assert float(terms["kl"]) == pytest.approx(0.2 * kl, rel=1e-5)
-    assert int(m.updates) == 4  # only a training forward advances the schedule
+    assert schedule.updates == 4  # only a training forward advances the schedule
     torch.testing.assert_close(m.score(batch([0], [[0, 2]]).train_items, torch.tensor([0])),
                                torch.tensor([logits], dtype=torch.float32))
 
 
 def test_vae_kl_weight_rises_linearly_to_its_cap():
     m = VAECF(n_items=3, width=1, hidden=2, dropout=0.0, kl_cap=0.2, anneal_steps=10, lam=0.0)
+    plan = m.trainer(m)
+    (schedule,), = plan.phases()
     weights = []
     for _ in range(4):
-        weights.append(m.kl_weight())
-        m(batch([0], [[0, 2]]))
+        weights.append(schedule.weight())
+        m(batch([0], [[0, 2]]), schedule)
     assert weights == pytest.approx([0.0, 0.1, 0.2, 0.2])
-    assert int(m.updates) == 4  # a buffer: in the checkpoint, so a resumed run continues
+    # the policy's state, in every checkpoint: a resumed run continues the schedule
+    assert plan.state_dict() == {"updates": 4}
+    resumed = m.trainer(m)
+    resumed.load_state_dict(plan.state_dict())
+    assert resumed.phases()[0][0].weight() == pytest.approx(0.2)
+    # no schedule (a forward outside training's steps): the cap, the objective it ends with
+    m.eval()
+    kl = m(batch([0], [[0, 2]]))["kl"]
+    assert float(kl) == pytest.approx(float(m(batch([0], [[0, 2]]), KLSchedule(0.2, 10, 10))["kl"]))
 
 
 def test_is_positive_matches_sets():

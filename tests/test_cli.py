@@ -112,7 +112,7 @@ CLIS = [("etl.prepare", "ETLConfig", "etl.config", ["--dataset", "ml-100k", "--o
                                                                  "--output", "o"]),
         ("evaluation.evaluate", "EvaluateConfig", "evaluation.evaluate",
          ["--recs", "r", "--data", "d", "--output", "o"]),
-        ("experiment.run", "ExperimentConfig", "experiment.run", ["--data", "d"])]
+        ("experiment.run", "ExperimentConfig", "experiment.plan", ["--data", "d"])]
 
 
 @pytest.mark.parametrize("cli, cls_name, where, required", CLIS)
@@ -294,8 +294,8 @@ def test_per_model_defaults_in_help_name_each_model(flag, field):
     got = dict(pair.rsplit(" ", 1) for pair in listed.split(", "))
     want = {}
     for name, cls in MODELS.items():
-        trainer = field in ("learning_rate", "patience", "batch_size")  # class attributes
-        value = getattr(cls, field) if trainer else cls.defaults().get(field)
+        trainer = field in ("learning_rate", "patience", "batch_size")  # the training policy's
+        value = getattr(cls.trainer, field) if trainer else cls.defaults().get(field)
         if value is not None and (not trainer or cls.kind == "gradient"):
             want[name] = value
     assert want and {m: float(v) for m, v in got.items()} == {m: float(v) for m, v in want.items()}
@@ -310,9 +310,9 @@ def test_the_batch_size_not_given_is_the_models_own_and_a_given_one_wins():
     from training.config import TrainConfig
 
     for name, cls in MODELS.items():
-        assert TrainConfig(data="d", model=name).batch_size == cls.batch_size
+        assert TrainConfig(data="d", model=name).batch_size == cls.trainer.batch_size
         assert TrainConfig(data="d", model=name, batch_size=7).batch_size == 7
-    assert MODELS["bpr"].batch_size == 128  # the models outside the family keep theirs
+    assert MODELS["bpr"].trainer.batch_size == 128  # the models outside the family keep theirs
 
 
 @pytest.mark.parametrize("cli, flag, says", [

@@ -8,9 +8,9 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from prepared.errors import UsageError
 from models.batch import sparse_rows
 from models.registry import build
+from prepared.errors import UsageError
 
 M, N = 40, 15  # users, items
 

@@ -115,20 +115,3 @@ def test_the_levers_are_accepted_and_searchable():
     resolved = TrainConfig(data="d", model="nce-autorec", mode="limited-finetune",
                            pos_weight=5.0).resolved()
     assert resolved["finetune_init"] == "as-is" and resolved["finetune_phase1_epochs"] == 0
-
-
-@pytest.mark.parametrize("model,extra", [("nce-autorec", {"mode": "full-finetune"}),
-                                         ("autorec", {}), ("puresvd", {})])
-def test_a_run_recorded_before_the_levers_resumes_with_them_off(model, extra):
-    from dataclasses import replace
-
-    from training.config import TrainConfig
-    from training.train import check_resume
-
-    cfg = TrainConfig(data="d", model=model, run_name="r", **extra)
-    levers = {"pos_weight", "dropout", "nce_scale", "finetune_phase1_epochs", "finetune_phase1_lr"}
-    old = {k: v for k, v in cfg.to_dict().items() if k not in levers}
-    check_resume(cfg, {"config": old})
-    if model != "puresvd":
-        with pytest.raises(UsageError, match="dropout was None, now 0.2"):
-            check_resume(replace(cfg, dropout=0.2), {"config": old})

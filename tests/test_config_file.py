@@ -11,13 +11,14 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+import experiment.run
+import experiment.state
+from experiment.plan import ExperimentConfig
 from models.registry import MODELS
 from prepared.errors import UsageError
 from runtime.cli import add_config_file, add_options, config_key, option, strict_parser, values
-import experiment.run
 from training import train
 from training.config import TrainConfig, check
-from experiment.run import ExperimentConfig
 
 
 def write(tmp_path: Path, text: str, name: str = "run.yaml") -> str:
@@ -176,7 +177,7 @@ def test_an_experiments_config_yaml_reads_back_to_its_configuration(tmp_path):
     cfg = ExperimentConfig(data="/abs/ml-100k", models="autorec,ease", grid="paper", name="mine",
                            output="/abs/experiments", patience=3, valid_by="trained",
                            no_register=True)
-    text = experiment.run.config_file(cfg, "r1")
+    text = experiment.state.config_file(cfg, "r1")
     path = write(tmp_path, text)
     got = ExperimentConfig(**values(experiment.run.build_parser().parse_args(["--config", path]),
                                     ExperimentConfig))
@@ -195,7 +196,7 @@ def test_the_experiments_run_logs_its_config_yaml(tmp_path):
     cfg = ExperimentConfig(data="/abs/ml-100k", models="autorec", name="logged",
                            output=str(tmp_path / "experiments"))
     state = {"models": {}}
-    experiment.run.parent_runs(uri, cfg, state, ["autorec"], "ml-100k")
+    experiment.state.parent_runs(uri, cfg, state, ["autorec"], "ml-100k")
     client = MlflowClient(uri)
     assert "config.yaml" in {a.path for a in client.list_artifacts(state["run_id"])}
     local = client.download_artifacts(state["run_id"], "config.yaml", str(tmp_path))

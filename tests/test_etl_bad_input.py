@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from etl.config import ETLConfig
-from prepared.errors import InputDataError, UsageError
 from etl.prepare import run
+from prepared.errors import InputDataError, UsageError
 from tests.etl_helpers import prepare
 
 pytestmark = pytest.mark.spark

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from evaluation.evaluate import evaluate
 from prepared import schema as S
 from prepared.errors import UsageError
-from evaluation.evaluate import evaluate
 
 pytestmark = pytest.mark.spark
 

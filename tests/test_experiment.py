@@ -26,7 +26,8 @@ GRID = {"autorec": {"lam": [10.0, 30.0], "width": [32], "lr": [0.003]},
 
 @pytest.fixture(scope="module")
 def killed_and_resumed(small_prepared, ray_head, mlflow_server, spark, tmp_path_factory):
-    from experiment.run import ExperimentConfig, run_experiment
+    from experiment.plan import ExperimentConfig
+    from experiment.run import run_experiment
 
     base = tmp_path_factory.mktemp("experiments")
     grid = base / "grid.json"
@@ -83,7 +84,7 @@ def test_the_experiment_selects_retrains_registers_scores_and_tables(killed_and_
                                                                     mlflow_server):
     from mlflow.tracking import MlflowClient
 
-    from experiment.run import fmt_point
+    from evaluation.tables import fmt_point
 
     r = killed_and_resumed
     state, root = r["state"], r["root"]

@@ -9,12 +9,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from prepared.errors import UsageError
+from evaluation.tables import table_csv
 from experiment import grids
+from experiment.plan import ExperimentConfig, plan, trial_config
+from experiment.report import table_md, table_rows
+from experiment.search import Progress
+from experiment.selection import final_config, retire_stale_final, select
+from experiment.state import open_state
+from prepared.errors import UsageError
 from training.config import check
-from experiment.run import (ExperimentConfig, Progress, final_config, open_state, plan,
-                                 retire_stale_final, select, table_csv, table_md, table_rows,
-                                 trial_config)
 
 
 def prep(valid: int = 100):
@@ -135,7 +138,8 @@ def test_selection_takes_the_best_finished_trial_and_skips_failed_and_unfinished
 
 
 def test_a_search_only_run_ranks_every_finished_trial_best_first(tmp_path):
-    from experiment.run import build_parser, search_md
+    from experiment.report import search_md
+    from experiment.run import build_parser
 
     pts = [{"lam": 1.0}, {"lam": 2.0}, {"lam": 3.0}]
     for p, v in zip(pts, (0.21, 0.25, 0.23)):
@@ -180,10 +184,10 @@ def test_valid_by_reaches_the_per_user_models_trials_only(tmp_path):
     assert trial_config(cfg, str(tmp_path), "bpr", {}).valid_by == "trained"
     assert trial_config(cfg, str(tmp_path), "autorec", {}).valid_by == "fold-in"
     plan(cfg, prep(), str(tmp_path))  # every point checks: autorec's never carries the flag
-    # an experiment recorded before the option validated by fold-in: it resumes so, not otherwise
+    # an experiment recorded validating by fold-in resumes so, not otherwise
     root = tmp_path / "e"
     root.mkdir()
-    old = {k: v for k, v in exp(tmp_path).__dict__.items() if k != "valid_by"}
+    old = dict(exp(tmp_path).__dict__)
     (root / "experiment.json").write_text(json.dumps({"config": old, "models": {}}))
     open_state(exp(tmp_path), root)
     with pytest.raises(UsageError, match="valid_by was 'fold-in', now 'trained'"):
@@ -191,8 +195,8 @@ def test_valid_by_reaches_the_per_user_models_trials_only(tmp_path):
 
 
 def test_a_trial_run_by_older_code_is_not_reused_silently(tmp_path):
-    """A finished trial is reused by name; one recorded before lambda's units (its config has no
-    lam_units) ran a different model than its name now means, and the plan says so."""
+    """A finished trial is reused by name; one whose record ran other settings than its name now
+    means (here lambda in the plain units) is not, and the plan says so."""
     cfg = exp(tmp_path, grid="small", models="autorec")
     t = trial_config(cfg, str(tmp_path), "autorec", {"lam": 3.0})
     run_dir = tmp_path / "trials" / t.run_name
@@ -200,9 +204,9 @@ def test_a_trial_run_by_older_code_is_not_reused_silently(tmp_path):
     same = t.to_dict()
     (run_dir / "run.json").write_text(json.dumps({"config": same, "summary": {}}))
     plan(cfg, prep(), str(tmp_path))  # the same configuration: reused
-    old = {k: v for k, v in same.items() if k != "lam_units"}
+    old = {**same, "lam_units": "plain"}
     (run_dir / "run.json").write_text(json.dumps({"config": old, "summary": {}}))
-    with pytest.raises(UsageError, match="autorec-lam3 ran with settings.*lam-units plain.*"
+    with pytest.raises(UsageError, match="autorec-lam3 ran with settings.*lam_units was 'plain'.*"
                                          "another --name"):
         plan(cfg, prep(), str(tmp_path))
 
@@ -310,7 +314,8 @@ def test_the_table_compares_each_model_with_the_best_after_the_first_too():
 def test_the_figures_are_drawn_for_the_settings_the_grid_varied(tmp_path):
     import torch
 
-    from experiment.run import best_by, figures, trial_results
+    from experiment.records import trial_results
+    from experiment.report import best_by, figures
 
     pts = grids.points({"mode": ["joint", "limited-finetune"], "beta": [0.8, 1.0]})
     ndcg = {("joint", 0.8): 0.20, ("joint", 1.0): 0.22, ("limited-finetune", 0.8): 0.25,
@@ -338,7 +343,7 @@ def test_points_without_a_mode_count_as_the_models_default_in_the_figures(tmp_pa
     are joint-mode trials, drawn as such (the run of 2026-11-27 failed here with KeyError)."""
     import torch
 
-    from experiment.run import figures
+    from experiment.report import figures
 
     pts = grids.points([{"lam": [3, 10]}, {"lam": [10], "mode": ["full-finetune"]}])
     for p, ndcg in zip(pts, (0.20, 0.22, 0.25)):
@@ -357,7 +362,7 @@ def test_points_without_a_mode_count_as_the_models_default_in_the_figures(tmp_pa
 def test_concurrency_leaves_a_cpu_for_the_data(tmp_path, monkeypatch):
     import ray
 
-    from experiment.run import concurrency
+    from experiment.search import concurrency
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 3.0})
     assert concurrency(exp(tmp_path, num_workers=2)) == 1           # 2 x 1 CPU + 1 for data
@@ -371,9 +376,9 @@ def test_concurrency_leaves_a_cpu_for_the_data(tmp_path, monkeypatch):
 
 
 def test_trials_with_a_large_fit_run_no_more_at_once_than_memory_holds(monkeypatch, capsys):
+    from experiment.search import memory_bound
     from models import closed_form
     from models.ease import fit_bytes
-    from experiment.run import memory_bound
 
     need = fit_bytes(16_980)                                  # citeulike-a: 7.5 GiB a fit
     assert need == 16_980 ** 2 * 28
@@ -426,7 +431,7 @@ def test_the_final_runs_seeds_and_which_of_them_a_resume_runs(tmp_path):
     """--seeds N: seeds --seed .. --seed + N - 1, the first under the name a final run had
     before --seeds (an old experiment's final run is its first seed); a resume with more seeds
     runs only the new ones, with fewer the first N, and a run of another choice runs again."""
-    from experiment.run import final_seeds, seeds_to_run
+    from experiment.selection import final_seeds, seeds_to_run
 
     root = tmp_path / "e"
     chosen = {"point": {"lam": 30.0}, "best_epoch": 4, "phase_epochs": [6]}
@@ -461,7 +466,8 @@ def test_the_final_runs_of_several_seeds_run_side_by_side(tmp_path, monkeypatch)
     """Where the cluster takes two trials at once, the seeds' final runs go to Tune together (as
     the search's trials do), each the final configuration of its seed and tagged as a final run
     of that seed in MLflow; one seed, or one trial at a time, leaves them to the loop."""
-    from experiment import run as R
+    from experiment import search as S
+    from experiment import selection as R
 
     ran = []
     monkeypatch.setattr(R, "tune_trials", lambda model, root, configs, state, at_once, progress,
@@ -490,13 +496,13 @@ def test_the_final_runs_of_several_seeds_run_side_by_side(tmp_path, monkeypatch)
         return {"best_valid_ndcg": None, "best_epoch": 4}
 
     monkeypatch.setattr(training.train, "run", fake_run)
-    out = R.trial({"train": configs[1].to_dict(), "mlflow_uri": "u", "parent": "p",
+    out = S.trial({"train": configs[1].to_dict(), "mlflow_uri": "u", "parent": "p",
                    "kind": "final"})
-    assert seen == {R.PARENT: "p", "kind": "final", "seed": "6"}
+    assert seen == {S.PARENT: "p", "kind": "final", "seed": "6"}
     assert out["valid_ndcg"] is None
-    R.trial({"train": trial_config(cfg, str(root), "autorec", {"lam": 30.0}).to_dict(),
+    S.trial({"train": trial_config(cfg, str(root), "autorec", {"lam": 30.0}).to_dict(),
              "mlflow_uri": "u", "parent": "p"})
-    assert seen == {R.PARENT: "p", "kind": "trial"}  # a search trial: no seed tag, as before
+    assert seen == {S.PARENT: "p", "kind": "trial"}  # a search trial: no seed tag, as before
 
 
 def test_the_table_pools_seeds_with_their_spread():
@@ -534,7 +540,7 @@ def test_the_table_pools_seeds_with_their_spread():
 
 
 def test_the_seed_spread_decides_whether_the_two_best_are_rerun():
-    from experiment.run import seed_mean, within_spread
+    from experiment.selection import seed_mean, within_spread
 
     # best 0.30, 0.28, 0.26 over three seeds: sd 0.02, a single-seed difference's sd 0.0283
     assert within_spread([0.30, 0.28, 0.26], 0.28)        # gap 0.02 <= 0.0283
@@ -545,7 +551,7 @@ def test_the_seed_spread_decides_whether_the_two_best_are_rerun():
 
 def test_the_two_best_points_within_the_seed_spread_are_chosen_by_their_mean_over_seeds(
         tmp_path, monkeypatch):
-    import experiment.run as E
+    import experiment.selection as E
 
     ran = []
     monkeypatch.setattr(E, "run_trials", lambda cfg, root, model, configs, *a: ran.append(

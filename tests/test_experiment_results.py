@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from experiment import results as E
 from prepared.errors import UsageError
-from experiment import run as E
 
 
 def files(tag: str, figures: tuple[str, ...], paired: bool = True) -> dict[str, bytes]:

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from etl import fetch as F
-from etl.config import DATASETS as ETL_DATASETS, ETLConfig
+from etl.config import DATASETS as ETL_DATASETS
+from etl.config import ETLConfig
 from tests.conftest import need_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

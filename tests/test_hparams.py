@@ -6,6 +6,7 @@ registry line alone."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -13,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from experiment import grids
 from models.hparams import HP
 from models.registry import MODELS
 from prepared.errors import UsageError
-from experiment import grids
 from training.config import TrainConfig, check, hyper_fields
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,9 +67,25 @@ def test_a_shared_flag_is_one_type_and_one_help_across_models():
         hyper_fields(clash)
 
 
+def declared_points(cls, grid_name: str) -> int:
+    """How many points a model's declarations give the named grid: the product of the number of
+    values of each hyperparameter it searches there and of each of its run-level axes (one, for a
+    model that searches nothing: its defaults), counted here without ``experiment.grids``."""
+    axes = {k: hp.search[grid_name] for k, hp in cls.hyperparameters.items() if grid_name in hp.search}
+    axes.update(cls.run_axes.get(grid_name, {}))
+    return math.prod(len(set(values)) for values in axes.values())
+
+
 def test_the_named_grids_are_the_models_declared_search_values():
     assert set(grids.NAMED) == {"paper", "small"}
-    assert sum(len(grids.points(a)) for a in grids.SMALL.values()) == 45
+    # every registered model is searched by the default grid, with as many trials as its own
+    # declarations give: adding a model adds its points, nothing else changes
+    small = grids.grid("small", list(MODELS))
+    assert list(small) == list(MODELS)
+    for name, cls in MODELS.items():
+        assert len(grids.points(small[name])) == declared_points(cls, "small") >= 1, name
+    assert sum(len(grids.points(a)) for a in grids.SMALL.values()) == sum(
+        declared_points(cls, "small") for cls in MODELS.values())
     for name, cls in MODELS.items():
         for g, axes in grids.NAMED.items():
             want = {k: list(hp.search[g]) for k, hp in cls.hyperparameters.items() if g in hp.search}
@@ -83,19 +100,24 @@ TOY = textwrap.dedent('''
     from models import registry
     from models.base import Recommender
     from models.hparams import HP, Option
+    from models.training import Training
+
+    class ToyTraining(Training):
+        """How the toy trains: at the pace its one training option sets."""
+        options = {"toy_pace": Option("calm", "how the toy trains", choices=("calm", "brisk"),
+                                      resumable=True, searchable=True,
+                                      refused="{model} has no pace; only {takers} do")}
+
+        def __init__(self, model, options=None):
+            super().__init__(model, options)
+            self.pace = getattr(options, "toy_pace", "calm")
 
     class Toy(Recommender):
         """A model with a knob no other model has, added by its module and one registry line."""
         name = "toy"
         hyperparameters = {"toy_knob": HP(7, "how toy the toy is", lo=1, hi=10,
                                           search={"small": [1, 2]})}
-        training_options = {"toy_pace": Option("calm", "how the toy trains", choices=("calm", "brisk"),
-                                               resumable=True, searchable=True,
-                                               refused="{model} has no pace; only {takers} do")}
-        pace = "calm"
-
-        def configure_training(self, options):
-            self.pace = options.toy_pace
+        trainer = ToyTraining
 
         def __init__(self, n_items, toy_knob):
             super().__init__()
@@ -107,7 +129,7 @@ TOY = textwrap.dedent('''
 
     registry.MODELS["toy"] = Toy  # the registry line
 
-    import experiment.run
+    import experiment.plan
     from experiment import grids
     from training.config import TrainConfig, check
     from training.loop import build_model
@@ -117,8 +139,8 @@ TOY = textwrap.dedent('''
     out = {"help": build_parser().format_help()}
     grid_file = sys.argv[1]
     axes = grids.grid(grid_file, ["toy"])["toy"]
-    cfg = experiment.run.ExperimentConfig(data="/abs/d", models="toy", grid=grid_file)
-    configs = [experiment.run.trial_config(cfg, "/abs/root", "toy", p) for p in grids.points(axes)]
+    cfg = experiment.plan.ExperimentConfig(data="/abs/d", models="toy", grid=grid_file)
+    configs = [experiment.plan.trial_config(cfg, "/abs/root", "toy", p) for p in grids.points(axes)]
     for c in configs:
         check(c)
     # what Tune ships to a trial (param_space) and the trial rebuilds
@@ -139,7 +161,8 @@ TOY = textwrap.dedent('''
         check(TrainConfig(data="d", model="autorec", toy_pace="brisk"))
     except UsageError as e:
         out["pace_elsewhere"] = str(e)
-    out["pace"] = build_model(TrainConfig(data="d", model="toy", toy_pace="brisk"), 5, None).pace
+    _, policy = build_model(TrainConfig(data="d", model="toy", toy_pace="brisk"), 5, None)
+    out["pace"] = policy.pace
     out["pace_resumable"] = "toy_pace" in RESUMABLE_CHANGES
     out["pace_searchable"] = "toy_pace" in grids.SEARCHABLE
     print(json.dumps(out))
@@ -162,7 +185,7 @@ def test_a_toy_model_with_a_new_hyperparameter_needs_only_its_module_and_registr
     assert out["refused"] == "--toy-knob 11: must be in 1..10"
     assert out["elsewhere"].startswith("--toy-knob 2: autorec does not take it (only toy do)")
     # a training option of its own: a flag naming the models it applies to, refused elsewhere in
-    # the model's words, applied by its configure_training, resumable and searchable as declared
+    # the model's words, applied by its training policy, resumable and searchable as declared
     assert "--toy-pace {calm,brisk} how the toy trains (toy only) (default: calm)" in help_text
     assert out["pace_elsewhere"] == "--toy-pace brisk: autorec has no pace; only toy do"
     assert out["pace"] == "brisk" and out["pace_resumable"] and out["pace_searchable"]

@@ -9,7 +9,6 @@ import torch
 
 from models.batch import Batch
 from models.registry import build
-from prepared.errors import UsageError
 from prepared.protocol import user_overlap
 
 
@@ -42,7 +41,7 @@ def test_overlap_units_scale_the_l2_by_omega_and_put_the_ns_loss_per_entry(name)
     over n_items, and the MSE heads' losses are unchanged."""
     n_items, omega = 6, 0.2
     torch.manual_seed(4)
-    plain = build(name, {"n_items": n_items, "width": 3, "lam": 5.0})
+    plain = build(name, {"n_items": n_items, "width": 3, "lam": 5.0, "lam_units": "plain"})
     units = build(name, {"n_items": n_items, "width": 3, "lam": 5.0, "lam_units": "overlap",
                          "overlap": omega})
     units.load_state_dict(plain.state_dict())
@@ -62,30 +61,18 @@ def test_overlap_units_need_the_datas_overlap():
         build("autorec", {"n_items": 5, "width": 2, "lam": 1.0, "lam_units": "overlap"})
 
 
-def test_a_model_saved_before_the_units_loads_as_it_trained():
-    """model_args without lam_units (saved before 2026-11-25) rebuild the plain form; a model
-    with the units saves and rebuilds them, omega included."""
-    old = build("nce-autorec", {"n_items": 5, "width": 2, "lam": 30.0, "mode": "joint"})
-    assert old.lam_units == "plain" and old.lam_scale == 1.0 and "lam_units" not in old.model_args()
+def test_a_model_saves_and_rebuilds_its_units():
+    """model_args record lambda's units (and omega with the overlap units): a saved model
+    rebuilds the form it trained in."""
+    plain = build("nce-autorec", {"n_items": 5, "width": 2, "lam": 30.0, "mode": "joint",
+                                  "lam_units": "plain"})
+    again = build("nce-autorec", plain.model_args())
+    assert (again.lam_units, again.lam_scale) == ("plain", 1.0)
+    assert plain.model_args()["lam_units"] == "plain" and "overlap" not in plain.model_args()
     new = build("nce-autorec", {"n_items": 5, "width": 2, "lam": 10.0, "lam_units": "overlap",
                                 "overlap": 2.5})
     again = build("nce-autorec", new.model_args())
     assert (again.lam_units, again.overlap, again.lam_scale) == ("overlap", 2.5, 2.5)
-
-
-def test_a_run_recorded_before_the_units_resumes_only_as_it_was():
-    from dataclasses import replace
-
-    from training.config import TrainConfig
-    from training.train import check_resume
-
-    cfg = TrainConfig(data="d", model="autorec", run_name="r")
-    old = {k: v for k, v in cfg.to_dict().items() if k != "lam_units"}
-    with pytest.raises(UsageError, match="pass --lam-units plain to resume it"):
-        check_resume(cfg, {"config": old})
-    check_resume(replace(cfg, lam_units="plain"), {"config": old})
-    # closed-form models have no units: nothing to refuse
-    check_resume(replace(cfg, model="ease"), {"config": {**old, "model": "ease"}})
 
 
 def _shipped_prepared():
@@ -128,7 +115,7 @@ def test_the_final_retraining_gets_the_l2_that_validation_chose(name):
 
     def effective_l2(cfg):
         stats = run_statistics(cfg, prep, None)
-        model = build_model(cfg, prep.n_items, prep.n_users, stats["values"])
+        model, _ = build_model(cfg, prep.n_items, prep.n_users, stats["values"])
         return stats, model.lam * model.lam_scale
 
     (s_chosen, l2_chosen), (s_final, l2_final) = effective_l2(chosen), effective_l2(final)
@@ -141,8 +128,8 @@ def test_the_final_retraining_gets_the_l2_that_validation_chose(name):
 
 
 def test_a_run_resumes_with_the_data_statistics_it_recorded():
-    """A resumed run keeps its record's statistics; one recorded before the rule (no
-    ``data_statistics``) computed them on the splits it trains on and keeps them."""
+    """A resumed run keeps its record's statistics; a new one computes them on the train split,
+    also for the final retraining."""
     from training.config import TrainConfig
     from training.train import run_statistics
 
@@ -150,7 +137,7 @@ def test_a_run_resumes_with_the_data_statistics_it_recorded():
     final = TrainConfig(data="d", model="autorec", train_splits="train,valid")
     recorded = {"split": "train", "values": {"overlap": 1.25}}
     assert run_statistics(final, prep, {"data_statistics": recorded}) == recorded
-    assert run_statistics(final, prep, {"config": {}}) == {
-        "split": "train,valid", "values": {"overlap": prep.user_overlap(True)}}
+    assert run_statistics(final, prep, None) == {
+        "split": "train", "values": {"overlap": prep.user_overlap(False)}}
     ease = TrainConfig(data="d", model="ease")
     assert run_statistics(ease, prep, None) == {"split": "train", "values": {}}

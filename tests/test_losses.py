@@ -15,6 +15,11 @@ SCORES = torch.tensor([[0.5, 0.0, 1.0], [0.0, 2.0, 0.0]])
 POS, POS_OFF = torch.tensor([0, 2, 1]), torch.tensor([0, 2])  # user 0: {0, 2}; user 1: {1}
 
 
+def phases_of(model):
+    """The phases of steps of the model's training policy, every option at its default."""
+    return type(model).trainer(model).phases()
+
+
 def test_densify():
     assert densify(POS, POS_OFF, None, 3).tolist() == [[1, 0, 1], [0, 1, 0]]
 
@@ -51,7 +56,7 @@ def test_l2_is_lambda_times_mean_square_per_matrix():
 
 
 def test_models_registry_and_shapes():
-    m = build("nce-autorec", {"n_items": 7, "width": 4})
+    m = build("nce-autorec", {"lam_units": "plain", "n_items": 7, "width": 4})
     out = m.head_scores(torch.tensor([0, 3, 6]), torch.tensor([0, 2]), ("nce", "predict"))
     assert set(out) == {"nce", "predict"} and out["predict"].shape == (2, 7)
     torch.testing.assert_close(m.score(torch.tensor([0, 3, 6]), torch.tensor([0, 2])), out["predict"])
@@ -62,8 +67,8 @@ def test_models_registry_and_shapes():
     h = torch.relu(dense @ m.encoder.weight + m.encoder_bias)
     torch.testing.assert_close(m.encode(torch.tensor([0, 3, 6]), torch.tensor([0, 2])), h)
     assert isinstance(m, AutoRec) and m.model_args() == {"n_items": 7, "width": 4, "lam": 10.0,
-                                                         "mode": "joint", "embed_weight": 1.0,
-                                                         "embed_lam": None}
+                                                         "lam_units": "plain", "mode": "joint",
+                                                         "embed_weight": 1.0, "embed_lam": None}
 
 
 def test_rstar_recomputed_for_another_beta_from_popularity():
@@ -144,7 +149,8 @@ def test_autorec_family_trains_the_same_through_the_fast_losses(name, mode):
     from models.batch import Batch
 
     torch.manual_seed(0)
-    args = {"n_items": 11, "width": 3, "lam": 0.5, **({"mode": mode} if mode else {})}
+    args = {"n_items": 11, "width": 3, "lam": 0.5, "lam_units": "plain",
+            **({"mode": mode} if mode else {})}
     model = build(name, args).double()
     _, _, _, idx, offsets = random_head()
     batch = Batch(users=torch.arange(5), train_items=idx, train_offsets=offsets,
@@ -152,7 +158,7 @@ def test_autorec_family_trains_the_same_through_the_fast_losses(name, mode):
                   neg_items=torch.tensor([1, 4, 4, 0, 9, 2, 10]),
                   neg_counts=torch.tensor([2, 1, 3, 1, 5, 1, 2]),
                   neg_offsets=torch.tensor([0, 2, 3, 5, 7]))
-    for steps in model.phases():
+    for steps in phases_of(model):
         for step in steps:
             out = {}
             for dense in (False, True):
@@ -179,7 +185,7 @@ def test_autorec_picks_the_cheaper_loss_per_batch(monkeypatch):
     calls = []
     monkeypatch.setattr(autorec, "linear_mse", lambda *a, **k: calls.append(len(a[0])) or
                         torch.tensor(0.0))
-    model = build("autorec", {"n_items": 11, "width": 6})
+    model = build("autorec", {"lam_units": "plain", "n_items": 11, "width": 6})
     for b in (3, 4):  # 3 * 3 < 2 * 6: dense; 3 * 4 >= 12: fast
         rows = [torch.tensor([1, 2])] * b
         model(Batch(users=torch.arange(b), train_items=torch.cat(rows),
@@ -188,7 +194,7 @@ def test_autorec_picks_the_cheaper_loss_per_batch(monkeypatch):
                     neg_counts=torch.zeros(0, dtype=torch.int64),
                     neg_offsets=torch.zeros(b, dtype=torch.int64)))
     assert calls == [4]
-    ns = build("ohns-autorec", {"n_items": 11, "width": 6})
+    ns = build("ohns-autorec", {"lam_units": "plain", "n_items": 11, "width": 6})
     assert ns.dense_for("ns", 10_000) and not model.dense_for("predict", 10_000)
     ns.dense_loss = False
     assert not ns.dense_for("ns", 1)
@@ -293,10 +299,11 @@ def test_the_levers_train_the_same_through_the_fast_losses(name, mode, levers):
     """Every step of every mode with the levers on: the loss terms and every gradient through the
     fast losses equal those through the dense scores (float64)."""
     torch.manual_seed(0)
-    args = {"n_items": 11, "width": 3, "lam": 0.5, **({"mode": mode} if mode else {}), **levers}
+    args = {"n_items": 11, "width": 3, "lam": 0.5, "lam_units": "plain",
+            **({"mode": mode} if mode else {}), **levers}
     model = build(name, args).double()
     batch = lever_batch()
-    for steps in model.phases():
+    for steps in phases_of(model):
         for step in steps:
             out = {}
             for dense in (False, True):
@@ -318,8 +325,9 @@ def test_the_levers_off_reproduce_the_paper_loss_exactly(name):
     out = []
     for args in ({}, off):
         torch.manual_seed(0)
-        model = build(name, {"n_items": 11, "width": 3, "lam": 0.5, **args}).double()
-        out.append(step_terms_and_grads(model, batch, model.phases()[0][0], seed=3))
+        model = build(name, {"n_items": 11, "width": 3, "lam": 0.5, "lam_units": "plain",
+                             **args}).double()
+        out.append(step_terms_and_grads(model, batch, phases_of(model)[0][0], seed=3))
         assert "pos_weight" not in model.model_args() and "dropout" not in model.model_args()
     assert out[0][0] == out[1][0]
     for k in out[0][1]:
@@ -333,7 +341,8 @@ def test_dropout_is_the_dense_reference_on_the_corrupted_row_with_the_clean_targ
 
     p = 0.5
     torch.manual_seed(0)
-    model = build("autorec", {"n_items": 11, "width": 3, "lam": 0.0, "dropout": p}).double()
+    model = build("autorec", {"lam_units": "plain",
+                              "n_items": 11, "width": 3, "lam": 0.0, "dropout": p}).double()
     model.dense_loss = True
     batch = lever_batch()
     idx, offsets = batch.train_items, batch.train_offsets
@@ -351,7 +360,7 @@ def test_dropout_is_the_dense_reference_on_the_corrupted_row_with_the_clean_targ
 
 def test_dropout_is_off_in_eval_and_when_scoring():
     torch.manual_seed(0)
-    args = {"n_items": 11, "width": 3, "lam": 0.5}
+    args = {"n_items": 11, "width": 3, "lam": 0.5, "lam_units": "plain"}
     plain = build("nce-autorec", args).double()
     torch.manual_seed(0)
     dropped = build("nce-autorec", {**args, "dropout": 0.7}).double()
@@ -375,9 +384,9 @@ def test_nce_scale_rms_and_head_weight_by_hand():
     for scale in ("none", "rms", "head-weight"):
         torch.manual_seed(0)
         extra = {"nce_scale": scale, "rstar_mean_square": ms} if scale != "none" else {}
-        models[scale] = build("nce-autorec", {"n_items": 11, "width": 3, "lam": 0.5,
+        models[scale] = build("nce-autorec", {"lam_units": "plain", "n_items": 11, "width": 3, "lam": 0.5,
                                               **extra}).double()
-    step = models["none"].phases()[0][0]
+    step = phases_of(models["none"])[0][0]
     nce = {k: m(batch, step)["nce"].item() for k, m in models.items()}
     scores = models["none"].head_scores(batch.train_items, batch.train_offsets, ("nce",))["nce"]
     rms_ref = mse_loss(scores, batch.train_items, batch.train_offsets,
@@ -392,7 +401,7 @@ def test_rstar_mean_square_is_over_the_training_positives():
 
     import numpy as np
 
-    from models.autorec.model import rstar_mean_square
+    from models.autorec.training import rstar_mean_square
 
     pop = np.array([3, 1, 0])
     table = lambda beta, tv: np.array([1.0, 2.0, 5.0]) * beta
@@ -406,21 +415,23 @@ def test_rstar_mean_square_is_over_the_training_positives():
 def test_phase_one_has_its_own_length_and_learning_rate():
     from types import SimpleNamespace
 
-    model = build("nce-autorec", {"n_items": 11, "width": 3, "mode": "full-finetune"})
-    model.configure_training(SimpleNamespace(loss_path="auto", finetune_init=None,
-                                             finetune_lr=1e-3, finetune_phase1_lr=5e-3,
-                                             finetune_phase1_epochs=7))
-    assert [model.phase_lr(p, 3e-4) for p in (0, 1)] == [5e-3, 1e-3]
-    assert [model.phase_epochs(p) for p in (0, 1)] == [7, 0]
-    joint = build("nce-autorec", {"n_items": 11, "width": 3})
-    assert joint.phase_lr(0, 3e-4) == 3e-4 and joint.phase_epochs(0) == 0
+    model = build("nce-autorec", {"lam_units": "plain", "n_items": 11, "width": 3,
+                                  "mode": "full-finetune"})
+    plan = model.trainer(model, SimpleNamespace(loss_path="auto", finetune_init=None,
+                                                 finetune_lr=1e-3, finetune_phase1_lr=5e-3,
+                                                 finetune_phase1_epochs=7))
+    assert [plan.phase_lr(p, 3e-4) for p in (0, 1)] == [5e-3, 1e-3]
+    assert [plan.phase_epochs(p) for p in (0, 1)] == [7, 0]
+    joint = build("nce-autorec", {"lam_units": "plain", "n_items": 11, "width": 3})
+    plan = joint.trainer(joint)
+    assert plan.phase_lr(0, 3e-4) == 3e-4 and plan.phase_epochs(0) == 0
 
 
 def test_a_weighted_model_starts_fine_tune_phase_two_as_is():
     from types import SimpleNamespace
 
-    model = build("nce-autorec", {"n_items": 11, "width": 3, "mode": "limited-finetune",
+    model = build("nce-autorec", {"lam_units": "plain", "n_items": 11, "width": 3, "mode": "limited-finetune",
                                   "pos_weight": 2.0})
-    model.configure_training(SimpleNamespace(loss_path="auto", finetune_init=None,
-                                             finetune_lr=None))
-    assert not model.start_from_ridge
+    plan = model.trainer(model, SimpleNamespace(loss_path="auto", finetune_init=None,
+                                                 finetune_lr=None))
+    assert not plan.start_from_ridge

@@ -70,18 +70,18 @@ def test_a_malformed_request_gets_one_clear_error(frame, params, said):
 def logged(small_prepared, mlflow_server, tmp_path_factory):
     """A small AutoRec on ml-latest-small logged as training logs it (``log_final``) and registered as
     ``store-good@champion``."""
-    import mlflow
     import pyarrow as pa
     import pyarrow.parquet as pq
     from mlflow.tracking import MlflowClient
 
+    import mlflow
     from prepared.reader import open_prepared
     from runtime.tracking import log_final
 
     d = tmp_path_factory.mktemp("logged")
     prep = open_prepared(str(small_prepared))
     torch.manual_seed(0)
-    model = build("autorec", {"n_items": prep.n_items, "width": 8}).eval()
+    model = build("autorec", {"lam_units": "plain", "n_items": prep.n_items, "width": 8}).eval()
     torch.save(model.state_dict(), d / "weights.pt")
     ids = prep.item_ids()
     pq.write_table(pa.table({"item_id": pa.array(ids, pa.string())}), d / "item_ids.parquet")
@@ -98,8 +98,9 @@ def logged(small_prepared, mlflow_server, tmp_path_factory):
 
 
 def register(tracking: str, uri: str, name: str) -> None:
-    import mlflow
     from mlflow.tracking import MlflowClient
+
+    import mlflow
 
     mlflow.set_tracking_uri(tracking)
     version = mlflow.register_model(uri, name).version
@@ -183,8 +184,8 @@ def test_an_experiment_moving_anothers_champion_says_so(logged, mlflow_server, c
     MLflow experiment moves the alias with a NOTE naming the experiment it took it from."""
     from mlflow.tracking import MlflowClient
 
-    from experiment.run import register as register_final
-    from experiment.run import registered_name
+    from experiment.register import register as register_final
+    from experiment.register import registered_name
     from runtime.tracking import log_final
 
     assert registered_name("", "citeulike-a", "autorec") == "citeulike-a-autorec"
@@ -215,8 +216,9 @@ def test_an_experiment_moving_anothers_champion_says_so(logged, mlflow_server, c
 
 def test_a_cloudpickled_pyfunc_is_refused_and_never_runs(logged, small_prepared, mlflow_server,
                                                          spark, tmp_path, capsys):
-    import mlflow
     import mlflow.pyfunc
+
+    import mlflow
 
     marker = tmp_path / "ran"
 
@@ -246,9 +248,9 @@ def test_a_cloudpickled_pyfunc_is_refused_and_never_runs(logged, small_prepared,
 
 def test_a_tampered_code_file_is_refused_and_never_runs(logged, small_prepared, mlflow_server,
                                                         spark, tmp_path, capsys):
-    import mlflow
     import mlflow.pyfunc
 
+    import mlflow
     from runtime.tracking import pyfunc_spec
 
     marker = tmp_path / "ran"

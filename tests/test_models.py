@@ -14,10 +14,10 @@ import pyarrow as pa
 import pytest
 import torch
 
-from prepared import protocol
 from models.autorec import Step
 from models.batch import to_csr
 from models.registry import MODELS, build, load_weights_only, read, save
+from prepared import protocol
 from training.feed import batch_from_arrow
 from training.step import make_optimizers, train_batch
 
@@ -45,11 +45,18 @@ def checkerboard(negatives=40, seed=0):
     return table, train, withheld
 
 
+def policy(model):
+    """The model's training policy with every option's default, as a run without flags has it."""
+    return type(model).trainer(model)
+
+
 def train_gradient(model, batch, epochs=150, lr=0.02):
-    """Full-batch training through the trainer's own step function; per-step loss terms."""
+    """Full-batch training through the trainer's own step function and the model's own training
+    policy (its phases and steps); per-step loss terms."""
     history = []
-    for steps in model.phases():
-        opts = make_optimizers(model, steps, lr=lr)
+    plan = policy(model)
+    for steps in plan.phases():
+        opts = make_optimizers(plan, steps, lr=lr)
         for _ in range(epochs):
             history.append({k: float(v) for k, v in train_batch(model, batch, steps, opts).items()})
     return history
@@ -76,11 +83,11 @@ class ModelBehaviour:
         table, train, withheld = checkerboard()
         batch = batch_from_arrow(table)
         # what the model reads from the training rows (the AutoRec family: the unit of its
-        # lambda), through its hook as the trainer does
+        # lambda), through its training policy as the trainer does
         pop = np.bincount(np.concatenate(train), minlength=N)
         prep = SimpleNamespace(user_overlap=lambda final_retraining: protocol.user_overlap(pop, N))
         model = MODELS[self.name].from_config(
-            N, self.hp, n_users=N, data=MODELS[self.name].data_statistics(prep))
+            N, self.hp, n_users=N, data=MODELS[self.name].trainer.data_statistics(prep))
         if model.engine == "spark":  # the training pairs as a Spark DataFrame
             spark = request.getfixturevalue("spark")
             pairs = spark.createDataFrame([(u, i) for u in range(N) for i in train[u]],
@@ -111,7 +118,7 @@ class ModelBehaviour:
         """Every loss term the model minimises (its regularisers aside) ends below where it began;
         for a closed-form fit, the training reconstruction error against the unfitted model."""
         model, *_, history = trained
-        terms = {k for h in history for k in h} - model.regularisers
+        terms = {k for h in history for k in h} - model.trainer.regularisers
         first = {k: next(h[k] for h in history if k in h) for k in terms}
         last = {k: next(h[k] for h in reversed(history) if k in h) for k in terms}
         assert terms and all(last[k] < first[k] for k in terms), (first, last)
@@ -265,31 +272,37 @@ def _batch():
 
 def test_limited_finetune_freezes_the_encoder_in_phase_two():
     batch = _batch()
-    model = build("nce-autorec", {"n_items": N, "width": 8, "lam": 1e-3, "mode": "limited-finetune"})
-    p1, p2 = model.phases()
+    model = build("nce-autorec", {"lam_units": "plain",
+                                  "n_items": N, "width": 8, "lam": 1e-3, "mode": "limited-finetune"})
+    plan = policy(model)
+    p1, p2 = plan.phases()
     assert p2 == [Step(("predict",), train_encoder=False)]
-    train_batch(model, batch, p1, make_optimizers(model, p1, 0.01))
+    train_batch(model, batch, p1, make_optimizers(plan, p1, 0.01))
     before = _snapshot(model)
-    train_batch(model, batch, p2, make_optimizers(model, p2, 0.01))
+    train_batch(model, batch, p2, make_optimizers(plan, p2, 0.01))
     assert not _changed(before, model, "encoder") and _changed(before, model, "heads.predict")
     assert not _changed(before, model, "heads.nce")
 
 
 def test_full_finetune_trains_the_encoder_in_phase_two():
     batch = _batch()
-    model = build("nce-autorec", {"n_items": N, "width": 8, "lam": 1e-3, "mode": "full-finetune"})
-    _, p2 = model.phases()
+    model = build("nce-autorec", {"lam_units": "plain",
+                                  "n_items": N, "width": 8, "lam": 1e-3, "mode": "full-finetune"})
+    plan = policy(model)
+    _, p2 = plan.phases()
     before = _snapshot(model)
-    train_batch(model, batch, p2, make_optimizers(model, p2, 0.01))
+    train_batch(model, batch, p2, make_optimizers(plan, p2, 0.01))
     assert _changed(before, model, "encoder") and _changed(before, model, "heads.predict")
     assert not _changed(before, model, "heads.nce")
 
 
 def test_alternating_updates_what_each_loss_touches():
     batch = _batch()
-    model = build("ns-autorec", {"n_items": N, "width": 8, "lam": 1e-3, "mode": "alternating"})
-    (embed, predict), = model.phases()
-    opts = make_optimizers(model, [embed, predict], 0.01)
+    model = build("ns-autorec", {"lam_units": "plain",
+                                 "n_items": N, "width": 8, "lam": 1e-3, "mode": "alternating"})
+    plan = policy(model)
+    (embed, predict), = plan.phases()
+    opts = make_optimizers(plan, [embed, predict], 0.01)
     before = _snapshot(model)
     train_batch(model, batch, [embed], opts[:1])
     assert _changed(before, model, "heads.ns") and _changed(before, model, "encoder")
@@ -301,7 +314,7 @@ def test_alternating_updates_what_each_loss_touches():
 
 def test_mode_on_a_one_headed_model_is_an_error():
     with pytest.raises(ValueError, match="one head"):
-        build("autorec", {"n_items": N, "width": 4, "mode": "joint"})
+        build("autorec", {"lam_units": "plain", "n_items": N, "width": 4, "mode": "joint"})
 
 
 def test_an_unknown_model_name_lists_the_names():
@@ -313,7 +326,8 @@ def test_an_unknown_model_name_lists_the_names():
 
 def test_ddp_needs_unused_parameter_search_only_where_a_step_skips_parameters():
     def every(name, **hp):
-        return build(name, {"n_items": N, "width": 4, **hp}).uses_every_parameter()
+        return policy(build(name, {"n_items": N, "width": 4, "lam_units": "plain", **hp})
+                      ).uses_every_parameter()
 
     assert every("autorec") and every("nce-autorec", mode="joint")
     assert not every("nce-autorec", mode="alternating")  # each step trains one head

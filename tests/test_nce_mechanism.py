@@ -45,7 +45,7 @@ def test_the_nce_term_is_the_mse_against_r_star_not_r(fast):
     are -2/(B n) times R*'s and r's column sums."""
     rstar = np.array([0.3, 2.5, 4.0, 1.7, 0.9, 3.2])  # non-uniform, none equal to 1
     batch = batch_of(rstar)
-    model = build("nce-autorec", {"n_items": 6, "width": 4, "lam": 0.0})
+    model = build("nce-autorec", {"lam_units": "plain", "n_items": 6, "width": 4, "lam": 0.0})
     model.dense_loss = not fast
     with torch.no_grad():
         for head in model.heads.values():
@@ -62,6 +62,7 @@ def test_the_nce_term_is_the_mse_against_r_star_not_r(fast):
     np.testing.assert_allclose(model.heads["predict"].bias.grad.numpy(), -2 * t_r.sum(0) / n, rtol=1e-5)
 
 
+@pytest.mark.slow  # 20 s of training: in make test, not in the edit loop
 def test_trained_nce_head_reproduces_r_star_and_predict_head_reproduces_r():
     """A head with enough capacity to interpolate (width >= users, no L2) trained jointly: the
     NCE head's scores at the positives converge to R*, the predict head's to 1, both to 0 off the
@@ -70,7 +71,8 @@ def test_trained_nce_head_reproduces_r_star_and_predict_head_reproduces_r():
     rstar = np.array([0.3, 2.5, 4.0, 1.7, 0.9, 3.2])
     batch = batch_of(rstar)
     torch.manual_seed(0)
-    model = build("nce-autorec", {"n_items": 6, "width": 8, "lam": 0.0, "mode": "joint"})
+    model = build("nce-autorec", {"lam_units": "plain",
+                                  "n_items": 6, "width": 8, "lam": 0.0, "mode": "joint"})
     opt = torch.optim.Adam(model.parameters(), lr=0.03)
     for _ in range(1500):
         opt.zero_grad()
@@ -94,7 +96,7 @@ def test_beta_zero_and_log_z_one_make_the_nce_head_a_second_autorec_head():
     Z it is (log Z)^2 times the predict term of the head scaled by 1 / log Z."""
     assert np.allclose(rstar_per_item(POP, z=50.0, beta=0.0), math.log(50.0))
     torch.manual_seed(1)
-    model = build("nce-autorec", {"n_items": 6, "width": 4, "lam": 0.0})
+    model = build("nce-autorec", {"lam_units": "plain", "n_items": 6, "width": 4, "lam": 0.0})
     with torch.no_grad():
         model.heads["nce"].load_state_dict(model.heads["predict"].state_dict())
     terms = model(batch_of(rstar_per_item(POP, z=math.e, beta=0.0)))
@@ -151,7 +153,7 @@ def test_the_ridge_start_is_the_minimiser_of_phase_two_and_equals_the_reference(
                   train_rstar=torch.ones(len(idx), dtype=torch.float64),
                   neg_items=torch.zeros(0, dtype=torch.long), neg_counts=torch.zeros(0, dtype=torch.long),
                   neg_offsets=torch.zeros(users, dtype=torch.long))
-    phase2 = model.phases()[1][0]
+    phase2 = model.trainer(model).phases()[1][0]
     terms = model(batch, phase2)
     sum(terms.values()).backward()
     assert set(terms) == {"predict", "l2"}
@@ -172,17 +174,16 @@ def test_the_loop_hook_sets_the_ridge_start_only_when_asked(init):
     A model without such work (BPR) keeps the default hook."""
     from types import SimpleNamespace
 
-
     from models.autorec.ridge import reference_head
     from training.loop import Ranks
 
     n_items, users = 10, 30
     rows, table = random_rows(seed=5, n_items=n_items, users=users, longest=5)
     torch.manual_seed(0)
-    model = build("nce-autorec", {"n_items": n_items, "width": 4, "lam": 3.0,
+    model = build("nce-autorec", {"lam_units": "plain", "n_items": n_items, "width": 4, "lam": 3.0,
                                   "mode": "limited-finetune"})
-    model.configure_training(SimpleNamespace(loss_path="auto", finetune_init=init,
-                                            finetune_lr=None))
+    plan = model.trainer(model, SimpleNamespace(loss_path="auto", finetune_init=init,
+                                                finetune_lr=None))
     before = model.heads["predict"].weight.detach().clone()
 
     def batches():  # two batches of 12 and 18 users, as a rank's shard arrives
@@ -191,7 +192,7 @@ def test_the_loop_hook_sets_the_ridge_start_only_when_asked(init):
             offsets = torch.tensor([0, *np.cumsum([len(r) for r in part])[:-1]])
             yield _Rows(idx, offsets, len(part))
 
-    said = model.between_phases(0, batches, Ranks)
+    said = plan.between_phases(0, batches, Ranks)
     head = model.heads["predict"]
     if init == "as-is":
         assert said is None and torch.equal(head.weight, before)
@@ -202,7 +203,7 @@ def test_the_loop_hook_sets_the_ridge_start_only_when_asked(init):
         torch.testing.assert_close(head.bias.detach(), bias, rtol=1e-4, atol=1e-5)
         assert not torch.equal(head.weight, before)
     bpr = build("bpr", {"n_items": n_items, "n_users": users})
-    assert bpr.between_phases(0, lambda: iter(()), Ranks) is None
+    assert bpr.trainer(bpr).between_phases(0, lambda: iter(()), Ranks) is None
 
 
 class _Rows:
@@ -219,9 +220,10 @@ def test_the_embedding_heads_weight_and_its_own_l2():
     matrix alone (l2 = lam (mean W_enc^2 + mean W_pred^2) + embed_lam mean W_nce^2, by hand)."""
     batch = batch_of(np.array([0.3, 2.5, 4.0, 1.7, 0.9, 3.2]))
     torch.manual_seed(2)
-    plain = build("nce-autorec", {"n_items": 6, "width": 4, "lam": 0.5})
+    plain = build("nce-autorec", {"lam_units": "plain", "n_items": 6, "width": 4, "lam": 0.5})
     torch.manual_seed(2)
-    lever = build("nce-autorec", {"n_items": 6, "width": 4, "lam": 0.5, "embed_weight": 2.5,
+    lever = build("nce-autorec", {"lam_units": "plain",
+                                  "n_items": 6, "width": 4, "lam": 0.5, "embed_weight": 2.5,
                                   "embed_lam": 7.0})
     a, b = plain(batch), lever(batch)
     assert b["nce"].item() == pytest.approx(2.5 * a["nce"].item(), rel=1e-6)

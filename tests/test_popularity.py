@@ -5,8 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from evaluation.popularity import (gini, head_items, popularity_summary, summary_from_counts,
-                                   weighted_median)
+from evaluation.popularity import gini, head_items, popularity_summary, summary_from_counts, weighted_median
 
 
 def gini_reference(x):
@@ -101,7 +100,8 @@ def test_metric_keys_are_mlflow_safe_and_round_trip_names():
 
 
 def test_the_cold_start_plot_wraps_many_models_into_rows_and_counts_each_panel():
-    from evaluation.plots import _plt, cold_start_scatter
+    from evaluation.plots import cold_start_scatter
+    from runtime.tracking import pyplot as _plt
 
     ref = np.array([0.0, 0.5, 1.0])
     others = {f"m{i}": ref + (0.1 if i % 2 else -0.1) for i in range(6)}
@@ -114,7 +114,8 @@ def test_the_cold_start_plot_wraps_many_models_into_rows_and_counts_each_panel()
 
 
 def test_the_popularity_plot_draws_every_model_past_the_colour_cycle():
-    from evaluation.plots import _plt, popularity_density
+    from evaluation.plots import popularity_density
+    from runtime.tracking import pyplot as _plt
 
     pop = np.array([1.0, 10.0, 100.0])
     models = {f"m{i}": (pop, np.array([i + 1.0, 1.0, 1.0])) for i in range(13)}

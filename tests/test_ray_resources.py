@@ -38,7 +38,8 @@ def test_an_impossible_request_is_refused_with_the_sizes_and_the_fix():
 def test_the_experiment_refuses_trials_that_cannot_fit(monkeypatch, tmp_path):
     import ray
 
-    from experiment.run import ExperimentConfig, check_trial_fits
+    from experiment.plan import ExperimentConfig
+    from experiment.search import check_trial_fits
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 3.0})
     cfg = ExperimentConfig(data=str(tmp_path), num_workers=4, cpus_per_worker=2)

@@ -24,14 +24,14 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from models.autorec import NCEAutoRec
 from prepared import schema as S
 from prepared.reader import open_prepared
-from models.autorec import NCEAutoRec
+from tests.etl_helpers import prepare, reference_positives, reference_time_split
 from training.config import TrainConfig
 from training.feed import BatchMaker, batch_from_arrow, plan
 from training.loop import build_model
 from training.step import make_optimizers, train_batch
-from tests.etl_helpers import prepare, reference_positives, reference_time_split
 
 pytestmark = pytest.mark.spark
 
@@ -128,9 +128,10 @@ def test_stored_rstar_reaches_the_nce_loss_of_a_training_step(small_prepared, lo
     # real training steps: the model the loop builds, its optimizers, its step; each step's NCE
     # term (computed before that step's update) equals the dense float64 reference with this R*
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg, prep.n_items, prep.n_users, NCEAutoRec.data_statistics(prep))
-    steps = model.phases()[0]
-    optimizers = make_optimizers(model, steps, cfg.learning_rate)
+    model, policy = build_model(cfg, prep.n_items, prep.n_users,
+                              NCEAutoRec.trainer.data_statistics(prep))
+    steps = policy.phases()[0]
+    optimizers = make_optimizers(policy, steps, cfg.learning_rate)
     targets = per_user(expected, rows)
     item_rows = per_user(items, rows)
     for _ in range(3):

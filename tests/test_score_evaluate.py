@@ -14,15 +14,15 @@ import pytest
 import torch
 from scipy import stats
 
-from prepared import schema as S
-from prepared.errors import UsageError
-from prepared import metrics as M
 from evaluation.evaluate import evaluate
 from evaluation.score import score
 from evaluation.spark_metrics import METRICS, metric_key
 from models.autorec import AutoRec
 from models.batch import sparse_rows
 from models.registry import build, save
+from prepared import metrics as M
+from prepared import schema as S
+from prepared.errors import UsageError
 from tests.etl_helpers import relist_files, reshard_rows
 
 pytestmark = pytest.mark.spark
@@ -43,7 +43,7 @@ def save_model(path: Path, prepared: Path, *, n_items: int | None = None,
     biases, so that its lists are personal yet hit the truth often enough to test metrics."""
     pop = pd.read_parquet(prepared / S.ITEMS_DIR).sort_values(S.ITEM_INDEX)[S.POP_TRAIN].to_numpy()
     torch.manual_seed(0)
-    model = build("nce-autorec", {"n_items": n_items or len(pop), "width": 16}).eval()
+    model = build("nce-autorec", {"lam_units": "plain", "n_items": n_items or len(pop), "width": 16}).eval()
     with torch.no_grad():
         model.heads["predict"].bias[:len(pop)] = torch.log1p(torch.from_numpy(pop[:model.n_items]))
     path.mkdir(parents=True, exist_ok=True)

@@ -16,12 +16,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from models.autorec import AutoRec
+from models.registry import load_model_file
 from prepared.errors import UsageError
 from prepared.metrics import hit_matrix, per_user
 from runtime.raycluster import checkpoints
 from training.config import TrainConfig
-from models.autorec import AutoRec
-from models.registry import load_model_file
 from training.train import TrainingError, run
 
 pytestmark = [pytest.mark.spark, pytest.mark.ray]
@@ -224,7 +224,7 @@ def test_a_collapsed_run_is_tagged_warned_and_not_made_champion_silently(
     registration refuses it as @champion unless allowed, and then tags the version."""
     from mlflow.tracking import MlflowClient
 
-    from experiment.run import register_if_healthy
+    from experiment.register import register_if_healthy
 
     result = run(config(small_prepared, runs_dir, num_workers=1, run_name="width1",
                         model="autorec", width=1, epochs=2), mlflow_server.url)
@@ -466,7 +466,7 @@ def test_the_levers_beyond_the_paper_train_end_to_end(small_prepared, ray_head, 
     by the driver at the run's beta), and the run learns (above random lists, ~0.016 here)."""
     from mlflow.tracking import MlflowClient
 
-    from models.autorec.model import rstar_mean_square
+    from models.autorec.training import rstar_mean_square
     from prepared.reader import open_prepared
 
     cfg = config(small_prepared, runs_dir, run_name="levers", mode="full-finetune",

@@ -12,13 +12,13 @@ from prepared import protocol
 from prepared import schema as S
 from prepared.errors import UsageError
 from prepared.metrics import hit_matrix, per_user
-from training.config import TrainConfig, check
-from training.feed import (BatchMaker, FeedPlan, epoch_seed, in_valid_sample, union_sorted,
-                           valid_batch)
-from training.loop import new_progress, next_state
 from prepared.reader import Prepared, open_prepared
 from runtime.tracking import check_reachable, tracking_uri
+from training.config import TrainConfig, check
+from training.feed import BatchMaker, FeedPlan, epoch_seed, in_valid_sample, union_sorted, valid_batch
+from training.loop import new_progress, next_state
 from training.validate import batch_metrics, model_metrics, top_metrics
+
 
 def L(rows):  # noqa: N802
     return pa.array(rows, pa.list_(pa.int32()))
@@ -162,7 +162,7 @@ def test_recommend_in_cache_sized_blocks_equals_one_block(monkeypatch):
     torch.manual_seed(0)
     rng = np.random.default_rng(1)
     n_items = 57
-    model = build("autorec", {"n_items": n_items, "width": 8}).eval()
+    model = build("autorec", {"lam_units": "plain", "n_items": n_items, "width": 8}).eval()
     items, offsets = sparse_rows(random_rows(rng, 23, n_items, 12))
     ex_items, ex_offsets = sparse_rows(random_rows(rng, 23, n_items, 30))
     whole = [model.recommend(items, offsets, 10), model.recommend(items, offsets, 10, False),
@@ -190,7 +190,7 @@ def test_model_metrics_equal_the_metrics_of_the_model_scores():
     n_items, b = 300, 64
     train, valid = train_valid_rows(rng, b, n_items, 40, 20)
     vb = valid_batch(rows_table(train, valid), 0, 1)
-    model = build("nce-autorec", {"n_items": n_items, "width": 16}).eval()
+    model = build("nce-autorec", {"lam_units": "plain", "n_items": n_items, "width": 16}).eval()
     got = model_metrics(model, vb)
     want = batch_metrics(model.score(vb.train_items, vb.train_offsets), vb)
     for g, w in zip(got, want):
@@ -233,16 +233,15 @@ def test_valid_by_trained_is_for_models_with_trained_user_vectors():
         check(cfg(model="autorec", valid_by="trained"))
 
 
-def test_a_run_recorded_before_valid_by_resumes_as_fold_in_only():
+def test_a_run_resumes_only_with_its_validation():
     from dataclasses import replace
 
     from training.train import check_resume
 
     c = cfg(model="bpr", run_name="r")
-    old = {k: v for k, v in c.to_dict().items() if k != "valid_by"}
-    check_resume(c, {"config": old})  # it validated by fold-in, the default
+    check_resume(c, {"config": c.to_dict()})  # the same settings: it resumes
     with pytest.raises(UsageError, match="valid_by was 'fold-in', now 'trained'"):
-        check_resume(replace(c, valid_by="trained"), {"config": old})
+        check_resume(replace(c, valid_by="trained"), {"config": c.to_dict()})
 
 
 # -- early stopping and phases ----------------------------------------------------------------------
@@ -365,7 +364,7 @@ def test_under_ray_job_submit_paths_must_be_absolute(monkeypatch):
     check_job_paths(build_parser().parse_args(["--data", "/abs/x", "--runs-dir", "/abs/runs",
                                                "--mlflow-uri", "http://127.0.0.1:5000"]))
     # the experiment's folder flag is named from its own options, not spelled at the call
-    from experiment.run import ExperimentConfig
+    from experiment.plan import ExperimentConfig
     from experiment.run import build_parser as experiment_parser
 
     with pytest.raises(UsageError, match="pass --experiments-dir and --mlflow-uri"):
@@ -398,8 +397,8 @@ def test_the_folder_of_runs_is_runs_dir_and_the_old_output_flag_still_works(caps
 def test_loss_path_sets_how_the_autorec_family_computes_its_loss(path, dense):
     from training.loop import build_model
 
-    model = build_model(cfg(model="nce-autorec", loss_path=path), n_items=50, n_users=None,
-                        data={"overlap": 0.1})
+    model, _ = build_model(cfg(model="nce-autorec", loss_path=path), n_items=50, n_users=None,
+                           data={"overlap": 0.1})
     assert model.dense_loss is dense
     assert model.dense_for("nce", 4096) is (dense if dense is not None else False)
 
@@ -413,7 +412,7 @@ def test_bf16_step_on_cpu_trains_like_float32():
 
     def step(bf16):
         torch.manual_seed(0)
-        model = build("nce-autorec", {"n_items": 30, "width": 8})
+        model = build("nce-autorec", {"lam_units": "plain", "n_items": 30, "width": 8})
         model.dense_loss = True  # the heads' nn.Linear: what autocast runs in bf16
         batch = Batch(users=torch.arange(3), train_items=torch.tensor([0, 4, 7, 1, 29]),
                       train_offsets=torch.tensor([0, 3, 4]), train_rstar=torch.rand(5),
@@ -421,8 +420,9 @@ def test_bf16_step_on_cpu_trains_like_float32():
                       neg_counts=torch.zeros(0, dtype=torch.long),
                       neg_offsets=torch.zeros(3, dtype=torch.long))
         before = model.heads["predict"].weight.detach().clone()
-        steps = model.phases()[0]
-        terms = train_batch(model, batch, steps, make_optimizers(model, steps, 0.01), bf16=bf16)
+        plan = model.trainer(model)
+        steps = plan.phases()[0]
+        terms = train_batch(model, batch, steps, make_optimizers(plan, steps, 0.01), bf16=bf16)
         w = model.heads["predict"].weight
         assert w.dtype == torch.float32 and not torch.equal(w.detach(), before)
         return {k: float(v) for k, v in terms.items()}
@@ -492,7 +492,7 @@ def test_the_epoch_body_sums_each_term_over_the_users_and_the_phase_has_its_lear
     """``training.step.train_epoch`` (the loop's epoch, and benchmarks/tune_defaults.py's): each
     loss term summed as batch mean x batch users, the same steps as calling ``train_batch`` on
     each batch; ``phase_optimizers`` gives fine-tune phase 2 --finetune-lr (the model's
-    ``phase_lr``), phase 1 --lr."""
+    policy's ``phase_lr``), phase 1 --lr."""
     from models.batch import Batch
     from training.loop import build_model
     from training.step import make_optimizers, phase_optimizers, train_batch, train_epoch
@@ -508,11 +508,12 @@ def test_the_epoch_body_sums_each_term_over_the_users_and_the_phase_has_its_lear
 
     batches = [batch([[0, 3], [5, 7, 9]]), batch([[1], [2, 4], [8, 9, 0]])]
     c = cfg(model="nce-autorec", mode="limited-finetune", lr=0.01, finetune_lr=0.002)
-    one, two = (build_model(c, 10, None, {"overlap": 0.5}) for _ in range(2))
+    (one, plan_one), (two, plan_two) = (build_model(c, 10, None, {"overlap": 0.5})
+                                        for _ in range(2))
     two.load_state_dict(one.state_dict())
-    steps = one.phases()[0]
-    sums, users = train_epoch(one, iter(batches), steps, make_optimizers(one, steps, 0.01))
-    opts = make_optimizers(two, steps, 0.01)
+    steps = plan_one.phases()[0]
+    sums, users = train_epoch(one, iter(batches), steps, make_optimizers(plan_one, steps, 0.01))
+    opts = make_optimizers(plan_two, steps, 0.01)
     want = {}
     for b in batches:
         for k, v in train_batch(two, b, steps, opts).items():
@@ -521,6 +522,6 @@ def test_the_epoch_body_sums_each_term_over_the_users_and_the_phase_has_its_lear
     for k in want:
         assert float(sums[k]) == pytest.approx(want[k], rel=1e-6), k
     assert all(torch.equal(a, b) for a, b in zip(one.parameters(), two.parameters()))
-    phases = one.phases()
-    assert [o.param_groups[0]["lr"] for o in phase_optimizers(one, phases, 0, 0.01)] == [0.01]
-    assert [o.param_groups[0]["lr"] for o in phase_optimizers(one, phases, 1, 0.01)] == [0.002]
+    phases = plan_one.phases()
+    assert [o.param_groups[0]["lr"] for o in phase_optimizers(plan_one, phases, 0, 0.01)] == [0.01]
+    assert [o.param_groups[0]["lr"] for o in phase_optimizers(plan_one, phases, 1, 0.01)] == [0.002]

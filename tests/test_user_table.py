@@ -10,8 +10,7 @@ import pyarrow as pa
 import pytest
 
 from evaluation.spark_metrics import batch_metrics, metric_key, metrics_for
-from evaluation.user_table import (column, long_metric_names, long_rows, partition_rows,
-                                   summary_rows)
+from evaluation.user_table import column, long_metric_names, long_rows, partition_rows, summary_rows
 
 N_ITEMS = 300
 INVERSE_LOG = np.concatenate([[np.inf], 1.0 / np.log2(np.arange(1, N_ITEMS + 52) + 1.0)])

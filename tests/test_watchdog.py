@@ -18,6 +18,8 @@ import pytest
 from infra import services, stack
 
 ROOT = stack.ROOT
+# real owner, watchdog and server processes, seconds each: in make test, not the edit loop
+pytestmark = pytest.mark.slow
 
 # a server that ignores SIGTERM (as MLflow's and Ray's were seen to for 15 s) with a child
 # process in its group that ignores it too

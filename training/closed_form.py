@@ -17,14 +17,14 @@ import numpy as np
 import pyarrow.dataset as pds
 import torch
 
-from prepared import schema as S
 from models.batch import flat, to_csr
 from models.registry import MODELS
+from prepared import schema as S
+from prepared.protocol import head_items
+from prepared.uri import filesystem
 from training.config import TrainConfig
 from training.feed import in_valid_sample, union_sorted, valid_batch
-from prepared.reader import filesystem
-from prepared.protocol import head_items
-from training.validate import TOP_K, head_mask, head_share_sum, top_metrics
+from training.validate import head_mask, validation_sums
 
 SCORE_USERS = 1024  # validation users scored at once: 1024 x n_items float32
 
@@ -70,24 +70,14 @@ def validation_stats(model, rows, fraction: float = 1.0, head: np.ndarray | None
     if fraction < 1:
         rows = rows.filter(in_valid_sample(rows.column(S.USER_INDEX).to_numpy(), fraction))
     mask = head_mask(model.n_items, head) if head is not None else None
-    ndcg_sum = recall_sum = head_sum = 0.0
-    count = 0
-    for lo in range(0, rows.num_rows, SCORE_USERS):
-        vb = valid_batch(rows.slice(lo, SCORE_USERS), 0, 1)
-        if vb is None:
-            continue
-        _, top = model.recommend(vb.train_items, vb.train_offsets, TOP_K)
-        ndcg, recall = top_metrics(top, vb)
-        ndcg_sum += float(ndcg.sum())
-        recall_sum += float(recall.sum())
-        if mask is not None:
-            head_sum += head_share_sum(mask, top)
-        count += len(vb)
-    nan = float("nan")
-    out = {"ndcg": ndcg_sum / count if count else nan,
-           "recall": recall_sum / count if count else nan, "users": count}
+    batches = (vb for lo in range(0, rows.num_rows, SCORE_USERS)
+               if (vb := valid_batch(rows.slice(lo, SCORE_USERS), 0, 1)) is not None)
+    sums, _ = validation_sums(model, batches, head=mask)
+    count, nan = int(sums["users"]), float("nan")
+    out = {"ndcg": sums["ndcg"] / count if count else nan,
+           "recall": sums["recall"] / count if count else nan, "users": count}
     if mask is not None:
-        out["head_share"] = head_sum / count if count else nan
+        out["head_share"] = sums["head"] / count if count else nan
     return out
 
 

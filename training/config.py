@@ -7,8 +7,8 @@ stores it so that a resumed run can refuse a changed configuration.
 Its run-level fields are written here (``RunConfig``); its model fields are generated from the
 registered models' declarations (``models.hparams``): one optional field per hyperparameter name,
 None meaning the model's own default, checked by the model that takes it, and one field per
-training option a model declares (``Recommender.training_options``: the AutoRec family's fine-tune
-and loss-path flags), refused for the models that do not take it.
+training option a model's training policy declares (``Training.options``, models/training.py),
+refused for the models that do not take it.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from models.base import Recommender
 from models.hparams import Option
 from models.registry import MODELS
+from models.training import Training
 from prepared.errors import UsageError
 from runtime.cli import option
 
@@ -31,17 +31,18 @@ VALID_BY = ("fold-in", "trained")
 
 DATA, HYPER, TRAINING, CLUSTER = ("data and model", "model hyperparameters (a model refuses one it "
                                   "does not take; defaults are the model's own)",
-                                  "training (the AutoRec family; defaults chosen on the shared "
-                                  "real datasets, see README)", "cluster, tracking and output")
+                                  "training (gradient models; a default not given is the "
+                                  "model's own)", "cluster, tracking and output")
 
 
 def model_defaults(field: str, models: dict | None = None) -> str:
     """Each model's default of one hyperparameter, for --help ("autorec 3, ohns-autorec 2, ..."),
-    read from the models' classes (``hyperparameters``; ``learning_rate``, ``patience``: the
-    gradient models' class attributes), so the help cannot drift from the code."""
+    read from the models' classes (``hyperparameters``; ``learning_rate``, ``patience``,
+    ``batch_size``: the gradient models' training policies), so the help cannot drift from the
+    code."""
     shown = []
     for name, cls in (MODELS if models is None else models).items():
-        value = (getattr(cls, field) if field in ("learning_rate", "patience", "batch_size")
+        value = (getattr(cls.trainer, field) if field in ("learning_rate", "patience", "batch_size")
                  and cls.kind == "gradient" else cls.defaults().get(field))
         if value is not None:
             shown.append(f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}")
@@ -147,12 +148,12 @@ class RunConfig:
     option_groups = (DATA, HYPER, TRAINING, CLUSTER)
 
     def __post_init__(self):
-        # --batch-size not given: the model's own (``Recommender.batch_size``), resolved here
+        # --batch-size not given: the model's own (``Training.batch_size``), resolved here
         # once, so that the loop, the records and a resume all see the number the run uses
         if self.batch_size is None:
             cls = MODELS.get(self.model)
-            object.__setattr__(self, "batch_size", cls.batch_size if cls is not None
-                               else Recommender.batch_size)
+            object.__setattr__(self, "batch_size", (cls.trainer if cls is not None
+                                                    else Training).batch_size)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -168,12 +169,12 @@ class RunConfig:
     @property
     def learning_rate(self) -> float:
         """--lr, or the model's own default."""
-        return self.lr if self.lr is not None else MODELS[self.model].learning_rate
+        return self.lr if self.lr is not None else MODELS[self.model].trainer.learning_rate
 
     @property
     def stop_patience(self) -> int:
         """--patience, or the model's own default."""
-        return self.patience if self.patience is not None else MODELS[self.model].patience
+        return self.patience if self.patience is not None else MODELS[self.model].trainer.patience
 
     def hyperparameters(self) -> dict:
         """The model's hyperparameters (the fields of the HYPER group) as given (None = its
@@ -182,7 +183,7 @@ class RunConfig:
                 if f.metadata.get("group") == HYPER and getattr(self, f.name) is not None}
 
     def training_options(self) -> dict:
-        """Every training option a model declares (``Recommender.training_options``), as given
+        """Every training option a model's policy declares (``Training.options``), as given
         (None or its default where not)."""
         return {name: getattr(self, name) for name in declared_options(MODELS)}
 
@@ -193,7 +194,7 @@ class RunConfig:
         hp = {**cls.defaults(), **self.hyperparameters()}
         return {**hp, **({"lr": self.learning_rate, "patience": self.stop_patience}
                          if cls.kind == "gradient" else {}),
-                **cls.resolved_options(self.training_options(), hp, self.learning_rate)}
+                **cls.trainer.resolved_options(self.training_options(), hp, self.learning_rate)}
 
 
 def hyper_fields(models: dict) -> list[tuple[str, str, dataclasses.Field]]:
@@ -223,7 +224,7 @@ def declared_options(models: dict) -> dict[str, Option]:
     share a name share its declaration's type, default and help; two are a mistake in models/."""
     declared: dict[str, Option] = {}
     for name, cls in models.items():
-        for key, opt in cls.training_options.items():
+        for key, opt in cls.trainer.options.items():
             first = declared.setdefault(key, opt)
             if (first.kind, first.default, first.help) != (opt.kind, opt.default, opt.help):
                 raise TypeError(f"training option {key!r} of {name} is declared with another "
@@ -237,7 +238,7 @@ def option_fields(models: dict) -> list[tuple[str, str, dataclasses.Field]]:
     models that take it named in the help."""
     out = []
     for name, opt in declared_options(models).items():
-        takers = ", ".join(m for m, c in models.items() if name in c.training_options)
+        takers = ", ".join(m for m, c in models.items() if name in c.trainer.options)
         kind = opt.kind.__name__ + (" | None" if opt.default is None else "")
         out.append((name, kind, option(opt.default, group=TRAINING, choices=opt.choices,
                                        help=f"{opt.help} ({takers} only)")))
@@ -284,10 +285,10 @@ def check(cfg: TrainConfig) -> None:
         problem = opt.problem(value)
         if problem:
             bad(field.replace("_", "-"), value, problem)
-        if not cls.takes_option(field, hp):
-            takers = ", ".join(m for m, c in MODELS.items() if field in c.training_options)
+        if not cls.trainer.takes_option(field, hp):
+            takers = ", ".join(m for m, c in MODELS.items() if field in c.trainer.options)
             bad(field.replace("_", "-"), value, opt.refused.format(model=cfg.model, takers=takers))
-    problem = cls.combination_problem(hp, cfg.training_options())
+    problem = cls.trainer.combination_problem(hp, cfg.training_options())
     if problem:
         raise UsageError(problem)
     if cfg.valid_by != "fold-in" and not cls.per_user:
@@ -318,7 +319,7 @@ def check(cfg: TrainConfig) -> None:
         bad("train-splits", cfg.train_splits, "choose train (model selection) or train,valid "
             "(the final retraining with a fixed --epochs)")
     if cfg.final_retraining and cfg.pretrain_epochs == 0 \
-            and cls.converges_a_phase(hp, cfg.training_options()):
+            and cls.trainer.converges_a_phase(hp, cfg.training_options()):
         bad("pretrain-epochs", 0, "the final retraining has no validation set to detect "
             "convergence: pass phase 1's epoch count from the selection run")
     if cfg.num_workers < 1:

@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from prepared import protocol
-from prepared import schema as S
 from models.base import NEGATIVES, RSTAR
 from models.batch import Batch, flat
+from prepared import protocol
+from prepared import schema as S
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def fits_in_object_store(rows_uri: str, cache: str) -> bool:
     import ray
     from pyarrow import fs as pafs
 
-    from prepared.reader import filesystem
+    from prepared.uri import filesystem
 
     fs, path = filesystem(rows_uri)
     size = sum(f.size for f in fs.get_file_info(pafs.FileSelector(path, recursive=True))

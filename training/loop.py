@@ -21,19 +21,18 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-
 import torch
 import torch.distributed as dist
 
+from models.base import Recommender
+from models.registry import MODELS, load_weights_only
+from models.training import Training
+from runtime.runs import CHECKPOINT_BEST, CHECKPOINT_STATE
 from training import hooks
 from training.config import TrainConfig
 from training.feed import BatchMaker, FeedPlan, valid_batch
-from models.registry import MODELS, load_weights_only
-from runtime.runs import CHECKPOINT_BEST, CHECKPOINT_STATE
 from training.step import phase_optimizers, train_epoch, unwrap
-from prepared.protocol import TOP_K
-from training.validate import (COLLAPSED_RANK, head_mask, head_share_sum, popularity_metrics,
-                               popularity_order, top_metrics)
+from training.validate import COLLAPSED_RANK, head_mask, popularity_order, validation_sums
 
 STATE, BEST = CHECKPOINT_STATE, CHECKPOINT_BEST
 CONVERGED = 1e-3  # fine-tune phase 1 ends when its loss improves by less than this (relative)
@@ -66,10 +65,11 @@ def new_progress() -> dict:
             "diverged": None, "history": []}
 
 
-def allreduce_bytes(model, phases: list) -> int:
-    """The gradient bytes one optimisation step all-reduces (the largest step of any phase; a
-    per-user model's user vectors included: they are dense parameters)."""
-    return max(sum(p.numel() * p.element_size() for p in model.step_parameters(s)
+def allreduce_bytes(policy, phases: list) -> int:
+    """The gradient bytes one optimisation step all-reduces (the largest step of any phase, of
+    the model's training ``policy``; a per-user model's user vectors included: they are dense
+    parameters)."""
+    return max(sum(p.numel() * p.element_size() for p in policy.step_parameters(s)
                    if p.requires_grad) for steps in phases for s in steps)
 
 
@@ -85,7 +85,7 @@ def all_sum(values: list[float], device: torch.device, op=dist.ReduceOp.SUM) -> 
 def next_state(p: dict, cfg: TrainConfig, n_phases: int, phase_loss: float | None,
                ndcg: float | None, phase_length: int = 0) -> tuple[bool, bool]:
     """Advance ``p`` after an epoch; returns (new best model, phase changed). ``phase_length``:
-    the model's length of this phase when it is not the last (``Recommender.phase_epochs``; 0:
+    the policy's length of this phase when it is not the last (``Training.phase_epochs``; 0:
     until its loss converges), which ``--pretrain-epochs`` overrides."""
     last_phase = p["phase"] == n_phases - 1
     p["epoch"] += 1
@@ -118,7 +118,7 @@ def next_state(p: dict, cfg: TrainConfig, n_phases: int, phase_loss: float | Non
 
 
 class Ranks:
-    """In-place collectives over the training ranks for a model's ``between_phases`` hook
+    """In-place collectives over the training ranks for a policy's ``between_phases``
     (no-ops in one process)."""
 
     @staticmethod
@@ -135,11 +135,12 @@ class Ranks:
         return t
 
 
-def build_model(cfg: TrainConfig, n_items: int, n_users: int | None, data: dict | None = None):
-    """The model to train, with its training flags applied; ``data``: its ``data_statistics``."""
+def build_model(cfg: TrainConfig, n_items: int, n_users: int | None, data: dict | None = None
+                ) -> tuple[Recommender, Training]:
+    """The model to train and its training policy for this run (``Recommender.trainer``, given
+    the run's flags); ``data``: the policy's ``data_statistics``."""
     model = MODELS[cfg.model].from_config(n_items, cfg.hyperparameters(), n_users, data)
-    model.configure_training(cfg)
-    return model
+    return model, type(model).trainer(model, cfg)
 
 
 @dataclass(frozen=True)
@@ -173,8 +174,8 @@ def train_loop(config: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(max(1, plan.threads))
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = build_model(cfg, n_items, plan.n_users, plan.data)
-    all_phases = model.phases()
+    model, policy = build_model(cfg, n_items, plan.n_users, plan.data)
+    all_phases = policy.phases()
     progress, best_state, opt_states = new_progress(), None, None
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
@@ -182,6 +183,7 @@ def train_loop(config: dict) -> None:
             saved = load_weights_only(Path(d) / STATE, f"checkpoint {Path(d) / STATE}")
             model.load_state_dict(saved["model"])
             progress, opt_states = saved["progress"], saved["optimizers"]
+            policy.load_state_dict(saved["training"])
             if (Path(d) / BEST).exists():
                 best_state = load_weights_only(Path(d) / BEST, f"checkpoint {Path(d) / BEST}")
         if rank == 0:
@@ -191,14 +193,14 @@ def train_loop(config: dict) -> None:
     say(f"rank {rank}/{world} on node {ray.get_runtime_context().get_node_id()[:12]} "
         f"({ray.util.get_node_ip_address()}), device {device}")
     net = ray.train.torch.prepare_model(model, parallel_strategy_kwargs={
-        "find_unused_parameters": not model.uses_every_parameter()})
+        "find_unused_parameters": not policy.uses_every_parameter()})
     logger = None
     if rank == 0 and plan.mlflow:
         from runtime.tracking import EpochLogger
         logger = EpochLogger(**plan.mlflow)
 
     def optimizers_for(phase: int, states=None):
-        opts = phase_optimizers(net, all_phases, phase, cfg.learning_rate)
+        opts = phase_optimizers(policy, all_phases, phase, cfg.learning_rate)
         for opt, st in zip(opts, states or []):
             opt.load_state_dict(st)
         return opts
@@ -208,7 +210,7 @@ def train_loop(config: dict) -> None:
     per_worker = max(1, cfg.batch_size // world)
     if rank == 0 and world > 1:
         say(f"DDP: {per_worker} users per worker per step; each step all-reduces "
-            f"{allreduce_bytes(model, all_phases) / 2**20:,.1f} MiB of gradients")
+            f"{allreduce_bytes(policy, all_phases) / 2**20:,.1f} MiB of gradients")
     head = head_mask(n_items, plan.head_items, device)  # the 10% most popular items
     pop_order = popularity_order(plan.popularity).to(device) if plan.popularity is not None \
         else None
@@ -259,7 +261,7 @@ def train_loop(config: dict) -> None:
             if pop is not None:
                 progress["popularity"] = {"ndcg": pop[0], "recall_at_50": pop[1]}
         valid_s = time.perf_counter() - t_valid
-        phase_loss = None if last_phase else unwrap(net).monitor(phase, loss)
+        phase_loss = None if last_phase else policy.monitor(phase, loss)
         record = {"epoch": epoch + 1, "phase": phase + 1, "train_seconds": train_s,
                   "users_per_second": n_users / train_s if train_s > 0 else 0.0,
                   **{f"loss_{h}": v for h, v in loss.items()}}
@@ -274,7 +276,7 @@ def train_loop(config: dict) -> None:
             improved = switched = False
         else:
             improved, switched = next_state(progress, cfg, len(all_phases), phase_loss, ndcg,
-                                            unwrap(net).phase_epochs(phase))
+                                            policy.phase_epochs(phase))
         record["epoch_seconds"] = time.perf_counter() - t0
         progress["history"].append(record)
         times.append(record["epoch_seconds"])
@@ -282,7 +284,7 @@ def train_loop(config: dict) -> None:
             best_state = {k: v.detach().cpu().clone() for k, v in unwrap(net).state_dict().items()}
         if switched:
             t_hook = time.perf_counter()
-            done = unwrap(net).between_phases(phase, partial(shard_batches, epoch), Ranks)
+            done = policy.between_phases(phase, partial(shard_batches, epoch), Ranks)
             if done and rank == 0:
                 say(f"{done}, {time.perf_counter() - t_hook:.1f}s)")
             optimizers = optimizers_for(progress["phase"])
@@ -300,6 +302,7 @@ def train_loop(config: dict) -> None:
             with tempfile.TemporaryDirectory() as d:
                 torch.save({"model": unwrap(net).state_dict(), "progress": progress,
                             "optimizers": [o.state_dict() for o in optimizers],
+                            "training": policy.state_dict(),
                             "config": cfg.to_dict(), "model_args": unwrap(net).model_args()},
                            Path(d) / STATE)
                 if best_state is not None:
@@ -321,32 +324,15 @@ def evaluate(net, valid_rows, device: torch.device, batch_size: int, head: torch
     ``popularity`` (``popularity_order``): also the popularity baseline's (NDCG, Recall@50) on
     the same users with the same metric code, as ``diagnostics["popularity"]``."""
     net.eval()
-    model = unwrap(net)
-    ndcg_sum = recall_sum = head_sum = pop_ndcg = pop_recall = 0.0
-    count = 0
-    codes, sampled = None, False
-    for rows in valid_rows.iter_batches(batch_size=batch_size, batch_format="pyarrow"):
-        vb = valid_batch(rows, 0, 1)  # this rank's share already (training.ingest)
-        if vb is None:
-            continue
-        vb = vb.to(device)
-        # the wrapped module, not DDP: scoring needs no gradient synchronisation
-        with torch.no_grad():
-            _, top = model.recommend(vb.train_items, vb.train_offsets, TOP_K,
-                                     users=vb.users if trained_users else None)
-        ndcg, recall = top_metrics(top, vb)
-        ndcg_sum += float(ndcg.sum())
-        recall_sum += float(recall.sum())
-        head_sum += head_share_sum(head, top)
-        if popularity is not None:
-            p_ndcg, p_recall = popularity_metrics(popularity, vb)
-            pop_ndcg += float(p_ndcg.sum())
-            pop_recall += float(p_recall.sum())
-        count += len(vb)
-        if not sampled:  # a sample: this rank's first batch (None: the model has no codes)
-            sampled = True
-            with torch.no_grad():
-                codes = model.user_codes(vb.train_items, vb.train_offsets)
+    model = unwrap(net)  # the wrapped module, not DDP: scoring needs no gradient synchronisation
+    # this rank's share already (training.ingest)
+    batches = (vb.to(device) for rows in valid_rows.iter_batches(
+        batch_size=batch_size, batch_format="pyarrow") if (vb := valid_batch(rows, 0, 1)) is not None)
+    sums, sample = validation_sums(model, batches, head, popularity, trained_users)
+    ndcg_sum, recall_sum, head_sum = sums["ndcg"], sums["recall"], sums["head"]
+    pop_ndcg, pop_recall, count = sums["pop_ndcg"], sums["pop_recall"], int(sums["users"])
+    # a sample of the codes: this rank's first batch (None: the model has no codes)
+    codes = model.user_codes(sample.train_items, sample.train_offsets) if sample else None
     mine = count
     erank = effective_rank(codes) if codes is not None else float("nan")
     ndcg_sum, recall_sum, head_sum, count, erank_sum, ranks, pop_ndcg, pop_recall = all_sum(

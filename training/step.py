@@ -1,9 +1,9 @@
 """One optimisation step of any gradient model (``models.base.Recommender``): the model's forward
 returns its named loss terms, the step minimises their sum with the optimizer of that step.
 
-A model's phases list its steps (``Recommender.phases``); each step has its own Adam over the
-parameters the model says it trains (the AutoRec family's alternating mode keeps separate moment
-estimates per objective).
+A model's training policy lists the steps of each phase (``models.training.Training.phases``);
+each step has its own Adam over the parameters the policy says it trains (the AutoRec family's
+alternating mode keeps separate moment estimates per objective).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 
 from models.base import Recommender
 from models.batch import Batch
+from models.training import Training
 
 
 def unwrap(net: torch.nn.Module) -> Recommender:
@@ -21,11 +22,11 @@ def unwrap(net: torch.nn.Module) -> Recommender:
     return getattr(net, "module", net)
 
 
-def make_optimizers(net: torch.nn.Module, steps: list, lr: float) -> list[torch.optim.Optimizer]:
+def make_optimizers(policy: Training, steps: list, lr: float) -> list[torch.optim.Optimizer]:
     """One Adam per step. The fused kernel (one pass over each parameter, CPU or GPU) is the same
     update as the default multi-tensor one up to rounding, and 5x faster on a CPU at the Yahoo
     shape (85 against 17 ms a step for three 44,865 x 200 matrices, 2 threads)."""
-    return [adam(unwrap(net).step_parameters(s), lr) for s in steps]
+    return [adam(policy.step_parameters(s), lr) for s in steps]
 
 
 def adam(params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -55,11 +56,11 @@ def train_batch(net: torch.nn.Module, batch: Batch, steps: list,
     return out
 
 
-def phase_optimizers(net: torch.nn.Module, phases: list, phase: int, lr: float
+def phase_optimizers(policy: Training, phases: list, phase: int, lr: float
                      ) -> list[torch.optim.Optimizer]:
     """The optimizers of ``phase`` (0-based) of a run whose learning rate is ``lr``, at the
-    model's learning rate for that phase (``Recommender.phase_lr``)."""
-    return make_optimizers(net, phases[phase], unwrap(net).phase_lr(phase, lr))
+    policy's learning rate for that phase (``Training.phase_lr``)."""
+    return make_optimizers(policy, phases[phase], policy.phase_lr(phase, lr))
 
 
 def train_epoch(net: torch.nn.Module, batches: Iterable[Batch], steps: list,

@@ -38,28 +38,41 @@ import json
 import os
 import time
 
+from models.registry import MODELS, load_weights_only, payload
 from prepared.errors import UsageError
-from training import feed as F
+from prepared.protocol import head_items
+from prepared.reader import Prepared, open_prepared
+from prepared.uri import filesystem, join
+from prepared.verify import naming_damaged_files
 from runtime.atomic import write_bytes
-from runtime.runs import (CHECKPOINT_BEST, CHECKPOINT_STATE, MODEL_FILE, RUN_RECORD,
-                          finished_record, finished_summary, summary_line)
-from runtime.logs import no_bars_in_logs
 from runtime.cli import config_yaml, flag_of, stage_parser, values
-from runtime.raycluster import (apply_ray_env, check_fits, drop_checkpoints, join_address,
-                                local_cpus, watch_run, worker_cpus)
+from runtime.logs import no_bars_in_logs
+from runtime.raycluster import (
+    apply_ray_env,
+    check_fits,
+    drop_checkpoints,
+    join_address,
+    local_cpus,
+    watch_run,
+    worker_cpus,
+)
+from runtime.runs import (
+    CHECKPOINT_BEST,
+    CHECKPOINT_STATE,
+    MODEL_FILE,
+    RUN_RECORD,
+    finished_record,
+    finished_summary,
+    summary_line,
+)
+from training import feed as F
 from training.config import TrainConfig, check, resumable_options
 from training.hooks import hook_specs
 from training.hooks import resolve as resolve_hooks
 from training.validate import COLLAPSED_RANK, HEALTHY, health
-from models.registry import MODELS, load_weights_only, payload
-from prepared.protocol import head_items
-from prepared.reader import Prepared, filesystem, join, open_prepared
-from prepared.verify import naming_damaged_files
 
 ROOT = Path(__file__).resolve().parents[1]
 # fields that may change when a run resumes (where and how it runs, not what it trains)
-# options added after runs were first recorded, with what a record without them ran as
-ADDED_OPTIONS = {"valid_by": "fold-in", "keep_checkpoints": False}
 RESUMABLE_CHANGES = {"data_cache", "num_workers", "cpus_per_worker", "use_gpu", "placement",
                      "max_failures", "mlflow_wait", "keep_checkpoints",
                      "output", "run_name", "experiment"} | resumable_options()
@@ -108,13 +121,27 @@ def config_from_args(args: argparse.Namespace, prep: Prepared) -> TrainConfig:
     given = values(args, TrainConfig)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_name = given["run_name"] or "-".join(
-        x for x in (given["model"], given["mode"], prep.dataset, stamp) if x)
+        x for x in (given["model"], *map(str, labels(given["model"], given).values()),
+                    prep.dataset, stamp) if x)
     output = given["output"] or str(ROOT / "var" / "runs")
     if "://" not in output:
         output = str(Path(output).resolve())
     data = given["data"] if "://" in given["data"] else str(Path(given["data"]).resolve())
     return TrainConfig(**{**given, "data": data, "run_name": run_name, "output": output,
                           "experiment": given["experiment"] or prep.dataset})
+
+
+def labels(model: str, values: dict) -> dict:
+    """Of ``values``, the model's hyperparameters that name a run beside the model (``HP.label``,
+    e.g. the two-headed models' mode), where set."""
+    declared = MODELS[model].hyperparameters
+    return {k: v for k, v in values.items()
+            if k in declared and declared[k].label and v is not None}
+
+
+def model_title(cfg: TrainConfig) -> str:
+    """The model and its labels as given (``labels``): "nce-autorec limited-finetune"."""
+    return " ".join([cfg.model, *map(str, labels(cfg.model, cfg.hyperparameters()).values())])
 
 
 # -- run directory: RUNS_DIR/RUN_NAME/run.json records the configuration and the MLflow run ----------
@@ -160,8 +187,7 @@ def effective(config: dict) -> dict:
 def check_resume(cfg: TrainConfig, record: dict | None) -> None:
     if record is None:
         return
-    # what a model changed in its own record since (e.g. the AutoRec family's lambda units)
-    old = {**ADDED_OPTIONS, **MODELS[cfg.model].upgrade_record(record["config"], cfg.to_dict())}
+    old = record["config"]
     # compared as resolved (None and the default it stands for are the same setting), shown as
     # recorded and given
     was, now = effective(old), effective(cfg.to_dict())
@@ -175,14 +201,13 @@ def check_resume(cfg: TrainConfig, record: dict | None) -> None:
 
 
 def run_statistics(cfg: TrainConfig, prep: Prepared, record: dict | None) -> dict:
-    """The model's ``data_statistics`` for this run and the split they were computed on:
-    ``{"split": ..., "values": {...}}``, what run.json records. A resumed run keeps its record's;
-    one recorded before the rule (2026-11-27, no ``data_statistics``) computed them on the
-    splits it trains on, and keeps doing so: its checkpoints were trained with them."""
+    """The training policy's ``data_statistics`` for this run and the split they were computed
+    on: ``{"split": ..., "values": {...}}``, what run.json records. A resumed run keeps its
+    record's: its checkpoints were trained with them."""
     if record is not None and "data_statistics" in record:
         return record["data_statistics"]
-    split = STATISTICS_SPLIT if record is None else cfg.train_splits
-    return {"split": split, "values": MODELS[cfg.model].data_statistics(prep, split, cfg)}
+    values = MODELS[cfg.model].trainer.data_statistics(prep, STATISTICS_SPLIT, cfg)
+    return {"split": STATISTICS_SPLIT, "values": values}
 
 
 def statistics_params(stats: dict) -> dict:
@@ -281,7 +306,8 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
     run_id = tracking.open_run(uri, cfg.experiment, cfg.run_name,
                                (record or {}).get("mlflow_run_id"),
                                tags={"dataset": prep.dataset, "model": cfg.model,
-                                     "mode": cfg.resolved().get("mode") or "-",
+                                     **{k: str(v) for k, v in
+                                        labels(cfg.model, cfg.resolved()).items()},
                                      "train_splits": cfg.train_splits, **(tags or {})})
     # what the model reads from the data (e.g. the AutoRec family's unit of lambda, "overlap"),
     # and on which split: the selection's, also for the final retraining (STATISTICS_SPLIT)
@@ -300,7 +326,7 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
     text = config_file(cfg, run_id)
     write_bytes(join(join(cfg.output, cfg.run_name), "config.yaml"), text.encode())
     tracking.log_text(uri, run_id, text, "config.yaml")
-    print(f"run {cfg.run_name}: {cfg.model}{' ' + cfg.mode if cfg.mode else ''} on {prep.dataset} "
+    print(f"run {cfg.run_name}: {model_title(cfg)} on {prep.dataset} "
           f"({prep.manifest['counts']['warm_users']:,} training users, {prep.n_items:,} items), "
           f"{cfg.num_workers} worker(s); checkpoints in {join(cfg.output, cfg.run_name)}; "
           f"MLflow {uri} run {run_id}", flush=True)
@@ -399,9 +425,9 @@ def train_run(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, ray_addre
         tracking.mark_failed(uri, run_id)
         raise TrainingError(
             f"the training loss became NaN or infinite in epoch {progress['diverged']}: lower "
-            f"--lr (now {cfg.learning_rate:g}) or raise --lam (now {cfg.resolved().get('lam')}); the "
-            f"checkpoints up to "
-            f"epoch {progress['diverged'] - 1} are in {join(cfg.output, cfg.run_name)}")
+            f"--lr (now {cfg.learning_rate:g}) or "
+            f"{MODELS[cfg.model].trainer.divergence_hint(cfg.resolved())}; the checkpoints up "
+            f"to epoch {progress['diverged'] - 1} are in {join(cfg.output, cfg.run_name)}")
     valid_hist = [r for r in history if "valid_ndcg" in r]
     pop = progress.get("popularity") or {}
     best_rec = next((r for r in valid_hist if r["epoch"] == progress["best_epoch"]), {})
@@ -422,24 +448,16 @@ def train_run(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, ray_addre
     return summary, history, best, state["model_args"]
 
 
-#: what any unhealthy run may try
-RETUNE = "another --lr, --lam or --width"
-
-
 def remedy(cfg: TrainConfig) -> str:
-    """What an unhealthy run should try next. A model with a confidence on positives left at 0
-    is pointed at it first: on a hard generated sparse set AutoRec stayed below popularity
-    (0.87x) with its defaults and reached 18x with ``--pos-weight 10``
-    (``benchmarks/results/collapse.md``)."""
-    hp = cfg.resolved()
-    if "pos_weight" in hp and not hp["pos_weight"]:
-        return ("try --pos-weight 10 (a confidence on positives, an extension beyond the paper: "
-                f"docs/training.md), or {RETUNE}")
-    return f"try {RETUNE}"
+    """What an unhealthy run should try next: its training policy's word
+    (``Training.remedy``), given the hyperparameters the model's grids search."""
+    cls = MODELS[cfg.model]
+    searched = ["--" + k.replace("_", "-") for k, hp in cls.hyperparameters.items() if hp.search]
+    return cls.trainer.remedy(cfg.resolved(), searched)
 
 
 def health_warning(summary: dict, run_name: str,
-                   hint: str = f"try {RETUNE}") -> str | None:
+                   hint: str = "try another --lr") -> str | None:
     """The driver's one WARNING line about a run whose ``health`` is not ok (None if it is, or
     was not checked: a final retraining has no validation); ``hint``: what to try (``remedy``)."""
     h = summary.get("health")
@@ -494,7 +512,7 @@ def log_results(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, summary
             model_info={"train_splits": cfg.train_splits},
             manifest=prep.manifest, history=history,
             summary={k: v for k, v in summary.items() if k != "phase_epochs" and v is not None},
-            title=f"{cfg.model} {cfg.mode or ''} on {prep.dataset} ({cfg.run_name})")
+            title=f"{model_title(cfg)} on {prep.dataset} ({cfg.run_name})")
 
 
 def main(argv: list[str] | None = None) -> int:

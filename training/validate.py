@@ -120,6 +120,38 @@ def popularity_metrics(order: torch.Tensor, batch: ValidBatch, k: int = TOP_K
     return top_metrics(popularity_top(order, batch, k), batch)
 
 
+@torch.no_grad()
+def validation_sums(model, batches, head: torch.Tensor | None = None,
+                    popularity: torch.Tensor | None = None, trained_users: bool = False
+                    ) -> tuple[dict[str, float], ValidBatch | None]:
+    """The one validation loop, of training's epochs and of a closed-form fit: over ``batches``
+    (``ValidBatch``es on the model's device), the sums over their users of NDCG and Recall@50
+    of the model's top 50 (``recommend``: training items left out), with ``head`` (a
+    ``head_mask``) of the share of the lists from those items, with ``popularity`` (a
+    ``popularity_order``) of the popularity baseline's metrics on the same users; ``users``
+    counts them. ``trained_users``: a per-user model scores from its trained user vectors.
+    Also returns the first batch (a sample for diagnostics; None without a user). The caller
+    sums over the ranks, or divides, as it needs."""
+    sums = dict.fromkeys(("ndcg", "recall", "head", "pop_ndcg", "pop_recall", "users"), 0.0)
+    first = None
+    for vb in batches:
+        _, top = model.recommend(vb.train_items, vb.train_offsets, TOP_K,
+                                 users=vb.users if trained_users else None)
+        ndcg, recall = top_metrics(top, vb)
+        sums["ndcg"] += float(ndcg.sum())
+        sums["recall"] += float(recall.sum())
+        if head is not None:
+            sums["head"] += head_share_sum(head, top)
+        if popularity is not None:
+            p_ndcg, p_recall = popularity_metrics(popularity, vb)
+            sums["pop_ndcg"] += float(p_ndcg.sum())
+            sums["pop_recall"] += float(p_recall.sum())
+        sums["users"] += len(vb)
+        if first is None:
+            first = vb
+    return sums, first
+
+
 def health(best_ndcg: float | None, popularity_ndcg: float | None,
            code_rank: float | None) -> str:
     """"ok", or what is wrong with a run, comma-separated: "below-popularity" when its best
