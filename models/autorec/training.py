@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from models.hparams import Option
-from models.training import RETUNE, Training
+from models.training import Training
 
 if TYPE_CHECKING:
     from models.autorec.model import AutoRec
@@ -170,11 +170,11 @@ class AutoRecTraining(Training):
         """A confidence on positives left at 0 is tried first: on a hard generated sparse set
         AutoRec stayed below popularity (0.87x) with its defaults and reached 18x with
         ``--pos-weight 10`` (``benchmarks/results/collapse.md``)."""
-        retune = f"{RETUNE}, --lam or --width"
+        retune = super().remedy(hp, searched)  # "try another --lr, ..." of its searched flags
         if "pos_weight" in hp and not hp["pos_weight"]:
             return ("try --pos-weight 10 (a confidence on positives, an extension beyond the "
-                    f"paper: docs/training.md), or {retune}")
-        return f"try {retune}"
+                    f"paper: docs/training.md), or {retune.removeprefix('try ')}")
+        return retune
 
     # -- the loop's questions ---------------------------------------------------------------------
 
