@@ -142,8 +142,10 @@ def test_a_spark_read_of_a_damaged_shard_fails_in_one_line_naming_it(spark, smal
 
 @pytest.mark.spark
 @pytest.mark.ray
-def test_a_ray_data_read_of_a_damaged_shard_fails_in_one_line_naming_it(ray_head,
-                                                                        small_prepared, tmp_path):
+@pytest.mark.parametrize("here", [False, True], ids=["ray-data", "driver"])
+def test_a_read_of_a_damaged_shard_fails_in_one_line_naming_it(ray_head, small_prepared,
+                                                               tmp_path, here):
+    """Read by Ray Data's tasks or, for small data, by the driver: the same one line."""
     from training import feed as F
 
     copy = copy_of(small_prepared, tmp_path)
@@ -151,7 +153,7 @@ def test_a_ray_data_read_of_a_damaged_shard_fails_in_one_line_naming_it(ray_head
     break_footer(copy / shard)
     with pytest.raises(UsageError, match=rf"^--data {copy}: {shard} is corrupt") as e:
         with naming_damaged_files(str(copy)):
-            F.valid_dataset(str(copy / S.ROWS_DIR)).materialize()
+            F.valid_dataset(str(copy / S.ROWS_DIR), here=here).materialize()
     assert "\n" not in str(e.value)
 
 

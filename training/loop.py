@@ -172,6 +172,16 @@ def train_loop(config: dict) -> None:
     cfg, feed, n_items = plan.cfg, plan.feed, plan.n_items
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    logger = None
+    if rank == 0 and plan.mlflow:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from runtime.tracking import EpochLogger
+
+        # made beside the model and the first epoch: MLflow's import is ~1.5 s of rank 0's start,
+        # which every rank would wait for at the first all-reduce
+        logger = ThreadPoolExecutor(1, thread_name_prefix="mlflow").submit(
+            EpochLogger, **plan.mlflow)
     torch.set_num_threads(max(1, plan.threads))
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model, policy = build_model(cfg, n_items, plan.n_users, plan.data)
@@ -194,10 +204,6 @@ def train_loop(config: dict) -> None:
         f"({ray.util.get_node_ip_address()}), device {device}")
     net = ray.train.torch.prepare_model(model, parallel_strategy_kwargs={
         "find_unused_parameters": not policy.uses_every_parameter()})
-    logger = None
-    if rank == 0 and plan.mlflow:
-        from runtime.tracking import EpochLogger
-        logger = EpochLogger(**plan.mlflow)
 
     def optimizers_for(phase: int, states=None):
         opts = phase_optimizers(policy, all_phases, phase, cfg.learning_rate)
@@ -298,7 +304,7 @@ def train_loop(config: dict) -> None:
             for line in warnings:
                 say(line)
             if logger is not None:
-                logger.log(record, step=epoch + 1)
+                logger.result().log(record, step=epoch + 1)
             with tempfile.TemporaryDirectory() as d:
                 torch.save({"model": unwrap(net).state_dict(), "progress": progress,
                             "optimizers": [o.state_dict() for o in optimizers],

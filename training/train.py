@@ -248,13 +248,12 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float,
     from training.loop import WorkerPlan, train_loop
 
     plan = F.plan(MODELS[cfg.model], prep, cfg)
-    datasets = {"train": F.train_dataset(prep.rows_uri, plan)}
+    # small data: read once, here, into the object store; re-reading it costs seconds per epoch
+    # in task scheduling alone, more than an epoch of training on MovieLens-sized data
+    here = F.fits_in_object_store(prep.rows_uri, cfg.data_cache)
+    datasets = {"train": F.train_dataset(prep.rows_uri, plan, here)}
     if not cfg.final_retraining:
-        datasets["valid"] = F.valid_dataset(prep.rows_uri, cfg.valid_sample)
-    if F.fits_in_object_store(prep.rows_uri, cfg.data_cache):
-        # small data: read the Parquet once; re-reading it costs seconds per epoch in task
-        # scheduling alone, more than an epoch of training on MovieLens-sized data
-        datasets = {k: ds.materialize() for k, ds in datasets.items()}
+        datasets["valid"] = F.valid_dataset(prep.rows_uri, cfg.valid_sample, here)
     run_dir = join(cfg.output, cfg.run_name)
     epoch_hooks = hook_specs()
     resolve_hooks(epoch_hooks)  # a bad NCE_TEST_HOOK is one line here, not a worker's traceback
