@@ -21,7 +21,7 @@ run that way: Spark local[2] tasks of one core, 2 Ray Train workers x 1 thread),
                 in Arrow bytes/s
 
 Work, counted from the shapes (``WORK`` functions below: pure arithmetic, tested in
-tests/test_floors.py) and each part's floor = its work / its rate; a stage's floor is the sum of
+tests/benchmarks/test_floors.py) and each part's floor = its work / its rate; a stage's floor is the sum of
 its parts (the parts run one after another in the stages; none overlaps another's rate):
 
     score       products users x width x items (2 FLOPs each), one read of the score matrix for

@@ -1,5 +1,5 @@
 """The README's results table, printed from the committed report so that the README cannot drift
-from it (``tests/test_readme.py`` checks the README holds exactly this output):
+from it (``tests/benchmarks/test_readme.py`` checks the README holds exactly this output):
 
     python benchmarks/readme_table.py > /tmp/table.md   # then paste it over the README's table
 

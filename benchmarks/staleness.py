@@ -20,7 +20,7 @@ those commits (``--result NAME``) or rerun the benchmark, not proof that a numbe
 
 Not part of ``make test`` (a code change would fail the suite until every benchmark reran); the
 suite checks that every result is listed here and that the verdicts follow the history
-(``tests/test_staleness.py``, on scratch git repositories)."""
+(``tests/benchmarks/test_staleness.py``, on scratch git repositories)."""
 
 from __future__ import annotations
 

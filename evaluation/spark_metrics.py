@@ -4,12 +4,12 @@ keys, the lists encoded to item indices (``encode_lists``, a mapInArrow), and ev
 batch of users with numpy on the executors (``batch_metrics``); nothing per user reaches the
 driver.
 
-This is a second implementation of the same definitions: ``tests/test_score_evaluate.py`` checks
+This is a second implementation of the same definitions: ``tests/evaluation/test_score_evaluate.py`` checks
 evaluate.py's per-user values against the numpy reference (``prepared.metrics.per_user``) user by
 user. The numpy here sums in the order Spark SQL's ``aggregate`` does and takes the NDCG
 discounts from Spark SQL (``inverse_logs``), so it equals to the last bit the SQL expressions
 evaluate.py used before, kept as a test reference in ``tests/spark_reference.py``
-(``tests/test_arrow_metrics.py`` compares the two).
+(``tests/evaluation/test_arrow_metrics.py`` compares the two).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ written by hand.
     python -m models.catalogue --write    rewrite the table in docs/models.md
     python -m models.catalogue --check    exit 1 when docs/models.md's table is not this one
 
-``tests/test_catalogue.py`` fails when the table in docs/models.md differs, so a new model's
+``tests/models/test_catalogue.py`` fails when the table in docs/models.md differs, so a new model's
 registry line reaches the docs by ``--write``.
 """
 

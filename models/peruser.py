@@ -24,7 +24,7 @@ are few next to the catalogue (sparse rows, many items), their vectors are gathe
 width) of a product with every item (``dense_dots``), with the users folded in blocks whose gathered
 vectors stay in cache (``in_blocks``: those steps are memory-bound). ``fold_rows`` picks the
 cheaper way per batch. Each user's fit is its own, so neither changes a result beyond float
-rounding (tests/test_baseline_losses.py checks it). ``benchmarks/results/fold_in_speed.md``: on
+rounding (tests/models/test_baseline_losses.py checks it). ``benchmarks/results/fold_in_speed.md``: on
 citeulike-a (17k items, about 20 positives a row) a validation of every user runs 4-9x faster than
 with the dense products; on ml-100k (1.4k items, denser rows) the dense products stay the faster
 way and are kept.

@@ -25,11 +25,11 @@ VAE-CF's variant divides by min(K, |T|) instead and is not reported.
   benchmarks measure against.
 - torch (``ndcg_recall``, ``hr_mrr``): validation on the device every epoch reports NDCG and
   Recall@K (training/validate.py finds the hits; this turns them into the numbers);
-  ``tests/test_metrics.py`` checks each equals ``per_user`` within 1e-12.
+  ``tests/prepared/test_metrics.py`` checks each equals ``per_user`` within 1e-12.
 
 Spark's per-user metrics (evaluation/spark_metrics.py's ``batch_metrics``: numpy on Arrow batches
 on the executors, with Spark SQL's NDCG discounts) are a third implementation of the same
-definitions; ``tests/test_score_evaluate.py`` checks evaluate.py's equal to ``per_user`` user by
+definitions; ``tests/evaluation/test_score_evaluate.py`` checks evaluate.py's equal to ``per_user`` user by
 user, and their summary equal to ``summarise``.
 
 Here, in prepared/, because training and evaluation may not import each other and both must use

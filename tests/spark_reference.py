@@ -6,7 +6,7 @@ array functions on the executors) until the numpy pass on Arrow batches
 hit counts and forty expressions cost minutes of CPU at millions of users. The numpy pass sums in
 the order ``aggregate`` does and takes its NDCG discounts from Spark SQL
 (``evaluation.spark_metrics.inverse_logs``), so the two agree to the last bit;
-tests/test_arrow_metrics.py checks that, user by user. ``summarise`` is Spark's own mean and CI
+tests/evaluation/test_arrow_metrics.py checks that, user by user. ``summarise`` is Spark's own mean and CI
 (avg, stddev_pop) that evaluate.py's per-partition moments (``evaluation.user_table
 .summary_rows``) and evaluation/seeds.py are checked against.
 """

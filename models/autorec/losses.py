@@ -12,7 +12,7 @@ exact fast paths; ``AutoRec.dense_for`` picks per head and batch). The fast MSE 
                              - 2 sum_(i,j) in t t_ij y_ij + sum_(i,j) in t t_ij^2   (t's non-zeros)
 
 which costs O(n d^2 + B d^2 + nnz d) instead of O(B n d): the same value and gradients up to float
-rounding (tests/test_losses.py checks both in float64), and B / d times less arithmetic.
+rounding (tests/models/test_losses.py checks both in float64), and B / d times less arithmetic.
 
 The MSE objective is written here once: ``linear_mse`` is what training minimises, ``mse_loss``
 its dense reference, and ``models.autorec.ridge`` solves for its minimiser over a linear head.

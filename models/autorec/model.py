@@ -14,7 +14,7 @@ the family's training flags are its training policy's, beside this module
 (``models.autorec.training``).
 
 Extensions beyond the paper (issue 32), each off by default, where the paper's model is unchanged
-loss for loss (tests/test_losses.py), each in the fast loss and its dense reference alike:
+loss for loss (tests/models/test_losses.py), each in the fast loss and its dense reference alike:
 
     pos_weight   confidence on positives: each positive's squared error in the predict and NCE
                  heads weighs 1 + alpha (WRMF's confidence 1 + alpha r, Hu, Koren & Volinsky

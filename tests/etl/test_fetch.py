@@ -22,7 +22,7 @@ from etl.config import DATASETS as ETL_DATASETS
 from etl.config import ETLConfig
 from tests.conftest import need_dataset
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 U_DATA = b"196\t242\t3\t881250949\n186\t302\t3\t891717742\n22\t377\t1\t878887116\n"
 
 

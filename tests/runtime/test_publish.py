@@ -25,7 +25,7 @@ from prepared.files import check_files
 from prepared.reader import open_prepared
 from runtime.publish import Publisher, WriterLock
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_check_files_names_what_is_wrong():

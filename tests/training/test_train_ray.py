@@ -25,7 +25,7 @@ from training.config import TrainConfig
 from training.train import TrainingError, run
 
 pytestmark = [pytest.mark.spark, pytest.mark.ray]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # the shared runs (one worker, two, the killed worker's): long enough to beat popularity, so that
 # one run also shows the healthy case
 EPOCHS = 10

@@ -27,7 +27,7 @@ from models import serving
 from models.registry import build
 from prepared.errors import UsageError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---- the request contract, without MLflow ------------------------------------------------------

@@ -84,7 +84,7 @@ def _shipped_prepared():
 
     from prepared.reader import Prepared
 
-    r = pd.read_csv(Path(__file__).resolve().parents[1] / "data" / "ml-latest-small" /
+    r = pd.read_csv(Path(__file__).resolve().parents[2] / "data" / "ml-latest-small" /
                     "ratings.csv")
     r = r[r.rating >= 4].sort_values(["userId", "timestamp"])
     r["item"] = r.movieId.astype("category").cat.codes

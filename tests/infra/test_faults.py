@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.spark, pytest.mark.ray]
 # long enough that the fault lands mid-training: an ml-latest-small epoch of this model takes about 1 s
 # (validation and checkpoint included) and the faults land after epoch 2 or 3 (plus up to ~5 s of

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.spark, pytest.mark.ray]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GRID = {"autorec": {"lam": [10.0, 30.0], "width": [32], "lr": [0.003]},
         "puresvd": {"rank": [10]}}  # one point: selection is autorec's to show; a trial less
 

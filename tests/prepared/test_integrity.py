@@ -25,7 +25,7 @@ from prepared.files import CHECKSUMS, is_data_file
 from prepared.reader import open_prepared
 from prepared.verify import naming_damaged_files, verify
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def copy_of(prepared: Path, tmp_path: Path) -> Path:

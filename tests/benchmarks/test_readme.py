@@ -8,7 +8,7 @@ from pathlib import Path
 
 from benchmarks.readme_table import REPORT, table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")  # [text](target#anchor): the target
 

@@ -51,7 +51,7 @@ def test_a_new_model_reaches_the_table_by_its_registry_line_and_a_stale_table_is
     models = {**MODELS, "toy": Toy}
     last = catalogue.table(models)[-2]
     assert last == ("| `toy` | closed-form | one Ray task | `--toy-knob 7 --toy-rate 0.0001`, "
-                    "`--toy-lam` unset (default: `--lam`) | `tests/test_catalogue.py` |")
+                    "`--toy-lam` unset (default: `--lam`) | `tests/models/test_catalogue.py` |")
     page = tmp_path / "models.md"
     page.write_text(catalogue.DOC.read_text())
     assert not catalogue.stale(page) and catalogue.stale(page, models)

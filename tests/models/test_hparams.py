@@ -20,7 +20,7 @@ from models.registry import MODELS
 from prepared.errors import UsageError
 from training.config import TrainConfig, check, hyper_fields
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("hp, value, said", [

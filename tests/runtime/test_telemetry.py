@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROBE = ("import runtime.tracking, os; "
          "from mlflow.environment_variables import MLFLOW_DISABLE_TELEMETRY; "
          "print(os.environ['MLFLOW_DISABLE_TELEMETRY'], MLFLOW_DISABLE_TELEMETRY.get())")
