@@ -2,10 +2,10 @@
 
     .venv/bin/python benchmarks/tune_defaults.py --data var/data/ml-100k var/data/ml-latest-small
 
-Each configuration trains with the project's own pieces (``training.feed``, the epoch body and
-phase optimizers ``training.loop`` runs, from ``training.step``, ``training.validate``, the
-early stopping of ``training.loop``) in one process, without Ray: a
-grid of dozens of short runs would otherwise spend most of its time starting worker groups. The
+Each configuration trains through the trainer's own epochs (``training.loop.epochs``: what every
+Ray Train worker runs, with its feed, steps, phases, validation and early stopping) in one
+process, without Ray: a grid of dozens of short runs would otherwise spend most of its time
+starting worker groups. The
 maths is the same as a Ray run with one worker (tests check one and two workers agree); the chosen
 defaults are then checked through the real Ray path by ``benchmarks/quality_ml100k.py``.
 
@@ -23,13 +23,11 @@ import platform
 import sys
 import time
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
@@ -37,13 +35,20 @@ import torch  # noqa: E402
 
 from models.registry import MODELS  # noqa: E402
 from prepared import schema as S  # noqa: E402
+from prepared.protocol import head_items  # noqa: E402
 from prepared.reader import open_prepared  # noqa: E402
 from runtime.atomic import write_text  # noqa: E402
 from training import feed as F  # noqa: E402
-from training.closed_form import validate  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
-from training.loop import Ranks, build_model, new_progress, next_state  # noqa: E402
-from training.step import phase_optimizers, train_epoch  # noqa: E402
+from training.loop import (  # noqa: E402
+    LoopState,
+    WorkerPlan,
+    build_model,
+    epochs,
+    new_progress,
+    table_shards,
+)
+from training.step import phase_optimizers  # noqa: E402
 
 # lambda in overlap units (models/autorec/): lambda * omega multiplies mean(W^2). The plain
 # form's best values, 10-30 on ml-100k and ml-latest-small and about 0.3 on citeulike-a, are
@@ -54,57 +59,37 @@ EPOCHS = 200  # a cap; early stopping (patience 5) ends every run of the grid be
 
 
 def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid, watch=None) -> dict:
-    """One run in this process; returns the best validation NDCG, its epoch, the time and the
-    model as it is at the end (``valid`` None: the final retraining, for ``cfg.epochs``).
-    Validation scores ``cfg.valid_sample`` of the users, as the trainer does. ``watch``: called
-    with the model after each validation, its results returned in order as ``trace`` (outside
-    the timed curve's seconds: what a benchmark measures beside NDCG, e.g. the code's rank)."""
+    """One run in this process, through the trainer's own epochs (``training.loop.epochs``: the
+    feed, steps, phases, validation and early stopping a Ray worker runs); returns the best
+    validation NDCG, its epoch, the time and the model as it is at the end (``valid`` None: the
+    final retraining, for ``cfg.epochs``). Validation scores ``cfg.valid_sample`` of the users,
+    as the trainer does. ``watch``: called with the model after each validation, its results
+    returned in order as ``trace`` (outside the timed curve's seconds: what a benchmark measures
+    beside NDCG, e.g. the code's rank)."""
     torch.manual_seed(cfg.seed)
-    make = F.BatchMaker(F.plan(MODELS[cfg.model], prep, cfg))
-    model, policy = build_model(cfg, prep.n_items, prep.n_users,
-                                MODELS[cfg.model].trainer.data_statistics(prep))
-    all_phases = policy.phases()
-    opts = phase_optimizers(policy, all_phases, 0, cfg.learning_rate)
-    p = new_progress()
-    rng = np.random.default_rng(cfg.seed)
+    plan = WorkerPlan(cfg=cfg, feed=F.plan(MODELS[cfg.model], prep, cfg), n_items=prep.n_items,
+                      n_users=prep.n_users, data=MODELS[cfg.model].trainer.data_statistics(prep),
+                      head_items=head_items(prep.pop_train), popularity=prep.pop_train)
+    model, policy = build_model(cfg, prep.n_items, prep.n_users, plan.data)
+    state = LoopState(new_progress(),
+                      phase_optimizers(policy, policy.phases(), 0, cfg.learning_rate))
+    if valid is not None:
+        valid = rows.filter(F.in_valid_sample(rows.column(S.USER_INDEX).to_numpy(),
+                                              cfg.valid_sample))
+    shards = table_shards(rows, cfg.batch_size, cfg.seed, valid)
     curve = []  # (seconds so far, validation NDCG) after each validated epoch
     trace = []
-    t0 = time.perf_counter()
-    watched = 0.0  # seconds spent in ``watch``, left out of the curve's
-    while not p["done"]:
-        phase = p["phase"]
-        model.train()
-        order = rng.permutation(rows.num_rows)
-        # the real epoch body (training.step.train_epoch), over this process's shuffled batches
-        sums, users = train_epoch(
-            model, (make(rows.take(order[lo:lo + cfg.batch_size]), p["epoch"])
-                    for lo in range(0, rows.num_rows, cfg.batch_size)), all_phases[phase], opts)
-        ndcg = None
-        if valid is not None and phase == len(all_phases) - 1:
-            model.eval()  # in chunks of users: a fold-in over every user at once would not fit
-            ndcg = validate(model, rows, cfg.valid_sample)[0]
-            curve.append((time.perf_counter() - t0 - watched, ndcg))
+    seconds = 0.0  # the epochs' own: what ``watch`` takes is left out
+    for record, _ in epochs(plan, model, policy, state, shards, torch.device("cpu"), quiet=True):
+        seconds += record["epoch_seconds"]
+        if "valid_ndcg" in record:
+            curve.append((seconds, record["valid_ndcg"]))
             if watch is not None:
-                w0 = time.perf_counter()
                 trace.append(watch(model))
-                watched += time.perf_counter() - w0
-        embed = (policy.monitor(phase, {h: float(v) / users for h, v in sums.items()})
-                 if phase < len(all_phases) - 1 else None)
-        _, switched = next_state(p, cfg, len(all_phases), embed, ndcg, policy.phase_epochs(phase))
-        if switched:
-            policy.between_phases(phase, partial(batches, make, rows, cfg.batch_size, p["epoch"]),
-                                  Ranks)
-            opts = phase_optimizers(policy, all_phases, p["phase"], cfg.learning_rate)
+    p = state.progress
     return {"best_ndcg": p["best_ndcg"], "best_epoch": p["best_epoch"], "epochs": p["epoch"],
-            "phase_epochs": p["phase_epochs"],
-            "seconds": time.perf_counter() - t0 - watched, "curve": curve, "trace": trace,
-            "net": model.eval()}
-
-
-def batches(make, rows: pa.Table, batch_size: int, epoch: int):
-    """Every row in order, a batch at a time (one process: ``training.loop``'s shard)."""
-    for lo in range(0, rows.num_rows, batch_size):
-        yield make(rows.slice(lo, batch_size), epoch)
+            "phase_epochs": p["phase_epochs"], "seconds": seconds, "curve": curve,
+            "trace": trace, "net": model.eval()}
 
 
 def load(data: str):

@@ -16,6 +16,7 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -162,14 +163,62 @@ class WorkerPlan:
     epoch_hooks: tuple[str, ...] = ()  # training.hooks specs, called at the start of every epoch
 
 
+@dataclass
+class LoopState:
+    """What a run carries from one epoch to the next, and what a checkpoint keeps of it."""
+
+    progress: dict
+    optimizers: list
+    best: dict | None = None  # the best weights so far (rank 0's)
+
+
+@dataclass(frozen=True)
+class Shards:
+    """What one rank reads (Arrow batches of user rows): ``train(epoch)`` that epoch's pass
+    over its training rows (shuffled), ``in_order(epoch)`` a pass in order (a policy's
+    between-phase steps), ``valid`` its validation rows (``iter_batches``; None for the final
+    retraining). Ray Data's shards in a Ray Train worker; a table in one process
+    (``table_shards``)."""
+
+    train: Callable[[int], Iterable]
+    in_order: Callable[[int], Iterable]
+    valid: object | None
+
+
+class TableRows:
+    """A table's rows as validation reads a Ray Data shard (``iter_batches``), in one process."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def iter_batches(self, batch_size: int, batch_format: str = "pyarrow", **_):
+        for lo in range(0, self.table.num_rows, batch_size):
+            yield self.table.slice(lo, batch_size)
+
+
+def table_shards(rows, batch_size: int, seed: int, valid=None) -> Shards:
+    """The shards of one process training on the Arrow table ``rows`` (warm users): each epoch
+    a permutation of its rows seeded by the epoch (so that a rerun is the same run), batches of
+    ``batch_size``; ``valid``: the validation users' rows (None: the final retraining)."""
+    def train(epoch: int):
+        order = np.random.default_rng(seed + epoch + 1).permutation(rows.num_rows)
+        for lo in range(0, rows.num_rows, batch_size):
+            yield rows.take(order[lo:lo + batch_size])
+
+    return Shards(train=train, in_order=lambda epoch: TableRows(rows).iter_batches(batch_size),
+                  valid=None if valid is None else TableRows(valid))
+
+
 def train_loop(config: dict) -> None:
+    """Ray Train's per-worker function: the run's model, its checkpoint if it resumes, DDP,
+    Ray Data's shards, then ``epochs`` with a checkpoint and a report after each."""
     import ray
     import ray.train
     import ray.train.torch
 
     quiet_ray_logs()
     plan: WorkerPlan = config["plan"]  # Ray Train passes a dict; the plan is its one entry
-    cfg, feed, n_items = plan.cfg, plan.feed, plan.n_items
+    cfg = plan.cfg
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     logger = None
@@ -184,8 +233,7 @@ def train_loop(config: dict) -> None:
             EpochLogger, **plan.mlflow)
     torch.set_num_threads(max(1, plan.threads))
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model, policy = build_model(cfg, n_items, plan.n_users, plan.data)
-    all_phases = policy.phases()
+    model, policy = build_model(cfg, plan.n_items, plan.n_users, plan.data)
     progress, best_state, opt_states = new_progress(), None, None
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
@@ -204,31 +252,62 @@ def train_loop(config: dict) -> None:
         f"({ray.util.get_node_ip_address()}), device {device}")
     net = ray.train.torch.prepare_model(model, parallel_strategy_kwargs={
         "find_unused_parameters": not policy.uses_every_parameter()})
-
-    def optimizers_for(phase: int, states=None):
-        opts = phase_optimizers(policy, all_phases, phase, cfg.learning_rate)
-        for opt, st in zip(opts, states or []):
-            opt.load_state_dict(st)
-        return opts
-
-    optimizers = optimizers_for(progress["phase"], opt_states)
-    make = BatchMaker(feed)
+    optimizers = phase_optimizers(policy, policy.phases(), progress["phase"], cfg.learning_rate)
+    for opt, st in zip(optimizers, opt_states or []):
+        opt.load_state_dict(st)
+    state = LoopState(progress, optimizers, best_state)
     per_worker = max(1, cfg.batch_size // world)
     if rank == 0 and world > 1:
         say(f"DDP: {per_worker} users per worker per step; each step all-reduces "
-            f"{allreduce_bytes(policy, all_phases) / 2**20:,.1f} MiB of gradients")
-    head = head_mask(n_items, plan.head_items, device)  # the 10% most popular items
+            f"{allreduce_bytes(policy, policy.phases()) / 2**20:,.1f} MiB of gradients")
+    train_shard = ray.train.get_dataset_shard("train")
+    shards = Shards(
+        train=lambda epoch: train_shard.iter_batches(
+            batch_size=per_worker, batch_format="pyarrow",
+            local_shuffle_buffer_size=16 * per_worker, local_shuffle_seed=cfg.seed + epoch + 1,
+            prefetch_batches=2),
+        in_order=lambda epoch: train_shard.iter_batches(
+            batch_size=per_worker, batch_format="pyarrow", prefetch_batches=2),
+        valid=ray.train.get_dataset_shard("valid") if not cfg.final_retraining else None)
+    for record, metrics in epochs(plan, net, policy, state, shards, device, rank, world):
+        if rank != 0:
+            ray.train.report(metrics)
+            continue
+        if logger is not None:
+            logger.result().log(record, step=record["epoch"])
+        with tempfile.TemporaryDirectory() as d:
+            torch.save({"model": unwrap(net).state_dict(), "progress": state.progress,
+                        "optimizers": [o.state_dict() for o in state.optimizers],
+                        "training": policy.state_dict(),
+                        "config": cfg.to_dict(), "model_args": unwrap(net).model_args()},
+                       Path(d) / STATE)
+            if state.best is not None:
+                torch.save(state.best, Path(d) / BEST)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
+
+
+def epochs(plan: WorkerPlan, net, policy: Training, state: LoopState, shards: Shards,
+           device: torch.device, rank: int = 0, world: int = 1,
+           quiet: bool = False) -> Iterator[tuple[dict, dict]]:
+    """The epochs of a run from ``state`` until it is done (``state`` advanced in place): train
+    one pass over ``shards.train``, validate on ``shards.valid`` (every rank its share, sums
+    all-reduced), early stopping and the policy's phases; after each epoch, its record and the
+    metrics Ray Train reports are yielded (rank 0 checkpoints there). Knows nothing of Ray: the
+    same epochs run in one process (``benchmarks/tune_defaults.py``). ``quiet``: no progress
+    lines."""
+    cfg, progress = plan.cfg, state.progress
+    all_phases = policy.phases()
+    make = BatchMaker(plan.feed)
+    per_worker = max(1, cfg.batch_size // world)
+    head = head_mask(plan.n_items, plan.head_items, device)  # the 10% most popular items
     pop_order = popularity_order(plan.popularity).to(device) if plan.popularity is not None \
         else None
-    train_shard = ray.train.get_dataset_shard("train")
-    valid_rows = ray.train.get_dataset_shard("valid") if not cfg.final_retraining else None
     times: list[float] = []
     epoch_hooks = hooks.resolve(list(plan.epoch_hooks))  # tests' (training.hooks)
 
-    def shard_batches(epoch: int):
+    def in_order(epoch: int):
         """One pass over this rank's training rows in order, for ``between_phases``."""
-        for rows in train_shard.iter_batches(batch_size=per_worker, batch_format="pyarrow",
-                                             prefetch_batches=2):
+        for rows in shards.in_order(epoch):
             yield make(rows, epoch).to(device)
 
     while not progress["done"]:
@@ -240,10 +319,8 @@ def train_loop(config: dict) -> None:
         t0 = time.perf_counter()
         net.train()
         sums, users = train_epoch(
-            net, (make(rows, epoch).to(device) for rows in train_shard.iter_batches(
-                batch_size=per_worker, batch_format="pyarrow",
-                local_shuffle_buffer_size=16 * per_worker, local_shuffle_seed=cfg.seed + epoch + 1,
-                prefetch_batches=2)), steps, optimizers, bf16=cfg.bf16)
+            net, (make(rows, epoch).to(device) for rows in shards.train(epoch)), steps,
+            state.optimizers, bf16=cfg.bf16)
         # every rank runs the same steps, so every rank has the same term names (sorted alike)
         names = sorted(sums)
         totals = all_sum([float(sums[n]) for n in names] + [users], device)
@@ -257,9 +334,9 @@ def train_loop(config: dict) -> None:
         diverged = not all(math.isfinite(v) for v in loss.values())
         ndcg = recall = None
         t_valid = time.perf_counter()
-        if valid_rows is not None and last_phase and not diverged:
+        if shards.valid is not None and last_phase and not diverged:
             (ndcg, recall), valid_share, valid_users, diagnostics = evaluate(
-                net, valid_rows, device, batch_size=max(per_worker, 256), head=head,
+                net, shards.valid, device, batch_size=max(per_worker, 256), head=head,
                 trained_users=cfg.valid_by == "trained",
                 # once a run (the users and the counts never change between epochs)
                 popularity=pop_order if "popularity" not in progress else None)
@@ -287,35 +364,24 @@ def train_loop(config: dict) -> None:
         progress["history"].append(record)
         times.append(record["epoch_seconds"])
         if improved and rank == 0:
-            best_state = {k: v.detach().cpu().clone() for k, v in unwrap(net).state_dict().items()}
+            state.best = {k: v.detach().cpu().clone() for k, v in unwrap(net).state_dict().items()}
         if switched:
             t_hook = time.perf_counter()
-            done = policy.between_phases(phase, partial(shard_batches, epoch), Ranks)
-            if done and rank == 0:
+            done = policy.between_phases(phase, partial(in_order, epoch), Ranks)
+            if done and rank == 0 and not quiet:
                 say(f"{done}, {time.perf_counter() - t_hook:.1f}s)")
-            optimizers = optimizers_for(progress["phase"])
+            state.optimizers = phase_optimizers(policy, all_phases, progress["phase"],
+                                                cfg.learning_rate)
 
         warnings = health_warnings(record, progress, grace=cfg.stop_patience)
         metrics = {**record, "best_epoch": progress["best_epoch"],
                    "best_valid_ndcg": progress["best_ndcg"], "done": progress["done"],
                    "diverged_epoch": progress["diverged"] or 0}
-        if rank == 0:
+        if rank == 0 and not quiet:
             say(progress_line(record, progress, cfg, len(all_phases), times))
             for line in warnings:
                 say(line)
-            if logger is not None:
-                logger.result().log(record, step=epoch + 1)
-            with tempfile.TemporaryDirectory() as d:
-                torch.save({"model": unwrap(net).state_dict(), "progress": progress,
-                            "optimizers": [o.state_dict() for o in optimizers],
-                            "training": policy.state_dict(),
-                            "config": cfg.to_dict(), "model_args": unwrap(net).model_args()},
-                           Path(d) / STATE)
-                if best_state is not None:
-                    torch.save(best_state, Path(d) / BEST)
-                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
-        else:
-            ray.train.report(metrics)
+        yield record, metrics
 
 
 @torch.no_grad()

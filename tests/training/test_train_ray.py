@@ -103,6 +103,21 @@ def test_two_workers_learn_as_one_does_and_report_exact_validation(one_worker, t
     assert two_workers["best_valid_recall_at_50"] == pytest.approx(recall, abs=1e-5)
 
 
+def test_one_process_runs_the_workers_epochs(one_worker, small_prepared, runs_dir):
+    """The benchmarks' one-process runs (``benchmarks/tune_defaults.train_one``) go through the
+    epochs a Ray worker runs (``training.loop.epochs``): the same configuration learns what the
+    one-worker Ray run did (only the shuffle differs: a permutation per epoch, not Ray Data's
+    local shuffle), and the records carry the worker's per-epoch diagnostics."""
+    from benchmarks.tune_defaults import load, train_one
+
+    prep, rows, valid = load(str(small_prepared))
+    cfg = config(small_prepared, runs_dir, num_workers=1, run_name="one-process", lr=SHARED_LR)
+    r = train_one(cfg, prep, rows, valid)
+    assert r["epochs"] == one_worker["epochs_run"] == EPOCHS and len(r["curve"]) == EPOCHS
+    assert abs(r["best_ndcg"] - one_worker["best_valid_ndcg"]) < 0.02
+    assert [s for s, _ in r["curve"]] == sorted(s for s, _ in r["curve"])  # cumulative seconds
+
+
 def test_validation_reports_the_popular_share_and_the_codes_effective_rank(
         two_workers, mlflow_server, small_prepared):
     """Beside NDCG, each epoch logs the share of the top-50 lists from the 10% most popular
