@@ -5,7 +5,6 @@ leaves the committed results as they were)."""
 from __future__ import annotations
 
 import json
-import os
 import platform
 import sys
 import time
@@ -17,13 +16,17 @@ from runtime.atomic import write_text
 
 
 def stamp(script: str, argv: list[str] | None = None) -> dict:
-    """The command (as typed), machine (cores, torch threads), date and commit of this run (the
+    """The command (as typed), machine (CPU model and vector flags, cores, torch threads), date
+    and commit of this run (the
     commit lets `benchmarks/staleness.py` tell when the code it measured changed since)."""
+    from runtime.machine import cpu, describe_cpu
+
     args = sys.argv[1:] if argv is None else argv
+    info = cpu()
     return {"command": f"python benchmarks/{script} " + " ".join(args),
-            "machine": f"{platform.node()}, {os.cpu_count()} cores, "
+            "machine": f"{platform.node()}, {describe_cpu(info)}, "
                        f"{torch.get_num_threads()} torch threads",
-            "date": time.strftime("%Y-%m-%d"), "commit": commit()}
+            "cpu": info, "date": time.strftime("%Y-%m-%d"), "commit": commit()}
 
 
 def commit() -> str:

@@ -156,9 +156,13 @@ def compare_url(mlflow_url: str, run_ids: list[str]) -> str:
 def machine() -> dict:
     import platform
 
+    from runtime.machine import cpu
+
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    info = cpu()
     return {"cores": os.cpu_count(), "memory_gib": round(mem, 1), "arch": platform.machine(),
-            "os": platform.system(), "python": platform.python_version()}
+            "cpu": info["model"], "cpu_flags": info["flags"], "os": platform.system(),
+            "python": platform.python_version()}
 
 
 def commit(exclude: tuple[str, ...] = ()) -> str:

@@ -1,0 +1,44 @@
+"""The CPU a timing belongs to: hosts change under the same name (a 'vm' has been an AVX2 and an
+AVX-512 EPYC), so every result records the model and the vector instructions it had."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+# the flags that decide which kernels run (fp32 FMA width, bf16 and int8 dot products, AMX)
+VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+                "avx512_fp16", "amx_bf16", "amx_tile", "asimd", "sve")
+
+
+def cpu(cpuinfo: str = "/proc/cpuinfo") -> dict:
+    """{"model", "family", "cores", "flags"} from /proc/cpuinfo (``family``: "cpu family/model"
+    numbers, which tell Zen 3 from Zen 4 where a VM names both "AMD EPYC"; the vector flags of
+    ``VECTOR_FLAGS`` present, in that order); the model falls back to ``platform.processor()``."""
+    model, family, number, flags = "", "", "", set()
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and not model:
+                    model = value.strip()
+                elif key == "cpu family" and not family:
+                    family = value.strip()
+                elif key == "model" and not number:
+                    number = value.strip()
+                elif key in ("flags", "Features") and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    return {"model": model or platform.processor() or "unknown",
+            "family": f"{family}/{number}" if family else "", "cores": os.cpu_count(),
+            "flags": [f for f in VECTOR_FLAGS if f in flags]}
+
+
+def describe_cpu(info: dict | None = None) -> str:
+    """One line: model, cores, vector flags."""
+    info = info or cpu()
+    family = f" (family/model {info['family']})" if info.get("family") else ""
+    return (f"{info['model']}{family}, {info['cores']} cores, "
+            f"flags {' '.join(info['flags']) or 'none'}")
