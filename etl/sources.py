@@ -185,6 +185,13 @@ def _number_error(value: Column, parsed: Column, what: str, col: int) -> tuple[C
             F.format_string(f"{what} '%s' in column {col} is not a number", value))
 
 
+def _finite_error(value: Column, parsed: Column, what: str, col: int) -> tuple[Column, Column]:
+    # "inf", "1e999" and "NaN" parse as doubles; as ratings they would pass (or fail) any
+    # threshold by accident (inf became a positive)
+    return (parsed.isNotNull() & (F.isnan(parsed) | (F.abs(parsed) == F.lit(float("inf")))),
+            F.format_string(f"{what} '%s' in column {col} is not a finite number", value))
+
+
 def _delimited(lines: DataFrame, delim: str, n_fields: int, roles: dict[str, int],
                header: bool, time_is_date: bool = False) -> DataFrame:
     """Parse delimiter-separated lines; ``roles`` maps user/item/rating/timestamp to 0-based columns."""
@@ -204,7 +211,8 @@ def _delimited(lines: DataFrame, delim: str, n_fields: int, roles: dict[str, int
                          F.size(fields))),
         (get["user"] == "", F.lit(f"empty user id in column {col['user']}")),
         (get["item"] == "", F.lit(f"empty item id in column {col['item']}")),
-        *([_number_error(rating_raw, rating, "rating", col["rating"])] if "rating" in roles else []),
+        *([_number_error(rating_raw, rating, "rating", col["rating"]),
+           _finite_error(rating_raw, rating, "rating", col["rating"])] if "rating" in roles else []),
         *([_number_error(time_raw, timestamp, "timestamp", col["timestamp"])]
           if "timestamp" in roles else []),
         *([(given.isNull(), F.format_string(

@@ -272,6 +272,9 @@ def score(spark, progress_every: float = EVERY, **kwargs) -> dict:
     if k < 1:
         raise UsageError(f"--k {k}: must be at least 1")
     prep = open_prepared(data)
+    if k > prep.n_items:  # a list longer than the catalogue: every item, in a file per user
+        raise UsageError(f"--k {k}: --data {data} has {prep.n_items:,} items; a list can hold "
+                         f"at most that many (the paper's metrics use 50)")
     src = load_source(model, mlflow_uri)
     if src.n_items != prep.n_items:
         raise UsageError(f"--model {model} scores {src.n_items:,} items but --data {data} has "

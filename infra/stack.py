@@ -47,6 +47,40 @@ class Running:
     env: dict[str, str] = field(default_factory=dict)
     owner: int | None = None     # the pid it stops with (its watchdog's); None: the user's
     watchdog: int | None = None
+    # the group leader's start time (infra.watchdog.start_time): after a reboot or once the pid
+    # is reused, the recorded group id can lead a stranger's processes, which a stop must spare
+    born: str | None = None
+
+
+def stranger(svc: Running) -> str | None:
+    """What leads ``svc``'s recorded process group now, if it is not the process this stack
+    started (None: it is, or the leader is gone and what is left of the group is its own: the
+    kernel never reuses the id of a group that still has members)."""
+    from infra.watchdog import start_time
+
+    now = start_time(svc.pgid)
+    if svc.born is None or now is None or now == svc.born:
+        return None
+    return (f"process group {svc.pgid} is led by a process started at {now} clock ticks after "
+            f"boot, not the recorded {svc.born}: another program's (after a reboot or a reused "
+            "pid), left alone")
+
+
+def stop_service(name: str, svc: Running, timeout: float, log) -> bool:
+    """Stop ``svc``'s process group unless a stranger leads it now (then say so); returns
+    whether it was signalled."""
+    problem = stranger(svc)
+    if problem:
+        log(f"{name}: not stopped: {problem}; its record is dropped")
+        return False
+    services.stop_group(svc.pgid, timeout)
+    return True
+
+
+def leader_born(pid: int) -> str | None:
+    from infra.watchdog import start_time
+
+    return start_time(pid)
 
 
 def client_env(record: dict[str, Running]) -> dict[str, str]:
@@ -127,7 +161,7 @@ def start(*, ray_port: int = 6379, dashboard_port: int = 8265, num_cpus: int | N
             log(f"{name}: already running at {svc.url} (process group {svc.pgid}); reusing it")
         else:
             log(f"{name}: recorded at {svc.url} but not answering; restarting it")
-            services.stop_group(svc.pgid, 5)
+            stop_service(name, svc, 5, log)
             del record[name]
     write_record(record, state)
     started: list[str] = []
@@ -137,7 +171,8 @@ def start(*, ray_port: int = 6379, dashboard_port: int = 8265, num_cpus: int | N
             log(f"mlflow: starting on 127.0.0.1:{cfg['port']} (state in {cfg['state_dir']}) ...")
             svc = services.start_mlflow(Path(cfg["state_dir"]), int(cfg["port"]), owner=owner)
             record["mlflow"] = Running("mlflow", os.getpgid(svc.proc.pid), svc.url, svc.address,
-                                       str(svc.log), owner=owner, watchdog=svc.watchdog)
+                                       str(svc.log), owner=owner, watchdog=svc.watchdog,
+                                       born=leader_born(svc.proc.pid))
             started.append("mlflow")
             write_record(record, state)
             log(f"mlflow: up at {svc.url}")
@@ -151,7 +186,8 @@ def start(*, ray_port: int = 6379, dashboard_port: int = 8265, num_cpus: int | N
                                           owner=owner)
             record["ray"] = Running("ray", os.getpgid(svc.proc.pid), svc.url, svc.address,
                                     str(svc.log), {k: v for k, v in auth.items()
-                                                   if k != "RAY_AUTH_TOKEN"}, owner, svc.watchdog)
+                                                   if k != "RAY_AUTH_TOKEN"}, owner, svc.watchdog,
+                                    leader_born(svc.proc.pid))
             started.append("ray")
             write_record(record, state)
             log(f"ray: up at {svc.url} (GCS {svc.address})")
@@ -180,10 +216,11 @@ def stop(state: Path = STATE, log=print, owner: int | None = None,
         log("nothing recorded as running (no var/stack/stack.json)")
     mine = {k: v for k, v in record.items() if owner is None or v.owner == owner}
     if grace is not None:
-        stop_groups([svc.pgid for svc in mine.values()], grace, log=lambda s: None)
+        stop_groups([svc.pgid for svc in mine.values() if not stranger(svc)], grace,
+                    log=lambda s: None)
     for name, svc in mine.items():
-        services.stop_group(svc.pgid, 5 if name == "ray" else 10)
-        log(f"{name}: stopped (process group {svc.pgid})")
+        if stop_service(name, svc, 5 if name == "ray" else 10, log):
+            log(f"{name}: stopped (process group {svc.pgid})")
     rest = {k: v for k, v in record.items() if k not in mine}
     if rest:
         write_record(rest, state)

@@ -22,6 +22,7 @@ model's ``run_axes``: values per grid name, checked like any point.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +78,8 @@ class HP:
         if isinstance(value, bool) or not isinstance(value, (int, float) if self.kind is float
                                                      else self.kind):
             return f"want {'an integer' if self.kind is int else 'a number' if numeric else 'text'}"
+        if isinstance(value, float) and not math.isfinite(value):  # passes every comparison
+            return "want a finite number"
         low_bad = self.lo is not None and (value <= self.lo if self.open_lo else value < self.lo)
         high_bad = self.hi is not None and (value >= self.hi if self.open_hi else value > self.hi)
         if not (low_bad or high_bad):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import subprocess
 import sys
 from dataclasses import MISSING
@@ -35,6 +36,18 @@ from prepared.errors import UsageError
 DISTRIBUTION = "nce-autorec"
 
 _TYPES = {"int": int, "float": float, "str": str}
+
+
+def finite_float(text: str) -> float:
+    """argparse's type for every float flag: NaN and the infinities are refused here, since they
+    pass any range check after (``nan < 0`` and ``nan > 1`` are both false)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"want a finite number, got {text}")
+    return value
 
 
 def option(default=MISSING, *, help: str, group: str = "", choices=None, metavar: str | None = None,
@@ -162,7 +175,8 @@ def add_options(parser: argparse.ArgumentParser, cls) -> None:
         if element is None:
             kwargs["action"] = "store_true"
         else:
-            kwargs.update(type=element, choices=meta["choices"],
+            kwargs.update(type=finite_float if element is float else element,
+                          choices=meta["choices"],
                           metavar=meta["metavar"] or choices_metavar(meta["choices"]))
             if many:
                 kwargs["nargs"] = "+"
@@ -393,6 +407,8 @@ def _scalar(value, element: type, choices, many: bool):
             value = element(value)
         except (TypeError, ValueError):
             raise bad from None
+        if element is float and not math.isfinite(value):  # YAML's .nan, .inf
+            raise ValueError(f"expected a finite number, got {_shown(value)}; write one")
     if choices and value not in choices:
         raise ValueError(f"{value!r} is not one of {', '.join(map(str, choices))}; write one "
                          "of them")

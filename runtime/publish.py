@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -91,6 +92,36 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+# what a lock needs of a file system for one path: create(text) unless it exists (False then),
+# read() (None if absent), delete()
+FileOps = tuple[Callable[[str], bool], Callable[[], "str | None"], Callable[[], None]]
+
+
+def local_ops(path: str) -> FileOps:
+    """``FileOps`` on a local disk: ``O_EXCL`` creates."""
+    def create(text: str) -> bool:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return True
+
+    def read() -> str | None:
+        try:
+            with open(path) as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def delete() -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    return create, read, delete
+
+
 class WriterLock:
     """``.NAME.lock`` beside an output: who writes it now (pid, host, start time, a token).
 
@@ -102,40 +133,23 @@ class WriterLock:
     run one job per process): taken over too.
     """
 
-    def __init__(self, path: str, target: str, create: Callable[[str], bool],
-                 read: Callable[[], str | None], delete: Callable[[], None]):
+    def __init__(self, path: str, target: str, ops: Callable[[str], FileOps]):
         self.path, self.target = path, target
-        self._create, self._read, self._delete = create, read, delete
+        self._ops = ops  # the (create, read, delete) of a path: the lock's and its takeover's
+        self._create, self._read, self._delete = ops(path)
         self.token: str | None = None  # set while held
 
     @classmethod
     def local(cls, path: str, target: str) -> WriterLock:
-        def create(text: str) -> bool:
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            return True
-
-        def read() -> str | None:
-            try:
-                with open(path) as f:
-                    return f.read()
-            except FileNotFoundError:
-                return None
-
-        def delete() -> None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-
-        return cls(path, target, create, read, delete)
+        return cls(path, target, local_ops)
 
     def holder(self) -> dict | None:
         """The holder's record; None if there is no lock, {} if it is unreadable (being
         written, or its writer died while writing it)."""
-        text = self._read()
+        return self.holder_of(self._read())
+
+    @staticmethod
+    def holder_of(text: str | None) -> dict | None:
         if text is None:
             return None
         try:
@@ -151,23 +165,41 @@ class WriterLock:
         host, token = socket.gethostname(), uuid.uuid4().hex
         text = json.dumps({"pid": os.getpid(), "host": host, "token": token, "target": self.target,
                            "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
-        for _ in range(3):  # a second taker of the same stale lock loses the create and looks again
+        for attempt in range(TAKEOVER_TRIES):
             if self._create(text):
                 self.token = token
                 _HELD[token] = self
                 return
-            holder = self.holder()
+            seen = self._read()
+            holder = self.holder_of(seen)
             if holder is None:  # released meanwhile
                 continue
             pid = holder.get("pid")
             if holder.get("host") != host or not isinstance(pid, int) or (
                     pid != os.getpid() and pid_alive(pid)):
                 raise UsageError(self.held_message(holder))
+            if not self._take_over(seen, text):  # another taker is at it: look again soon
+                time.sleep(0.01 * (attempt + 1))
+                continue
             if pid != os.getpid():
                 log.warning("taking over the stale lock %s: its writer, pid %d on %s (since %s), "
                             "no longer runs", self.path, pid, host, holder.get("started"))
-            self._delete()
         raise UsageError(self.held_message(self.holder() or {}))
+
+    def _take_over(self, seen: str, text: str) -> bool:
+        """Delete the stale lock, if it is still the one read (``seen``), while holding
+        ``PATH.takeover``: two takers that both read the stale lock would otherwise both delete
+        (the second one the first one's new lock) and both hold it. False: another taker holds
+        the takeover (or its taker died holding it, in a window of microseconds)."""
+        create, _, delete = self._ops(self.path + ".takeover")
+        if not create(text):
+            return False
+        try:
+            if self._read() == seen:
+                self._delete()
+        finally:
+            delete()
+        return True
 
     def held_message(self, holder: dict) -> str:
         if not holder:
@@ -187,6 +219,8 @@ class WriterLock:
         if (self.holder() or {}).get("token") == token:
             self._delete()
 
+
+TAKEOVER_TRIES = 50  # looks at a stale lock while other takers race for it (~13 s at most)
 
 # the locks this process holds (by token), released at exit if a job stopped between taking one
 # and publishing (an error in between); a killed process leaves its lock stale instead
@@ -355,12 +389,16 @@ class Publisher:
     def _writer_lock(self) -> WriterLock:
         if self._local:
             return WriterLock.local(self._local, self.target)
+        return WriterLock(self.lock_path, self.target, self._hadoop_ops)
 
+    def _hadoop_ops(self, path: str) -> FileOps:
+        """``FileOps`` on the Hadoop FileSystem (create without overwrite: HDFS and S3A refuse
+        an existing file)."""
         def create(text: str) -> bool:
             try:
-                stream = self._fs.create(self._Path(self.lock_path), False)
+                stream = self._fs.create(self._Path(path), False)
             except Exception:  # py4j's wrapper of FileAlreadyExistsException (HDFS, S3A)
-                if self.exists(self.lock_path):
+                if self.exists(path):
                     return False
                 raise
             try:
@@ -369,9 +407,7 @@ class Publisher:
                 stream.close()
             return True
 
-        return WriterLock(self.lock_path, self.target, create,
-                          lambda: read_text(self.spark, self.lock_path),
-                          lambda: self.delete(self.lock_path))
+        return create, lambda: read_text(self.spark, path), lambda: self.delete(path)
 
     def lock(self) -> None:
         """Hold the output's lock (``WriterLock``), or refuse: another job is writing it."""

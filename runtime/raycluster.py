@@ -114,16 +114,19 @@ def _shape(bundle: dict) -> str:
 
 
 def stall_message(what: str, num_workers: int, cpw: float, use_gpu: bool, waited: float,
-                  reading: bool = True) -> str:
+                  reading: bool = True, task: bool = False) -> str:
     """One line: what ``what`` asked for, what the cluster has and has free, how to change it."""
     import ray
 
     total, free = ray.cluster_resources(), ray.available_resources()
     pending = pending_demands()
-    asked = f"{num_workers} worker(s) x {cpw:g} CPU" + (" + 1 GPU" if use_gpu else "") + \
-        (f" plus {READ_CPUS} CPU for reading" if reading else "")
+    asked = (f"{cpw:g} CPU(s) in one task" if task else
+             f"{num_workers} worker(s) x {cpw:g} CPU" + (" + 1 GPU" if use_gpu else "")
+             + (f" plus {READ_CPUS} CPU for reading" if reading else ""))
     gpus = (f", {free.get('GPU', 0):g} of {total.get('GPU', 0):g} GPUs free" if use_gpu else "")
-    head = (f"{what}: no epoch finished {waited:.0f}s after it started; it asks for {asked}; the "
+    state = "not started" if task else "no epoch finished"
+    since = "it was submitted" if task else "it started"
+    head = (f"{what}: {state} {waited:.0f}s after {since}; it asks for {asked}; the "
             f"cluster has {free.get('CPU', 0):g} of {total.get('CPU', 0):g} CPUs free{gpus}")
     if pending == "":  # Ray says nothing waits: the workers are placed, the epoch is just long
         return (head + "; nothing waits to be scheduled, so its workers are running: a first "
@@ -159,6 +162,26 @@ def watch_start(message: Callable[[float], str], progressed: Callable[[], bool],
         yield
     finally:
         done.set()
+
+
+def task_started(ref) -> bool:
+    """Whether the task of ``ref`` has been placed (running or ended), from Ray's state API;
+    False where that cannot tell (then the watch goes on saying what the cluster has free)."""
+    try:
+        import ray
+
+        if ray.wait([ref], timeout=0)[0]:
+            return True
+        from ray.util.state import get_task
+
+        found = get_task(ref.task_id().hex(), timeout=5)
+        tasks = found if isinstance(found, list) else [found]
+        return any(t is not None and t.state not in ("PENDING_ARGS_AVAIL", "PENDING_NODE_ASSIGNMENT",
+                                                      "PENDING_OBJ_STORE_MEM_AVAIL",
+                                                      "PENDING_ARGS_FETCH", "NIL")
+                   for t in tasks)
+    except Exception:  # noqa: BLE001 (no state API: a cluster without the dashboard)
+        return False
 
 
 def checkpoints(run_dir: str) -> set[str]:

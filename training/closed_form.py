@@ -22,6 +22,7 @@ from models.registry import MODELS
 from prepared import schema as S
 from prepared.protocol import head_items
 from prepared.uri import filesystem
+from runtime import raycluster
 from training.config import TrainConfig
 from training.feed import in_valid_sample, union_sorted, valid_batch
 from training.validate import head_mask, validation_sums
@@ -138,7 +139,15 @@ def fit(cfg: TrainConfig, prep, cpus: float) -> tuple[dict, list[dict], dict, di
     # one (a Ray Tune trial's, which holds no CPU: experiment/run.py)
     task = ray.remote(fit_task).options(num_cpus=cpus, max_retries=0,
                                         scheduling_strategy="DEFAULT")
-    return summarise(ray.get(task.remote(cfg.to_dict(), prep, int(cpus))), t0)
+    ref = task.remote(cfg.to_dict(), prep, int(cpus))
+    # a busy cluster: the fit waits for its CPUs, and says so as a Ray Train run does
+    with raycluster.watch_start(
+            lambda waited: raycluster.stall_message(f"run {cfg.run_name}", 1, cpus, False, waited,
+                                                    reading=False, task=True),
+            lambda: raycluster.task_started(ref), after=raycluster.STALL_SECONDS,
+            say=lambda line: print(line, flush=True)):
+        out = ray.get(ref)
+    return summarise(out, t0)
 
 
 def fit_on_spark(cfg: TrainConfig, prep) -> tuple[dict, list[dict], dict, dict]:

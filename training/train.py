@@ -284,12 +284,24 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
     """Train ``cfg``; returns the summary (best epoch, metrics, where the model is). ``prep`` is
     ``cfg.data`` already opened (the CLI opens it to name the run); ``tags`` go on a new MLflow
     run (``mlflow.parentRunId`` nests it under an experiment's run)."""
-    import torch
-
-    from runtime import tracking
-
     check(cfg)
     prep = prep or open_prepared(cfg.data)
+    done = finished_already(cfg)
+    if done is not None:
+        return done
+    lock = run_lock(cfg)
+    if lock is not None:  # two runs of one name would overwrite each other's files and MLflow run
+        lock.acquire()
+    try:
+        return _run(cfg, prep, mlflow_uri, ray_address, tags)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def finished_already(cfg: TrainConfig) -> dict | None:
+    """The summary of a run of this name that finished (said in one line), else None; refuses
+    a run directory of another configuration (``check_resume``)."""
     record = read_run_record(cfg)
     check_resume(cfg, record)
     done = finished_summary(record)
@@ -297,7 +309,38 @@ def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None
         print(f"run {cfg.run_name} finished already (best epoch {done['best_epoch']}); "
               f"its model is {done['model_path']}. Pass another --run-name to train "
               "again", flush=True)
+    return done
+
+
+WRITER_LOCK = ".writer.lock"  # in the run directory; a dot: no reader takes it for data
+
+
+def run_lock(cfg: TrainConfig):
+    """The run directory's writer lock (``runtime.publish.WriterLock``): a second process
+    training the same run name is refused with the holder's pid and host, and a lock whose pid
+    no longer runs here (a killed run) is taken over by the rerun that resumes it. None for a
+    run directory that is not on a local disk (no exclusive create there)."""
+    from runtime.publish import WriterLock
+
+    run_dir = join(cfg.output, cfg.run_name)
+    if "://" in run_dir and not run_dir.startswith("file://"):
+        return None
+    local = Path(run_dir.removeprefix("file://"))
+    local.mkdir(parents=True, exist_ok=True)
+    return WriterLock.local(str(local / WRITER_LOCK), f"run {cfg.run_name} ({local})")
+
+
+def _run(cfg: TrainConfig, prep: Prepared, mlflow_uri: str | None, ray_address: str | None,
+         tags: dict[str, str] | None) -> dict:
+    """``run`` once the run directory is this process's."""
+    import torch
+
+    from runtime import tracking
+
+    done = finished_already(cfg)  # again, held: another writer may have finished it meanwhile
+    if done is not None:
         return done
+    record = read_run_record(cfg)
     if record is not None:
         check_saved_files(cfg)
     uri = tracking.tracking_uri(mlflow_uri)

@@ -97,6 +97,23 @@ def test_malformed_rows_under_the_limit_are_skipped_and_counted(spark, tmp_path)
     assert ("1", "12") not in set(zip(out.split.user_id, out.split.item_id))
 
 
+def test_a_rating_that_is_no_finite_number_is_a_counted_bad_line(spark, tmp_path):
+    """inf, 1e999 (inf as a double) and NaN parse as numbers; inf used to become a positive."""
+    f = tmp_path / "u.data"
+    lines = u_data(CLEAN).splitlines()
+    for i, bad in ((1, "inf"), (3, "1e999"), (5, "NaN")):
+        lines[i] = "\t".join([*lines[i].split("\t")[:2], bad, lines[i].split("\t")[3]])
+    f.write_text("\n".join(lines) + "\n")
+    out = prepare(spark, tmp_path / "out", dataset="ml-100k", input=(str(f),), max_bad_rows=0.5,
+                  negatives=3, cold_users=0.0)
+    c = out.manifest["counts"]
+    assert c["lines"]["bad"] == 3 and c["rows"] == len(CLEAN) - 3
+    assert c["bad_row_examples"][0].startswith(
+        f"{f}:2: rating 'inf' in column 3 is not a finite number")
+    assert any("rating '1e999' in column 3 is not a finite number" in e
+               for e in c["bad_row_examples"])
+
+
 def test_wrong_header_names_file_line_and_fix(spark, tmp_path):
     f = tmp_path / "ratings.csv"
     f.write_text("user,item,rating,ts\n1,2,4.0,100\n")

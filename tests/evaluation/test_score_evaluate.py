@@ -159,6 +159,9 @@ def test_scoring_refuses_bad_input_and_leaves_nothing_half_written(spark, scored
     with pytest.raises(UsageError, match="no such file"):
         score(spark, model=str(tmp_path / "missing"), data=str(small_prepared),
               output=str(tmp_path / "x"))
+    with pytest.raises(UsageError, match=rf"^--k {n + 1}: --data .* has {n:,} items; a list"):
+        score(spark, model=str(base / "run-a"), data=str(small_prepared),
+              output=str(tmp_path / "x"), k=n + 1)
     # a job that fails on the executors (the weights do not fit the model's arguments)
     save_model(tmp_path / "broken", small_prepared)
     saved = torch.load(tmp_path / "broken" / "model.pt", weights_only=True)

@@ -28,6 +28,10 @@ def test_second_start_reuses_the_running_stack(local_stack):
     assert {k: v.pgid for k, v in again.items()} == \
         {k: v.pgid for k, v in local_stack.services.items()}
     assert len(said) == 2 and all("already running" in s and "reusing" in s for s in said)
+    from infra.watchdog import start_time
+
+    # each record knows its group leader by its start time, which a stop checks first
+    assert all(v.born is not None and v.born == start_time(v.pgid) for v in again.values())
     lines = []
     assert stack.status(local_stack.state, log=lines.append)
     assert sorted(lines) == sorted(f"{k}: up at {v.url}" + (f" (GCS {v.address}: a driver's "
@@ -88,6 +92,35 @@ def test_status_of_a_dead_stack_says_down(tmp_path):
     lines = []
     assert not stack.status(tmp_path, log=lines.append)
     assert lines == [f"mlflow: DOWN (recorded at http://127.0.0.1:{port})", "ray: not started"]
+
+
+def test_a_stop_spares_a_stranger_under_a_recorded_process_group(tmp_path):
+    """After a reboot or a reused pid, the recorded group id can lead another program: its leader
+    started at another time than the recorded one, so neither `make stop` (nor a demo's stop
+    with a grace) signals it; the record with the service's own start time stops it."""
+    from infra.watchdog import start_time
+
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)  # its own process group
+    try:
+        born = start_time(other.pid)
+        record = lambda b: {"mlflow": stack.Running("mlflow", other.pid, "http://127.0.0.1:9", "",
+                                                    "", born=b)}
+        lines = []
+        for grace in (None, 1.0):
+            stack.write_record(record("12345"), tmp_path)
+            stack.stop(tmp_path, log=lines.append, grace=grace)
+            assert other.poll() is None  # still running
+            assert lines.pop() == (
+                f"mlflow: not stopped: process group {other.pid} is led by a process started "
+                f"at {born} clock ticks after boot, not the recorded 12345: another program's "
+                "(after a reboot or a reused pid), left alone; its record is dropped")
+            assert stack.read_record(tmp_path) == {}
+        stack.write_record(record(born), tmp_path)
+        stack.stop(tmp_path, log=lines.append)
+        assert other.wait(10) is not None and lines == [f"mlflow: stopped (process group {other.pid})"]
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_bad_mlflow_settings_name_the_file(tmp_path):

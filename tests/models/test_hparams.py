@@ -38,6 +38,10 @@ ROOT = Path(__file__).resolve().parents[2]
     (HP(1.0, "f", lo=0), 2, None),  # an int where a float is wanted is a number
     (HP(1.0, "f", lo=0), "x", "want a number"),
     (HP(None, "n", type=float, lo=0), 0.5, None),
+    # NaN passes every comparison (nan < 0 and nan > 1 are both false); an infinity is no setting
+    (HP(1.0, "f", lo=0, hi=1), float("nan"), "want a finite number"),
+    (HP(1.0, "f", lo=0), float("inf"), "want a finite number"),
+    (HP(1.0, "f"), float("-inf"), "want a finite number"),
 ])
 def test_a_declared_range_says_what_is_wrong(hp, value, said):
     assert hp.problem(value) == said

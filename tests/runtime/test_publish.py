@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -259,6 +260,47 @@ def test_a_stale_lock_is_taken_over_and_said_in_the_log(spark, tmp_path, backend
     assert any(f"taking over the stale lock {lock_of(out)}: its writer, pid {killed.pid} on "
                f"{socket.gethostname()}" in line and "no longer runs" in line for line in lines)
     assert (out / "part-0.txt").read_text() == "new" and not lock_of(out).exists()
+
+
+def _race_for_the_lock(lock: str, target: str, start, said: str) -> None:
+    """One writer process of the race below: take the lock, keep it (a holder never lets go
+    while the others try), and write whether it held it to the file ``said``."""
+    start.wait()
+    try:
+        WriterLock.local(lock, target).acquire()
+        outcome = "held"
+        time.sleep(0.3)
+    except UsageError:
+        outcome = "refused"
+    Path(said).write_text(outcome)
+    os._exit(0)  # no exit handlers: a holder's lock is left as a killed job's
+
+
+@pytest.mark.slow  # 100 races, ~40 s
+def test_three_writers_racing_for_one_stale_lock_never_both_hold_it(tmp_path):
+    """A stale lock (its writer's pid no longer runs) and 3 writers started at once, 100 times:
+    exactly one holds it each time. Before the takeover lock, two held it in 19 of 100."""
+    import multiprocessing
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    ctx = multiprocessing.get_context("fork")
+    for trial in range(100):
+        lock = str(tmp_path / f".out{trial}.lock")
+        with open(lock, "w") as f:
+            json.dump({"pid": dead.pid, "host": socket.gethostname(), "token": "old",
+                       "started": "then"}, f)
+        start = ctx.Barrier(3)
+        said = [tmp_path / f"said-{trial}-{i}" for i in range(3)]
+        procs = [ctx.Process(target=_race_for_the_lock,
+                             args=(lock, str(tmp_path / "out"), start, str(s))) for s in said]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        outcomes = sorted(s.read_text() for s in said)
+        assert outcomes == ["held", "refused", "refused"], (trial, outcomes)
+        assert not os.path.exists(lock + ".takeover")
 
 
 def test_a_lock_from_another_host_or_without_a_holder_is_refused(tmp_path):

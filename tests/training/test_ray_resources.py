@@ -133,3 +133,39 @@ def test_only_checkpoint_folders_are_counted_and_dropped(tmp_path):
         "checkpoint_manager_snapshot.json", "model.pt", "run.json"]
     assert rc.checkpoints(str(run)) == set() and rc.drop_checkpoints(str(run)) == 0
     assert rc.checkpoints(str(tmp_path / "missing")) == set()
+
+
+@pytest.mark.ray
+def test_a_closed_form_fit_on_a_busy_cluster_says_what_it_waits_for(small_prepared, ray_head,
+                                                                    monkeypatch, capsys):
+    """Its Ray task waits for CPUs another job holds: the driver says so (it used to wait in
+    silence), and the fit goes on once they are free."""
+    import threading
+
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from prepared.reader import open_prepared
+    from training import closed_form
+    from training.config import TrainConfig
+
+    monkeypatch.setattr(rc, "STALL_SECONDS", 1.0)
+    held = placement_group([{"CPU": ray.cluster_resources()["CPU"]}])  # every CPU: busy
+    ray.get(held.ready(), timeout=60)
+    cfg = TrainConfig(data=str(small_prepared), model="puresvd", rank=8, run_name="busy")
+    done = {}
+    fit = threading.Thread(target=lambda: done.update(
+        out=closed_form.fit(cfg, open_prepared(str(small_prepared)), cpus=2)))
+    fit.start()
+    try:
+        deadline, said = time.monotonic() + 60, ""
+        while "not started" not in said and time.monotonic() < deadline:
+            time.sleep(0.2)
+            said += capsys.readouterr().out
+    finally:
+        remove_placement_group(held)
+    fit.join(120)
+    line = next(x for x in said.splitlines() if "not started" in x)
+    assert line.startswith("run busy: not started ") and "after it was submitted; it asks for " \
+        "2 CPU(s) in one task; the cluster has 0 of " in line
+    assert done["out"][0]["best_valid_ndcg"] > 0.1  # then it ran
