@@ -153,7 +153,7 @@ def test_scoring_and_evaluation_log_progress_lines(spark, small_prepared, tmp_pa
 
     from evaluation.evaluate import evaluate
     from evaluation.score import score
-    from tests.test_score_evaluate import save_model
+    from tests.evaluation.test_score_evaluate import save_model
 
     save_model(tmp_path / "model", small_prepared)
     with caplog.at_level(logging.INFO, "evaluation"):
