@@ -262,21 +262,23 @@ def test_a_stale_lock_is_taken_over_and_said_in_the_log(spark, tmp_path, backend
     assert (out / "part-0.txt").read_text() == "new" and not lock_of(out).exists()
 
 
-def _race_for_the_lock(lock: str, target: str, start, said: str) -> None:
-    """One writer process of the race below: take the lock, keep it (a holder never lets go
-    while the others try), and write whether it held it to the file ``said``."""
+def _race_for_the_lock(lock: str, target: str, start, said: str, others: list[str]) -> None:
+    """One writer process of the race below: take the lock and write whether it held it to the
+    file ``said``; a holder keeps it until the ``others`` have said theirs (a holder never lets
+    go while the others try)."""
     start.wait()
     try:
         WriterLock.local(lock, target).acquire()
+        deadline = time.monotonic() + 30
+        while not all(os.path.exists(o) for o in others) and time.monotonic() < deadline:
+            time.sleep(0.002)
         outcome = "held"
-        time.sleep(0.3)
     except UsageError:
         outcome = "refused"
     Path(said).write_text(outcome)
     os._exit(0)  # no exit handlers: a holder's lock is left as a killed job's
 
 
-@pytest.mark.slow  # 100 races, ~40 s
 def test_three_writers_racing_for_one_stale_lock_never_both_hold_it(tmp_path):
     """A stale lock (its writer's pid no longer runs) and 3 writers started at once, 100 times:
     exactly one holds it each time. Before the takeover lock, two held it in 19 of 100."""
@@ -293,7 +295,8 @@ def test_three_writers_racing_for_one_stale_lock_never_both_hold_it(tmp_path):
         start = ctx.Barrier(3)
         said = [tmp_path / f"said-{trial}-{i}" for i in range(3)]
         procs = [ctx.Process(target=_race_for_the_lock,
-                             args=(lock, str(tmp_path / "out"), start, str(s))) for s in said]
+                             args=(lock, str(tmp_path / "out"), start, str(s),
+                                   [str(o) for o in said if o != s])) for s in said]
         for p in procs:
             p.start()
         for p in procs:
