@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from infra import services
+from infra.watchdog import start_time, stop_groups
 from runtime.atomic import write_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,8 +57,6 @@ def stranger(svc: Running) -> str | None:
     """What leads ``svc``'s recorded process group now, if it is not the process this stack
     started (None: it is, or the leader is gone and what is left of the group is its own: the
     kernel never reuses the id of a group that still has members)."""
-    from infra.watchdog import start_time
-
     now = start_time(svc.pgid)
     if svc.born is None or now is None or now == svc.born:
         return None
@@ -75,12 +74,6 @@ def stop_service(name: str, svc: Running, timeout: float, log) -> bool:
         return False
     services.stop_group(svc.pgid, timeout)
     return True
-
-
-def leader_born(pid: int) -> str | None:
-    from infra.watchdog import start_time
-
-    return start_time(pid)
 
 
 def client_env(record: dict[str, Running]) -> dict[str, str]:
@@ -172,7 +165,7 @@ def start(*, ray_port: int = 6379, dashboard_port: int = 8265, num_cpus: int | N
             svc = services.start_mlflow(Path(cfg["state_dir"]), int(cfg["port"]), owner=owner)
             record["mlflow"] = Running("mlflow", os.getpgid(svc.proc.pid), svc.url, svc.address,
                                        str(svc.log), owner=owner, watchdog=svc.watchdog,
-                                       born=leader_born(svc.proc.pid))
+                                       born=start_time(svc.proc.pid))
             started.append("mlflow")
             write_record(record, state)
             log(f"mlflow: up at {svc.url}")
@@ -187,7 +180,7 @@ def start(*, ray_port: int = 6379, dashboard_port: int = 8265, num_cpus: int | N
             record["ray"] = Running("ray", os.getpgid(svc.proc.pid), svc.url, svc.address,
                                     str(svc.log), {k: v for k, v in auth.items()
                                                    if k != "RAY_AUTH_TOKEN"}, owner, svc.watchdog,
-                                    leader_born(svc.proc.pid))
+                                    start_time(svc.proc.pid))
             started.append("ray")
             write_record(record, state)
             log(f"ray: up at {svc.url} (GCS {svc.address})")
@@ -209,7 +202,6 @@ def stop(state: Path = STATE, log=print, owner: int | None = None,
     demo stopping on SIGTERM leaves the user's own stack it reused alone). ``grace``: SIGTERM
     them all at once and SIGKILL what is left that many seconds later (a process told to stop
     has seconds, not the half minute a graceful Ray head takes)."""
-    from infra.watchdog import stop_groups
 
     record = read_record(state)
     if not record:
