@@ -88,17 +88,25 @@ def run(cfg: ETLConfig, spark=None) -> dict:
     from etl import pipeline as P
     from etl.sources import labelled_inputs
     from prepared.protocol import rstar_per_item, rstar_z
-    from runtime.publish import Publisher
+    from runtime.publish import Publisher, local_lock
     from runtime.spark import get_spark
 
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.perf_counter()
-    labelled = [] if cfg.spec.layout.generated else labelled_inputs(cfg)
-    files = [f for f, _ in labelled]
-    labels = {f: label for f, label in labelled if label} or None
-    spark = spark or get_spark(f"prepare-{cfg.dataset}")
-    publisher = Publisher(spark, cfg.output)
-    publisher.check_target(cfg.overwrite)
+    held = local_lock(cfg.output)  # a second writer is refused here, before Spark starts
+    if held is not None:
+        held.acquire()
+    try:
+        labelled = [] if cfg.spec.layout.generated else labelled_inputs(cfg)
+        files = [f for f, _ in labelled]
+        labels = {f: label for f, label in labelled if label} or None
+        spark = spark or get_spark(f"prepare-{cfg.dataset}")
+        publisher = Publisher(spark, cfg.output, lock=held)
+        publisher.check_target(cfg.overwrite)
+    except BaseException:
+        if held is not None:
+            held.release()
+        raise
     inputs = describe_inputs(spark, files)
     for entry in inputs if labels else []:
         entry["split"] = labels[entry["path"]]

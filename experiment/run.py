@@ -110,6 +110,29 @@ def run_experiment(cfg: ExperimentConfig, mlflow_uri: str | None = None,
     prep = open_prepared(cfg.data)
     cfg = resolved(cfg, prep)
     root = Path(cfg.output) / cfg.name
+    lock = experiment_lock(cfg, root)
+    lock.acquire()  # two runs of one experiment would rerun each other's trials and overwrite
+    try:
+        return _run_experiment(cfg, prep, root, mlflow_uri, ray_address)
+    finally:
+        lock.release()
+
+
+WRITER_LOCK = ".writer.lock"  # in the experiment's directory, as in a training run's
+
+
+def experiment_lock(cfg: ExperimentConfig, root: Path):
+    """The experiment directory's writer lock (``runtime.publish.WriterLock``): a second process
+    running the same experiment is refused with the holder's pid and host; a killed one's lock is
+    taken over."""
+    from runtime.publish import WriterLock
+
+    root.mkdir(parents=True, exist_ok=True)
+    return WriterLock.local(str(root / WRITER_LOCK), f"experiment {cfg.name} ({root})")
+
+
+def _run_experiment(cfg: ExperimentConfig, prep: Prepared, root: Path, mlflow_uri: str | None,
+                    ray_address: str | None) -> dict:
     points = plan(cfg, prep, str(root))
     total = sum(len(p) for p in points.values())
     print(f"experiment {cfg.name}: {', '.join(f'{m} {len(p)}' for m, p in points.items())} "

@@ -22,7 +22,8 @@ for the same path restores it before anything else (``recover``), and a reader i
 where it is.
 
 **One writer per output path at a time**: a job takes the lock ``.NAME.lock`` beside the output
-before it touches anything (``lock``), holds it until it has published or failed, and a second job
+before it touches anything (``lock``; on a local disk the ETL takes it before Spark starts,
+``local_lock``), holds it until it has published or failed, and a second job
 for the same path is refused, told which pid on which host holds it. Only the holder recovers, so
 the staging directories it removes (``.NAME.tmp-ID``) are those of earlier, interrupted runs, never
 a live writer's. A lock whose pid is dead on this host (a killed job) is stale and taken over; one
@@ -48,6 +49,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from urllib.parse import urlparse
 
 from prepared.errors import UsageError
 from prepared.files import CHECKSUMS, FILES, check_files, crc32_of_uri, is_data_file
@@ -234,6 +236,20 @@ def _release_all() -> None:
             lock.release()
 
 
+def local_lock(target: str) -> WriterLock | None:
+    """``target``'s writer lock, the one ``Publisher`` takes, made without a JVM where ``target``
+    is on the local disk (a path or a ``file:`` URI): a job takes it before it starts Spark, so a
+    second writer of the same output is refused at once, not after the first one's 30-70 s of
+    JVM and job start. None on other file systems (the Publisher takes its own lock there)."""
+    if "://" in target and not target.startswith("file:"):
+        return None
+    path = urlparse(target).path if target.startswith("file:") else target
+    path = os.path.abspath(os.path.expanduser(path)).rstrip("/")
+    parent, name = os.path.split(path)
+    os.makedirs(parent, exist_ok=True)
+    return WriterLock.local(f"{parent}/.{name}.lock", qualify(target).rstrip("/"))
+
+
 def failpoint(name: str) -> None:
     """Die here, as a kill would (no cleanup), when ``NCE_FAILPOINT`` names this point: how the
     tests interrupt a real job in each window of publishing."""
@@ -244,7 +260,8 @@ def failpoint(name: str) -> None:
 class Publisher:
     """Hadoop FileSystem operations on the JVM of a running SparkSession."""
 
-    def __init__(self, spark, target: str, marker: str = "manifest.json"):
+    def __init__(self, spark, target: str, marker: str = "manifest.json",
+                 lock: WriterLock | None = None):
         self.spark = spark
         self.target = qualify(target).rstrip("/")
         self.marker = marker
@@ -258,7 +275,8 @@ class Publisher:
         # on a local disk: the lock's own path, used with os (O_EXCL; no JVM needed at exit)
         self._local = (self._Path(self.lock_path).toUri().getPath()
                        if self._fs.getUri().getScheme() == "file" else None)
-        self._lock = self._writer_lock()
+        # ``lock``: the output's lock, already taken before Spark started (``local_lock``)
+        self._lock = lock or self._writer_lock()
 
     def exists(self, path: str) -> bool:
         return bool(self._fs.exists(self._Path(path)))

@@ -586,3 +586,36 @@ def test_the_two_best_points_within_the_seed_spread_are_chosen_by_their_mean_ove
     far = select(tmp_path, "autorec", pts[::2])  # lam 1 (0.300) against lam 3 (0.20)
     got = E.reseed_choice(cfg, tmp_path, "autorec", pts[::2], far, {}, 100)
     assert got["point"] == pts[0] and not got["seed_check"]["rerun"] and len(ran) == 1
+
+
+def test_a_second_run_of_one_experiment_is_refused_with_the_holders_pid(tmp_path, monkeypatch):
+    """Two processes of one experiment would rerun each other's trials and overwrite its state:
+    the second is refused (before any trial) while the first holds the directory's lock, and a
+    killed one's lock is taken over."""
+    import socket
+    import subprocess
+    import sys
+
+    from experiment import run as E
+
+    cfg = exp(tmp_path, output=str(tmp_path / "experiments"))
+    monkeypatch.setattr(E, "open_prepared", lambda data: SimpleNamespace(dataset="d"))
+    root = tmp_path / "experiments" / "e"
+    hold = ("import sys; from runtime.publish import WriterLock; "
+            "WriterLock.local(sys.argv[1], 'x').acquire(); print('held', flush=True); "
+            "sys.stdin.read()")
+    root.mkdir(parents=True)
+    first = subprocess.Popen([sys.executable, "-c", hold, str(root / E.WRITER_LOCK)],
+                             cwd=Path(__file__).resolve().parents[2], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    assert first.stdout.readline().strip() == "held"
+    ran = []
+    monkeypatch.setattr(E, "_run_experiment", lambda *a: ran.append(a) or {"done": True})
+    with pytest.raises(UsageError, match=rf"is being written by another job: pid {first.pid} on "
+                                         rf"host {socket.gethostname()}"):
+        E.run_experiment(cfg)
+    assert ran == []
+    first.kill()  # as a killed run: its lock stays behind, stale
+    first.wait(30)
+    assert E.run_experiment(cfg) == {"done": True} and len(ran) == 1
+    assert not (root / E.WRITER_LOCK).exists()  # let go when the run ended

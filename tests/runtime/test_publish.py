@@ -316,3 +316,30 @@ def test_a_lock_from_another_host_or_without_a_holder_is_refused(tmp_path):
     with pytest.raises(UsageError, match=rf"locked by {lock}, which names no holder .* delete "):
         WriterLock.local(str(lock), str(tmp_path / "out")).acquire()
     assert lock.exists()
+
+
+def test_a_second_etl_is_refused_before_spark_starts(tmp_path, monkeypatch):
+    """The ETL takes its output's lock first, without a JVM: a second writer learns at once
+    (it used to start Spark first, 73 s on this machine), and lets go of nothing it did not take."""
+    from etl import prepare
+    from runtime import spark as runtime_spark
+
+    out = tmp_path / "prepared"
+    first = hold_lock(out)
+    try:
+        def no_spark(*a, **kw):
+            raise AssertionError("Spark started before the lock was checked")
+        monkeypatch.setattr(runtime_spark, "get_spark", no_spark)
+        args = prepare.build_parser().parse_args([
+            "--dataset", "ml-latest-small", "--input", str(ROOT / "data" / "ml-latest-small"),
+            "--output", str(out)])
+        t0 = time.perf_counter()
+        with pytest.raises(UsageError, match=rf"{out} is being written by another job: pid "
+                                             rf"{first.pid} on host {socket.gethostname()}"):
+            prepare.run(prepare.config_from_args(args))
+        assert time.perf_counter() - t0 < 5
+        assert json.loads(lock_of(out).read_text())["pid"] == first.pid  # still the first's
+    finally:
+        first.stdin.close()
+        first.wait(30)
+    assert not lock_of(out).exists() and not out.exists()
