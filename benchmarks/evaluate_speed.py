@@ -193,7 +193,7 @@ def numbers(out: Path) -> dict[str, float]:
     for label, s in m["popularity"].items():
         for f, v in s.items():
             flat[f"popularity/{label}/{f}"] = v
-    for label, groups in m["users_without_recommendations"].items():
+    for label, groups in m.get("users_without_recommendations", {}).items():  # older code's
         for g, v in groups.items():
             flat[f"missing/{label}/{g}"] = v
     return flat

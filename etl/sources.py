@@ -360,11 +360,42 @@ def parse(spark: SparkSession, cfg: ETLConfig, files: list[str],
           labels: dict[str, str] | None = None) -> DataFrame:
     """Parsed lines of ``files`` for ``cfg.dataset``'s layout (see the module docstring);
     ``labels``: the split each file was given (``labelled_inputs``), else None."""
-    parsed = _parse_layout(spark, cfg, files)
+    parsed = _checked_ids(_parse_layout(spark, cfg, files))
     if "given" in parsed.columns:  # from --split-col
         return parsed
     return parsed.withColumn("given", _file_split(parsed, labels) if labels else
                              F.lit(None).cast("byte"))
+
+
+CONTROL = "[\\x00-\\x1f\\x7f]"  # (Java regex) C0 controls and DEL: invisible, and a NUL ends C strings
+# a number in decimal or exponent notation: a float column's export of integer ids ("1.0" beside
+# "1" would be two users); ids are text, so "01" and "1" stay two ids, as the source wrote them
+DECIMAL = "^[+-]?([0-9]+[.][0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?$|^[+-]?[0-9]+[eE][+-]?[0-9]+$"
+
+
+def _checked_ids(parsed: DataFrame) -> DataFrame:
+    """Rows whose user or item id would be silently wrong become counted bad lines (first
+    examples shown, ``--max-bad-rows``): bytes that are not UTF-8 (two different ones would both
+    read back as U+FFFD: one id), control characters, a number written as a decimal."""
+    checks = []
+    for role in ("user", "item"):
+        v = F.col(f"{role}_id")
+        shown = F.regexp_replace(F.make_valid_utf8(v), CONTROL, "?")
+        checks += [
+            # Spark's text reader turns bytes that are not UTF-8 into U+FFFD as it reads (a
+            # source that holds U+FFFD itself was already damaged by a decoder)
+            (v.contains("\ufffd") | ~F.is_valid_utf8(v), F.format_string(
+                f"{role} id '%s' is not valid UTF-8 (shown with U+FFFD for its bad bytes); "
+                "re-encode the file as UTF-8 (iconv -f LATIN1 -t UTF-8, or its encoding)", shown)),
+            (v.rlike(CONTROL), F.format_string(
+                f"{role} id '%s' holds a control character (shown as ?); remove it", shown)),
+            ((v.contains(".") | v.contains("e") | v.contains("E")) & v.rlike(DECIMAL),  # cheap first
+             F.format_string(
+                f"{role} id '%s' is a number written as a decimal; write ids as whole numbers "
+                "(1, not 1.0) or as text", v))]
+    error = F.when(F.col("kind") == "row", _first_error(*checks))
+    return (parsed.withColumn("error", F.coalesce(F.col("error"), error))
+            .withColumn("kind", F.when(error.isNotNull(), "bad").otherwise(F.col("kind"))))
 
 
 def _file_split(parsed: DataFrame, labels: dict[str, str]) -> Column:

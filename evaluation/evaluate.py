@@ -52,6 +52,7 @@ import numpy as np
 from evaluation import plots
 from evaluation.popularity import summary_from_counts
 from evaluation.score import MARKER as RECS_MARKER
+from evaluation.score import read_user_ids
 from evaluation.spark_metrics import METRICS, encode_lists, inverse_logs, metric_key, metrics_for, split_name
 from evaluation.user_table import (
     USERS_PER_PARTITION,
@@ -509,6 +510,10 @@ class EvaluateConfig:
                                                   "every file's, in order); experiment/run.py "
                                                   "--seeds compares one seed per model here and "
                                                   "pools the seeds itself")
+    users: str = option("all", help="the users evaluated: all (every user with a truth set), "
+                                    "warm, cold, a comma-separated list of raw user ids, or @FILE "
+                                    "with one id per line (score.py's --users); every file must "
+                                    "list every one of them")
     mlflow_uri: str | None = option(None, help="tracking server (default: the one each file's "
                                                "training run used)")
     no_mlflow: bool = option(False, help="do not log to MLflow")
@@ -555,9 +560,22 @@ class PhaseTimes:
         return self.seconds
 
 
+def uncovered(f: Recs, missing: dict[str, int], example: str, users: str, target: str) -> str:
+    """The refusal of a file that lists only some of the evaluated users: its means would be
+    over other users than another file's (a table's rows not comparable), or than the dataset's."""
+    said = " and ".join(f"{n:,} {g}" for g, n in sorted(missing.items(), reverse=True))
+    scored = f.manifest.get("users")
+    hint = (f" (it was scored with --users {scored})" if scored and scored != users else "")
+    return (f"--recs {f.path}: {said} users with a truth set ({target} for the warm ones) have no "
+            f"list in it, e.g. user {example}{hint}; evaluate the users it covers with --users "
+            f"(warm, cold, @FILE or a list of ids; now {users}), or score every user of the "
+            "dataset (evaluation/score.py --users all)")
+
+
 def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
     """``evaluate``'s work; each step with Spark jobs a ``progress`` phase of its own."""
     recs, data, output, target = list(cfg.recs), cfg.data, cfg.output, cfg.target
+    ids = None if cfg.users in ("all", "warm", "cold") else frozenset(read_user_ids(cfg.users))
     labels, overwrite, mlflow_uri = cfg.labels, cfg.overwrite, cfg.mlflow_uri
     from pyspark.sql import functions as F
 
@@ -612,14 +630,15 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
                          math.ceil(n_users / USERS_PER_PARTITION))
         ks = [f.k for f in files]
         beside = all(co_sharded(f.manifest, prep) for f in files)
+        subset = dict(users=cfg.users, ids=ids)
         if beside:  # as evaluation/score.py writes them
             log.info("the lists are sharded as the dataset's rows: read side by side, no shuffle")
             wide = sharded_user_table(spark, prep, [f.path for f in files], ks, target, inverse_log,
                                       catalogue, per_user=(f"{tmp}/per_user",
-                                                           [f.label for f in files]))
+                                                           [f.label for f in files]), **subset)
         else:
             wide = user_table(spark, prep, [encode_lists(f.df, catalogue) for f in files], ks, target,
-                              inverse_log, len(catalogue), partitions)
+                              inverse_log, len(catalogue), partitions, **subset)
         wide = wide.cache()
         try:
             log.info("checking the users and lists of %s", ", ".join(f.path for f in files))
@@ -628,12 +647,26 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
             wide.unpersist()
             raise
         group = F.when(F.col(S.COLD), "cold").otherwise("warm")
-        unlisted = [F.count(F.when(~F.col(column(i, "listed")), 1)).alias(f"_m{i}")
-                    for i in range(len(files))]
+        unlisted = [agg for i in range(len(files)) for agg in (
+            F.count(F.when(~F.col(column(i, "listed")), 1)).alias(f"_m{i}"),
+            F.min(F.when(~F.col(column(i, "listed")), F.col("user_id"))).alias(f"_e{i}"))]
         counts = wide.filter(F.col("truth")).groupBy(group.alias("group")) \
             .agg(F.count(F.lit(1)).alias("count"), *unlisted).collect()
         n_truth = {r["group"] == "cold": r["count"] for r in counts}
-        if not n_truth.get(False):
+        if ids is not None:  # a user named but not in the dataset would be silently left out
+            known = wide.filter(F.col("known") & F.col("user_id").isin(sorted(ids))) \
+                .select("user_id").collect()
+            absent = sorted(ids - {r[0] for r in known})
+            if absent:
+                wide.unpersist()
+                raise UsageError(f"--users: {len(absent)} of {len(ids)} user ids are not in "
+                                 f"--data {data}, e.g. {', '.join(absent[:5])}; ids are the "
+                                 "raw ids of the dataset")
+        if cfg.users != "all" and not sum(n_truth.values()):
+            wide.unpersist()
+            raise UsageError(f"--users {cfg.users}: none of these users has a truth set in --data "
+                             f"{data}, so there is nothing to evaluate")
+        if not n_truth.get(False) and cfg.users in ("all", "warm"):
             wide.unpersist()
             raise UsageError(f"--data {data}: no warm user has a {target} item, so there is nothing to "
                              f"evaluate (was it prepared with --holdout-fraction 0?)")
@@ -642,10 +675,11 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
                  f"{n_truth.get(True, 0):,}")
         missing = {f.label: {r["group"]: r[f"_m{i}"] for r in counts if r[f"_m{i}"]}
                    for i, f in enumerate(files)}
-        for f in files:
-            for g, n in missing[f.label].items():
-                log.warning("%s: %s %s users with a truth set have no recommendations in %s and are "
-                            "not evaluated", f.label, f"{n:,}", g, f.path)
+        for i, f in enumerate(files):  # means over other users than another file's: refused
+            if missing[f.label]:
+                wide.unpersist()
+                raise UsageError(uncovered(f, missing[f.label], min(
+                    r[f"_e{i}"] for r in counts if r[f"_e{i}"] is not None), cfg.users, target))
         # the long per-user rows (label, group, user_id, metrics) of the listed users: one select of
         # the cached table per file
         per_file = [wide.filter(F.col(column(i, "listed"))).select(
@@ -716,7 +750,7 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
         manifest = {"kind": "evaluation", "created": started.isoformat(timespec="seconds"),
                     "data": prep.uri, "dataset": prep.dataset, "target": target,
                     "recs": {f.label: f.path for f in files}, "mlflow_runs": runs,
-                    "users_without_recommendations": missing, "popularity": pop,
+                    "users": cfg.users, "popularity": pop,
                     "seconds": round(time.perf_counter() - t0, 1),
                     "labels": [f.label for f in files], "rows": rows, "paired": pairs,
                     "lists_read": "beside their rows shards" if beside else "shuffled by user"}

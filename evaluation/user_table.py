@@ -157,6 +157,26 @@ def partition_rows(table, ks: list[int], target: str, inverse_log: np.ndarray, n
     return out
 
 
+def keep_truth_of(rows, users: str, ids: frozenset[str] | None):
+    """``rows`` (a pyarrow Table of user_id, cold, valid and test items) with the truth sets of
+    the users outside ``--users`` (``warm``, ``cold`` or ``ids``; ``all`` keeps every one)
+    emptied: they stay users of the dataset, so their lists are not strays, but are not
+    evaluated (no truth set), nor counted in the popularity of the lists."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if users == "all":
+        return rows
+    keep = (pc.equal(rows.column(S.COLD), users == "cold") if users in ("warm", "cold") else
+            pc.is_in(rows.column(S.USER_ID).cast(pa.string()),
+                     value_set=pa.array(sorted(ids or ()), pa.string())))
+    for name in (S.VALID_ITEMS, S.TEST_ITEMS):
+        column = rows.column(name)
+        rows = rows.set_column(rows.schema.get_field_index(name), name,
+                               pc.if_else(keep, column, pa.scalar([], column.type)))
+    return rows
+
+
 def wide_schema(ks: list[int]):
     """The Spark schema of ``partition_rows``' output."""
     from pyspark.sql.types import (
@@ -184,19 +204,27 @@ def wide_schema(ks: list[int]):
 
 
 def user_table(spark, prep, encoded: list, ks: list[int], target: str,
-               inverse_log: np.ndarray, n_items: int, partitions: int):
+               inverse_log: np.ndarray, n_items: int, partitions: int, users: str = "all",
+               ids: frozenset[str] | None = None):
     """The wide per-user table (module docstring) of ``prep``'s users and the ``encoded`` lists
     (one DataFrame per file, ``encode_lists``' output; ``ks`` their list lengths), over
-    ``partitions`` hash partitions of user_id. Lazy: the caller caches it."""
+    ``partitions`` hash partitions of user_id; only ``users`` evaluated (``keep_truth_of``).
+    Lazy: the caller caches it."""
     import pyarrow as pa
     from pyspark.sql import functions as F
 
     rows = spark.read.parquet(f"{prep.uri}/{prep.manifest['layout']['rows']}")
     none_s, none_a = F.lit(None).cast("string"), F.lit(None).cast("array<int>")
+    truth_a = F.col(S.VALID_ITEMS).cast("array<int>")
+    truth_b = F.col(S.TEST_ITEMS).cast("array<int>")
+    if users != "all":  # keep_truth_of's rule, in Spark
+        keep = (F.col(S.COLD) == (users == "cold") if users in ("warm", "cold") else
+                F.col(S.USER_ID).cast("string").isin(sorted(ids or ())))
+        empty = F.array().cast("array<int>")
+        truth_a, truth_b = (F.when(keep, c).otherwise(empty) for c in (truth_a, truth_b))
     parts = [rows.select(F.col(S.USER_ID).cast("string").alias("user_id"),
                          F.lit(0).alias("_src"), F.col(S.COLD).alias("cold"),
-                         F.col(S.VALID_ITEMS).cast("array<int>").alias("_a"),
-                         F.col(S.TEST_ITEMS).cast("array<int>").alias("_b"),
+                         truth_a.alias("_a"), truth_b.alias("_b"),
                          none_s.alias("_stray"), none_s.alias("_repeat"))]
     for i, df in enumerate(encoded):
         parts.append(df.select("user_id", F.lit(i + 1).alias("_src"),
@@ -284,7 +312,8 @@ def long_rows(cols: dict, labels: list[str], ks: list[int]):
 
 def sharded_user_table(spark, prep, paths: list[str], ks: list[int], target: str,
                        inverse_log: np.ndarray, catalogue: list[str],
-                       per_user: tuple[str, list[str]] | None = None):
+                       per_user: tuple[str, list[str]] | None = None, users: str = "all",
+                       ids: frozenset[str] | None = None):
     """``user_table`` without its shuffle, for files that ``co_sharded`` accepts: one task per rows
     shard reads the shard and each file's file of the same name with pyarrow (a user's row and
     lists are in them, and nowhere else), encodes the lists and runs ``partition_rows``. The JVM
@@ -316,8 +345,9 @@ def sharded_user_table(spark, prep, paths: list[str], ks: list[int], target: str
             out_fs.create_dir(out_root, recursive=True)
         for b in batches:
             for shard in b.column("shard").to_pylist():
-                rows = pq.read_table(join(root, shard), filesystem=fs,
-                                     columns=[S.USER_ID, S.COLD, S.VALID_ITEMS, S.TEST_ITEMS])
+                rows = keep_truth_of(pq.read_table(
+                    join(root, shard), filesystem=fs,
+                    columns=[S.USER_ID, S.COLD, S.VALID_ITEMS, S.TEST_ITEMS]), users, ids)
                 lists = []
                 for f_fs, f_root in sources:
                     t = pq.read_table(join(f_root, shard), filesystem=f_fs,

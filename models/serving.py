@@ -8,14 +8,17 @@ id map travels with the model (the ``item_ids`` artifact, in index order). A req
                   and read as their decimal text, as MovieLens ids are written)
     item_indices  list per user of the model's item indices 0..n_items-1
 
-and the params ``k`` (1..n_items; default 50, or the whole catalogue if smaller) and
-``exclude_seen`` (default true). Every malformed request is refused with one ``ValueError`` that
-says what is wrong and what is accepted; nothing is guessed: a negative index never means "the
-last item", a float is never truncated.
+and the params ``k`` (1..n_items; default 50, or the whole catalogue if smaller),
+``exclude_seen`` (default true) and ``unknown_items`` (``refuse``, the default, or ``ignore``).
+Every malformed request is refused with one ``ValueError`` that says what is wrong and what is
+accepted; nothing is guessed: a negative index never means "the last item", a float is never
+truncated, an unknown param is not dropped (``models/pyfunc.py`` sees the ones MLflow drops).
 
-Unknown ids in a history are the one documented exception: a user's history may hold items the
-model never saw (items added to the catalogue after training). They are **ignored and counted**
-(the answer's ``unknown_items`` column), since refusing them would fail every user with one new item.
+An id the model does not know is refused by default too: a typo or another dataset's ids would
+otherwise be answered as if the user had no history. A history may legitimately hold items the
+model never saw (items added to the catalogue after training): ``unknown_items=ignore`` leaves them
+out and **counts** them (the answer's ``unknown_items`` column), so that one new item does not fail
+the user's request.
 """
 
 from __future__ import annotations
@@ -79,9 +82,14 @@ def indices_of(rows, n_items: int) -> list[np.ndarray]:
     return out
 
 
-def indices_of_ids(rows, ids: ItemIds) -> tuple[list[np.ndarray], list[int]]:
+UNKNOWN_MODES = ("refuse", "ignore")  # the param unknown_items
+
+
+def indices_of_ids(rows, ids: ItemIds, unknown_items: str = "refuse"
+                   ) -> tuple[list[np.ndarray], list[int]]:
     """Per-user index arrays from ``item_ids`` rows, and how many ids of each were unknown
-    (ignored). Ids are strings; a whole-number int is read as its decimal text."""
+    (``unknown_items``: refused, or ignored and counted). Ids are strings; a whole-number int is
+    read as its decimal text."""
     out, unknown = [], []
     for user, row in enumerate(rows):
         found, missing = [], 0
@@ -92,6 +100,11 @@ def indices_of_ids(rows, ids: ItemIds) -> tuple[list[np.ndarray], list[int]]:
                 raise ValueError(f"row {user}: {ID_COLUMN} holds {v!r} ({type(v).__name__}); ids "
                                  "are strings (or whole numbers, read as their decimal text)")
             i = ids.index.get(v)
+            if i is None and unknown_items == "refuse":
+                raise ValueError(f"row {user}: {ID_COLUMN} holds {v!r}, which is not one of the "
+                                 f"model's {len(ids):,} items (another dataset's id, or an item "
+                                 "added after training?); send the param unknown_items=ignore "
+                                 "to leave such items out and count them")
             if i is None:
                 missing += 1
             else:
@@ -110,9 +123,12 @@ def parse(frame, n_items: int, ids: ItemIds | None, params: dict | None
     exclude_seen = params.pop("exclude_seen", True)
     if not isinstance(exclude_seen, bool | np.bool_):
         raise ValueError(f"param exclude_seen={exclude_seen!r}: give true or false")
+    unknown_items = params.pop("unknown_items", "refuse")
+    if unknown_items not in UNKNOWN_MODES:
+        raise ValueError(f"param unknown_items={unknown_items!r}: give refuse (the default: an "
+                         "unknown id fails the request) or ignore (left out and counted)")
     if params:
-        raise ValueError(f"unknown param(s) {', '.join(sorted(params))}: accepted are k and "
-                         "exclude_seen")
+        raise ValueError(unknown_params(params))
     columns = [c for c in (ID_COLUMN, INDEX_COLUMN) if c in frame.columns]
     if len(columns) != 1:
         raise ValueError(f"send exactly one of the columns {ID_COLUMN} (the dataset's item ids) or "
@@ -122,5 +138,10 @@ def parse(frame, n_items: int, ids: ItemIds | None, params: dict | None
         return indices_of(rows, n_items), [0] * len(rows), k, bool(exclude_seen)
     if ids is None:
         raise ValueError(f"this model was logged without its item id map; send {INDEX_COLUMN}")
-    indices, unknown = indices_of_ids(rows, ids)
+    indices, unknown = indices_of_ids(rows, ids, unknown_items)
     return indices, unknown, k, bool(exclude_seen)
+
+
+def unknown_params(names) -> str:
+    return (f"unknown param(s) {', '.join(sorted(map(str, names)))}: accepted are k, exclude_seen "
+            "and unknown_items")

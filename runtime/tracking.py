@@ -264,7 +264,8 @@ def pyfunc_spec(*, weights: Path, item_ids: Path | None, model: str, model_args:
     signature = ModelSignature(
         outputs=Schema([ColSpec("string", "item_ids"), ColSpec("long", "item_indices"),
                         ColSpec("double", "scores"), ColSpec("long", "unknown_items")]),
-        params=ParamSchema([ParamSpec("k", "long", TOP_K), ParamSpec("exclude_seen", "boolean", True)]))
+        params=ParamSchema([ParamSpec("k", "long", TOP_K), ParamSpec("exclude_seen", "boolean", True),
+                            ParamSpec("unknown_items", "string", "refuse")]))
     return dict(python_model=str(PYFUNC_CODE), artifacts=artifacts,
                 model_config={"model": model, "model_args": model_args, **model_info},
                 # the model code and the contract it imports (errors); no pickled objects

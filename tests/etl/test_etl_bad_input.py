@@ -232,3 +232,35 @@ def test_a_partition_without_positives_gets_an_empty_shard(spark, tmp_path):
     assert len(shards) == 8 and sum(s["users"] for s in shards) == 3
     assert any(s["users"] == 0 for s in shards)
     assert out["counts"]["users"] == 3 and out["counts"]["users_raw"] == 12
+
+
+def test_ids_that_would_merge_or_split_silently_are_counted_bad_lines(spark, tmp_path):
+    """Two ids of different non-UTF-8 bytes would both read back as U+FFFD (one id); a NUL or
+    other control character is invisible; "1.0" beside "1" would be two users. Each is a bad
+    line at file:line, counted, with the first examples; "01" stays an id of its own (ids are
+    text, as the source wrote them)."""
+    f = tmp_path / "u.data"
+    lines = [line.encode() for line in u_data(CLEAN).splitlines()]
+    lines[1] = b"\xff1\t11\t4\t101"      # Latin-1, not UTF-8
+    lines[3] = b"\xfe1\t13\t5\t103"      # another byte: the same U+FFFD once decoded
+    lines[5] = b"2\t1\x002\t5\t104"      # a NUL inside the item id
+    lines[7] = b"3.0\t11\t5\t99"         # a float export of user 3
+    lines[9] = b"3\t1e1\t5\t97"          # 10 in exponent notation
+    lines.append(b"01\t10\t5\t120")       # text with a leading zero: its own id, kept
+    f.write_bytes(b"\n".join(lines) + b"\n")
+    out = prepare(spark, tmp_path / "out", dataset="ml-100k", input=(str(f),), max_bad_rows=0.5,
+                  negatives=3, cold_users=0.0)
+    c = out.manifest["counts"]
+    assert c["lines"]["bad"] == 5 and c["rows"] == len(CLEAN) + 1 - 5
+    said = c["bad_row_examples"]
+    assert said[0].startswith(f"{f}:2: user id '\ufffd1' is not valid UTF-8 (shown with U+FFFD "
+                              "for its bad bytes); re-encode the file as UTF-8 (iconv -f LATIN1 "
+                              "-t UTF-8, or its encoding)")
+    assert said[1].startswith(f"{f}:4: user id '\ufffd1' is not valid UTF-8")
+    assert said[2].startswith(f"{f}:6: item id '1?2' holds a control character (shown as ?); "
+                              "remove it")
+    assert said[3].startswith(f"{f}:8: user id '3.0' is a number written as a decimal; write ids "
+                              "as whole numbers (1, not 1.0) or as text")
+    assert said[4].startswith(f"{f}:10: item id '1e1' is a number written as a decimal")
+    users = set(out.split.user_id)
+    assert "01" in users and "1" in users and not any("\ufffd" in u or "." in u for u in users)

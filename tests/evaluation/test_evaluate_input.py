@@ -51,10 +51,11 @@ def refused(spark, prepared: Path, recs: Path, tmp_path: Path) -> str:
 
 
 def test_a_well_formed_file_is_evaluated(spark, small_prepared, valid_lists, tmp_path):
-    """The control: the checks pass the file the other tests corrupt."""
+    """The control: the checks pass the file the other tests corrupt (its 20 users named: a
+    file of some users is evaluated on those)."""
     recs = write_recs(tmp_path / "recs.parquet", valid_lists)
     m = evaluate(spark, recs=[str(recs)], data=str(small_prepared), output=str(tmp_path / "eval"),
-                 no_mlflow=True)
+                 no_mlflow=True, users=",".join(u for u, _ in valid_lists))
     assert (tmp_path / "eval" / "manifest.json").exists() and m["rows"]
 
 

@@ -39,10 +39,16 @@ def parse(frame: dict, params=None):
     return serving.parse(pd.DataFrame(frame), 4, IDS, params)
 
 
-def test_ids_map_to_indices_unknown_ones_counted_and_ints_read_as_text():
-    rows, unknown, k, seen = parse({"item_ids": [["30", "10", "99"], [20, "20"], []]}, {"k": 2})
-    assert [r.tolist() for r in rows] == [[0, 2], [1], []] and unknown == [1, 0, 0]
+def test_ids_map_to_indices_unknown_ones_refused_or_counted_and_ints_read_as_text():
+    rows, unknown, k, seen = parse({"item_ids": [["30", "10"], [20, "20"], []]}, {"k": 2})
+    assert [r.tolist() for r in rows] == [[0, 2], [1], []] and unknown == [0, 0, 0]
     assert (k, seen) == (2, True)
+    with pytest.raises(ValueError, match=r"^row 0: item_ids holds '99', which is not one of the "
+                                         r"model's 4 items .* send the param unknown_items=ignore"):
+        parse({"item_ids": [["30", "99"]]})
+    rows, unknown, _, _ = parse({"item_ids": [["30", "10", "99"], [20, "20"], []]},
+                                {"k": 2, "unknown_items": "ignore"})
+    assert [r.tolist() for r in rows] == [[0, 2], [1], []] and unknown == [1, 0, 0]
 
 
 @pytest.mark.parametrize("frame, params, said", [
@@ -55,7 +61,8 @@ def test_ids_map_to_indices_unknown_ones_counted_and_ints_read_as_text():
     ({"item_indices": [[0]]}, {"k": 0}, r"param k=0: give a whole number from 1 to the model's 4"),
     ({"item_indices": [[0]]}, {"k": 5}, r"param k=5"),
     ({"item_indices": [[0]]}, {"k": 2.5}, r"param k=2.5"),
-    ({"item_indices": [[0]]}, {"top": 2}, r"unknown param\(s\) top"),
+    ({"item_indices": [[0]]}, {"top": 2}, r"unknown param\(s\) top: accepted are k, "),
+    ({"item_ids": [["10"]]}, {"unknown_items": "skip"}, r"param unknown_items='skip': give refuse"),
     ({"item_indices": [[0]], "item_ids": [["10"]]}, None, r"exactly one of the columns"),
     ({"train_items": [[0]]}, None, r"exactly one of the columns item_ids .* or item_indices"),
 ])
@@ -140,7 +147,10 @@ def test_the_pyfunc_takes_the_datasets_ids_and_refuses_nonsense(logged):
     model, ids = logged["model"], logged["ids"]
     pyfunc = mlflow.pyfunc.load_model(logged["uri"])
     history = [[ids[3], ids[17], "no-such-item"], [ids[5]]]
-    out = pyfunc.predict(pd.DataFrame({"item_ids": history}), params={"k": 5})
+    with pytest.raises(MlflowException, match="row 0: item_ids holds 'no-such-item', which is not"):
+        pyfunc.predict(pd.DataFrame({"item_ids": history}), params={"k": 5})
+    out = pyfunc.predict(pd.DataFrame({"item_ids": history}),
+                         params={"k": 5, "unknown_items": "ignore"})
     for row, (idx, got_ids, unknown) in enumerate(zip(out["item_indices"], out["item_ids"],
                                                       out["unknown_items"])):
         seen = torch.tensor([[3, 17], [5]][row])
@@ -153,9 +163,13 @@ def test_the_pyfunc_takes_the_datasets_ids_and_refuses_nonsense(logged):
     for frame, params, said in (({"item_indices": [[-1]]}, {"k": 5}, "outside the catalogue"),
                                 ({"item_indices": [[2.0]]}, {"k": 5}, "not a whole number"),
                                 ({"item_indices": [[1]]}, {"k": 0}, "param k=0"),
-                                ({"item_indices": [[1]]}, {"k": n + 1}, f"param k={n + 1}")):
+                                ({"item_indices": [[1]]}, {"k": n + 1}, f"param k={n + 1}"),
+                                # MLflow drops a param its signature lacks: seen and refused
+                                ({"item_indices": [[1]]}, {"K": 5}, r"unknown param\(s\) K:")):
         with pytest.raises(MlflowException, match=said):
             pyfunc.predict(pd.DataFrame(frame), params=params)
+    assert len(pyfunc.predict(pd.DataFrame({"item_indices": [[1]]}),
+                              params={"k": 3})["item_indices"][0]) == 3  # nothing left over
 
 
 class RunsCode:
@@ -319,6 +333,13 @@ def test_mlflow_models_serve_answers_by_ids_and_says_what_is_wrong(logged, mlflo
         assert np.all(np.diff(answer["scores"]) <= 0)
         status, got = call({"dataframe_records": [{"item_ids": [ids[3]]}], "params": {"k": 0}})
         assert status == 400 and "param k=0" in got["message"], got
+        status, got = call({"dataframe_records": [{"item_ids": [ids[3]]}], "params": {"K": 4}})
+        assert status == 400 and "unknown param(s) K: accepted are k" in got["message"], got
+        status, got = call({"dataframe_records": [{"item_ids": [ids[3], "nope"]}]})
+        assert status == 400 and "holds 'nope', which is not one of" in got["message"], got
+        status, got = call({"dataframe_records": [{"item_ids": [ids[3], "nope"]}],
+                            "params": {"k": 4, "unknown_items": "ignore"}})
+        assert status == 200 and got["predictions"][0]["unknown_items"] == 1, got
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

@@ -162,12 +162,13 @@ def test_scoring_refuses_bad_input_and_leaves_nothing_half_written(spark, scored
     with pytest.raises(UsageError, match=rf"^--k {n + 1}: --data .* has {n:,} items; a list"):
         score(spark, model=str(base / "run-a"), data=str(small_prepared),
               output=str(tmp_path / "x"), k=n + 1)
-    # a job that fails on the executors (the weights do not fit the model's arguments)
+    # arguments that do not fit the weights: refused on the driver, before any task builds it
     save_model(tmp_path / "broken", small_prepared)
     saved = torch.load(tmp_path / "broken" / "model.pt", weights_only=True)
     torch.save({**saved, "model_args": {**saved["model_args"], "width": 17}},
                tmp_path / "broken" / "model.pt")
-    with pytest.raises(Exception, match="size mismatch"):
+    with pytest.raises(UsageError, match=r"broken: its model arguments do not describe its "
+                                         r"weights \(e\.g\. .*: the arguments make \(.*17\)"):
         score(spark, model=str(tmp_path / "broken"), data=str(small_prepared),
               output=str(tmp_path / "out"))
     # neither the output nor its hidden staging directory is left behind
@@ -364,6 +365,48 @@ def test_evaluation_refuses_bad_input(spark, scored, evaluated, small_prepared, 
         evaluate(spark, recs=[str(base / "recs")], data=str(empty), output=str(tmp_path / "o"),
                  no_mlflow=True)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_file_covering_some_users_is_refused_unless_users_names_them(spark, scored, evaluated,
+                                                                     small_prepared, tmp_path):
+    """30 of the warm users listed: its means would be over other users than the dataset's (or
+    another file's), so it is refused, naming a missing user and the fix; ``--users`` naming the
+    30 (or ``warm`` for a warm-only file) evaluates exactly those, each as the full file did."""
+    _, base, _ = scored
+    recs = pd.read_parquet(base / "recs")[["user_id", "item_ids"]]
+    full = pd.read_parquet(base / "eval" / "per_user").set_index("user_id")
+    ndcg = metric_key("NDCG")
+    warm = sorted(full.index[full["group"] == "warm"])
+    some = warm[:30]
+    recs[recs["user_id"].isin(some)].to_parquet(tmp_path / "some.parquet")
+    with pytest.raises(UsageError, match=rf"some.parquet: {len(warm) - 30:,} "
+                                         r"warm and \d+ cold users with a truth set \(test for the "
+                                         r"warm ones\) have no list in it, e\.g\. user \S+; evaluate "
+                                         r"the users it covers with --users .* now all\), or score "
+                                         r"every user"):
+        evaluate(spark, recs=[str(tmp_path / "some.parquet")], data=str(small_prepared),
+                 output=str(tmp_path / "o"), no_mlflow=True)
+    assert not (tmp_path / "o").exists()
+    (tmp_path / "ids.txt").write_text("\n".join(some) + "\n")
+    m = evaluate(spark, recs=[str(tmp_path / "some.parquet")], data=str(small_prepared),
+                 output=str(tmp_path / "o"), no_mlflow=True, users=f"@{tmp_path / 'ids.txt'}")
+    assert m["users"] == f"@{tmp_path / 'ids.txt'}"
+    assert {(r["group"], r["users"]) for r in m["rows"]} == {("warm", 30)}
+    got = pd.read_parquet(tmp_path / "o" / "per_user").set_index("user_id")
+    assert sorted(got.index) == some
+    np.testing.assert_allclose(got.loc[some, ndcg], full.loc[some, ndcg], atol=1e-12)
+    mean = next(r["mean"] for r in m["rows"] if r["metric"] == "NDCG")
+    assert mean == pytest.approx(full.loc[some, ndcg].mean(), abs=1e-12)
+
+    recs[recs["user_id"].isin(warm)].to_parquet(tmp_path / "warm.parquet")
+    m = evaluate(spark, recs=[str(tmp_path / "warm.parquet")], data=str(small_prepared),
+                 output=str(tmp_path / "w"), no_mlflow=True, users="warm")
+    before = {(r["metric"], r["users"]): r["mean"] for r in evaluated[1]["rows"]
+              if r["group"] == "warm"}
+    assert {(r["metric"], r["users"]): r["mean"] for r in m["rows"]} == pytest.approx(before)
+    with pytest.raises(UsageError, match=r"--users: 1 of 2 user ids are not in --data .*nobody"):
+        evaluate(spark, recs=[str(tmp_path / "some.parquet")], data=str(small_prepared),
+                 output=str(tmp_path / "x"), no_mlflow=True, users=f"{some[0]},nobody")
 
 
 def test_evaluation_refuses_recommendations_that_differ_from_their_manifest(spark, scored,
