@@ -9,9 +9,14 @@ the authors' GitHub repositories (raw files at a pinned commit) for Goodbooks-10
 LightGCN's gowalla / yelp2018 / amazon-book. The Netflix Prize data is no longer published by
 Netflix: ``netflix`` only says where to get it and where to put it.
 
-Integrity: a download is checked against the publisher's checksum where one exists (GroupLens' .md5
-beside each zip; for GitHub files, the git blob id of the file at the pinned commit, which is what git
-itself checks), else its sha256 is recorded at first download. Either way the sha256 of every file
+Integrity: a download is checked against digests written in this file, never only against ones
+served beside it (a mirror that serves a tampered zip can serve its md5 too): the sha256 where the
+file's bytes could be checked when it was pinned (citeulike-a, gowalla's test.txt, ml-latest-small's
+ratings.csv inside the zip), the publisher's md5 of each MovieLens zip (GroupLens', as published
+with the zips) and, for GitHub files, the git blob id at the pinned commit (what git itself checks).
+GroupLens' served .md5 is checked as well, as an extra. A file with no digest pinned (none is left
+in this registry; a registry passed in may have some) has its sha256 recorded at first download.
+Either way the sha256 of every file
 this module writes (downloads and what is unpacked from them) goes to CACHE/NAME/SHA256SUMS
 (``sha256sum -c`` format), and every later use re-checks it: a changed cache file is refused, never
 used or silently replaced. Downloads land under a temporary name and are renamed only once
@@ -52,13 +57,18 @@ class FetchError(UsageError):
 
 @dataclass(frozen=True)
 class Remote:
-    """One file to download. ``md5_url``: the publisher's checksum file; ``git_blob``: the file's
-    git blob id at the pinned commit of its URL. Neither: its sha256 is recorded at first download."""
+    """One file to download, and the digests it must have: ``sha256``, ``md5`` (the publisher's,
+    copied here) and ``git_blob`` (the file's git blob id at the pinned commit of its URL) are
+    pinned in this code; ``md5_url`` is the publisher's checksum file, read at download time (an
+    extra check: it comes from the same server as the file). None pinned: the sha256 is recorded
+    at first download."""
 
     url: str
     name: str                   # its name in CACHE/NAME
     md5_url: str | None = None
     git_blob: str | None = None
+    sha256: str | None = None
+    md5: str | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,7 @@ class Dataset:
     terms_url: str
     files: tuple[Remote, ...] = ()
     extract: tuple[str, ...] = ()   # zip members unpacked as CACHE/NAME/<member>
+    members_sha256: tuple[tuple[str, str], ...] = ()  # (member, sha256) pinned, checked on unpacking
     etl_flags: str = ""         # further etl/prepare.py flags the dataset needs
     convert: str | None = None  # "movielens-dat": ratings.dat (a::b::c::d) -> ratings.csv for --dataset csv
     manual: str | None = None   # no public download: where to get it (the cache path is added)
@@ -97,34 +108,41 @@ _LIGHTGCN = ("Pre-split by the LightGCN authors (He et al., SIGIR 2020; reposito
 
 
 def _movielens(name: str, members: tuple[str, ...], input: str, size: str, terms: str, page: str,
-               etl_dataset: str | None = None, **kw) -> Dataset:
+               etl_dataset: str | None = None, md5: str | None = None, **kw) -> Dataset:
     return Dataset(name, etl_dataset or name, input, size, terms, f"https://grouplens.org/datasets/movielens/{page}/",
                    files=(Remote(f"{GROUPLENS}/{name}.zip", f"{name}.zip",
-                                 md5_url=f"{GROUPLENS}/{name}.zip.md5"),),
+                                 md5_url=f"{GROUPLENS}/{name}.zip.md5", md5=md5),),
                    extract=members, **kw)
 
 
 def _lightgcn(name: str, size: str, train_blob: str, test_blob: str, origin: str,
-              origin_url: str) -> Dataset:
+              origin_url: str, test_sha256: str | None = None) -> Dataset:
     return Dataset(
         name, "user-items", ".", size, _LIGHTGCN.format(origin=origin, origin_url=origin_url),
         "https://github.com/kuandeng/LightGCN",
         files=(Remote(f"{LIGHTGCN}/{name}/train.txt", "train.txt", git_blob=train_blob),
-               Remote(f"{LIGHTGCN}/{name}/test.txt", "test.txt", git_blob=test_blob)),
+               Remote(f"{LIGHTGCN}/{name}/test.txt", "test.txt", git_blob=test_blob,
+                      sha256=test_sha256)),
         etl_flags="--split given")
 
 
 DATASETS: dict[str, Dataset] = {d.name: d for d in (
+    # the md5s are GroupLens' own, as published beside the zips
     _movielens("ml-100k", ("ml-100k/u.data", "ml-100k/README"), "ml-100k/u.data", "5 MB",
-               _GROUPLENS_OLD, "100k"),
+               _GROUPLENS_OLD, "100k", md5="0e33842e24a9c977be4e0107933c0723"),
     # The ETL has no reader for ratings.dat's '::' separator: it is rewritten as a CSV for --dataset csv
     # (whose defaults, '>3' and a time split, are MovieLens' own).
     _movielens("ml-1m", ("ml-1m/ratings.dat", "ml-1m/README"), "ml-1m/ratings.csv", "6 MB",
-               _GROUPLENS_OLD, "1m", etl_dataset="csv", convert="movielens-dat"),
+               _GROUPLENS_OLD, "1m", etl_dataset="csv", convert="movielens-dat",
+               md5="c4d9eecfca2ab87c1945afe126590906"),
     _movielens("ml-20m", ("ml-20m/ratings.csv", "ml-20m/README.txt"), "ml-20m/ratings.csv", "190 MB",
-               _GROUPLENS_NEW, "20m"),
+               _GROUPLENS_NEW, "20m", md5="cd245b17a1ae2cc31bb14903e1204af3"),
+    # "latest" is rebuilt by GroupLens now and then: its zip is not pinned, the September 2018
+    # release's ratings.csv is (the copy under ../shared/datasets/ml-latest-small, byte for byte)
     _movielens("ml-latest-small", ("ml-latest-small/ratings.csv", "ml-latest-small/README.txt"),
-               "ml-latest-small/ratings.csv", "1 MB", _GROUPLENS_NEW, "latest"),
+               "ml-latest-small/ratings.csv", "1 MB", _GROUPLENS_NEW, "latest",
+               members_sha256=(("ml-latest-small/ratings.csv",
+                                "80da8b3393dae325bbba5a31f291a6ba55d8d4f4396de3c456f2c1635b1b70e8"),)),
     Dataset("goodbooks", "goodbooks", "ratings.csv", "69 MB",
             "Goodbooks-10k by Zygmunt Zając, under Creative Commons Attribution-ShareAlike 4.0: use, "
             "share and adapt with attribution (goodbooks-10k, Zygmunt Zając), derivatives under the "
@@ -138,10 +156,12 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in (
             "data, cite both papers, and do not redistribute it as if it were licensed.",
             "https://github.com/js05212/citeulike-a",
             files=(Remote(f"{CITEULIKE}/users.dat", "users.dat",
-                          git_blob="01c329a6df4e883f3282421557543a547eada9de"),)),
+                          git_blob="01c329a6df4e883f3282421557543a547eada9de",
+                          sha256="53211d82c14ff261e595634d285ed9fbf8049cf81dcb751d924d695b9612a02c"),)),
     _lightgcn("gowalla", "7 MB", "a27782bd7a1d4d0744148dc0460ea94da74763f2",
               "9ed5af4b5d21511f33740b4e22e3852f45671800", "Gowalla check-ins (SNAP)",
-              "https://snap.stanford.edu/data/loc-gowalla.html"),
+              "https://snap.stanford.edu/data/loc-gowalla.html",
+              test_sha256="099a2a73924e4b754dc6efd730d764f492321b53c38eb93298850c83acf57be3"),
     _lightgcn("yelp2018", "10 MB", "cda12361055ba448ae4bd1070f6000c16dea8f22",
               "30dfbc3437b27b74cb2970b435a5ec93ad9f2468", "the Yelp Open Dataset (2018 edition), "
               "whose licence allows non-commercial academic use only", "https://www.yelp.com/dataset"),
@@ -319,9 +339,10 @@ def _verify(remote: Remote, path: Path, url: str, md5_url: str | None, offline_o
     """Check ``path`` against the publisher's checksum; its sha256. FetchError if it differs.
     ``offline_ok``: ``path`` was placed by hand, so an unreachable .md5 is a warning, not an error."""
     hashes = file_hashes(path)
-    checks = []
-    if remote.git_blob:
-        checks.append(("git blob id", hashes["git_blob"], remote.git_blob, f"pinned for {url}"))
+    checks = [(what, hashes[key], want, f"pinned in etl/fetch.py for {url}")
+              for what, key, want in (("sha256", "sha256", remote.sha256),
+                                      ("git blob id", "git_blob", remote.git_blob),
+                                      ("md5", "md5", remote.md5)) if want]
     if md5_url:
         want = _published_md5(md5_url, path, offline_ok, out)
         if want:
@@ -365,12 +386,31 @@ def ensure_file(root: Path, remote: Remote, mirror: str | None, announce, out: T
 # Unpacking into the ETL's layout
 # ---------------------------------------------------------------------------------------------
 
-def _write_atomically(root: Path, rel: str, write) -> None:
-    """``write(file)`` into a temporary name beside CACHE/NAME/rel, then rename and record it."""
+def _write_atomically(root: Path, rel: str, write, sha256: str | None = None,
+                      what: str = "") -> None:
+    """``write(file)`` into a temporary name beside CACHE/NAME/rel, then rename and record it;
+    with ``sha256``, only if the bytes written have that digest (FetchError otherwise)."""
     dest = root / rel
     with atomic_output(dest, "part") as f:
-        write(f)
+        digest = hashlib.sha256()
+        write(_Hashing(f, digest))
+        if sha256 and digest.hexdigest() != sha256:
+            raise FetchError(f"{what}: sha256 {digest.hexdigest()} differs from {sha256} pinned in "
+                             "etl/fetch.py; the archive is not the publisher's release (a "
+                             "tampered mirror, or a new release upstream): delete it and run "
+                             "again, or report it if the publisher changed the data")
     record_sum(root, rel, file_hashes(dest)["sha256"])
+
+
+class _Hashing:
+    """A writable file that passes every byte on and keeps their sha256."""
+
+    def __init__(self, f, digest):
+        self.f, self.digest = f, digest
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return self.f.write(data)
 
 
 def _ready(root: Path, rel: str) -> bool:
@@ -378,8 +418,11 @@ def _ready(root: Path, rel: str) -> bool:
     return (root / rel).exists() and check_recorded(root, rel)
 
 
-def unpack(root: Path, archive: Path, members: tuple[str, ...]) -> None:
-    """Members of ``archive`` as CACHE/NAME/<member>; a missing README is not an error."""
+def unpack(root: Path, archive: Path, members: tuple[str, ...],
+           pinned: dict[str, str] | None = None) -> None:
+    """Members of ``archive`` as CACHE/NAME/<member>; a missing README is not an error. A member
+    with a ``pinned`` sha256 that differs is refused, and nothing of it is kept."""
+    pinned = pinned or {}
     with zipfile.ZipFile(archive) as zf:
         names = set(zf.namelist())
         for member in members:
@@ -391,7 +434,8 @@ def unpack(root: Path, archive: Path, members: tuple[str, ...]) -> None:
                 raise FetchError(f"{archive}: holds no {member} (it holds {sorted(names)[:8]}); the "
                                  "archive's layout changed upstream: report it")
             with zf.open(member) as src:
-                _write_atomically(root, member, lambda f: _copy(src, f))
+                _write_atomically(root, member, lambda f: _copy(src, f), pinned.get(member),
+                                  f"{archive}: {member}")
 
 
 def _copy(src, dst) -> None:
@@ -453,7 +497,7 @@ def fetch(name: str, cache: str | Path | None = None, *, registry: dict[str, Dat
         paths = [ensure_file(root, r, mirror, announce, out) for r in ds.files]
         for archive in paths:
             if zipfile.is_zipfile(archive) and ds.extract:
-                unpack(root, archive, ds.extract)
+                unpack(root, archive, ds.extract, dict(ds.members_sha256))
         if ds.convert == "movielens-dat" and not _ready(root, ds.input):
             src = root / next(m for m in ds.extract if m.endswith(".dat"))
             _write_atomically(root, ds.input, lambda f: movielens_dat_to_csv(src, f))

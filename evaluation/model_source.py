@@ -20,8 +20,7 @@ import torch
 
 from models import registry as registry_module
 from models.base import Recommender
-from models.registry import build as build_model
-from models.registry import load_weights_only
+from models.registry import check_shapes, fitted, load_weights_only
 from prepared.errors import UsageError
 from runtime.runs import MODEL_FILE, RUN_RECORD
 
@@ -50,9 +49,8 @@ class ModelSource:
 def build(weights: bytes, name: str, model_args: dict) -> Recommender:
     """The model in eval mode from ``torch.save``d weights, its name and arguments (weights only:
     no code is unpickled)."""
-    model = build_model(name, model_args)
-    model.load_state_dict(load_weights_only(io.BytesIO(weights), "the model's weights"))
-    return model.eval()
+    state = load_weights_only(io.BytesIO(weights), "the model's weights")
+    return fitted(name, model_args, state, "the model").eval()
 
 
 def _bytes(state_dict: dict) -> bytes:
@@ -75,6 +73,7 @@ def from_checkpoint(path: str) -> ModelSource:
     except Exception as e:
         raise UsageError(f"--model {path}: not a model file written by this version of "
                          f"training/train.py (no {e} in it); train it again") from None
+    check_shapes(name, args, saved["state_dict"], f"--model {path}")  # before any executor builds it
     record_path = p.parent / RUN_RECORD
     record = json.loads(record_path.read_text()) if record_path.exists() else {}
     return ModelSource(uri=path, weights=_bytes(saved["state_dict"]), model=name, model_args=args,
@@ -152,7 +151,9 @@ def from_mlflow(uri: str, tracking_uri: str) -> ModelSource:
         name, cfg, weights = read_logged(uri, local)
     try:
         check = build(weights, name, cfg["model_args"])  # the weights fit the named model
-    except (RuntimeError, TypeError, ValueError, KeyError) as e:  # wrong shapes, keys or args
+    except UsageError as e:  # arguments that do not describe the weights
+        raise _refuse(uri, str(e)) from None
+    except (RuntimeError, TypeError, ValueError, KeyError) as e:  # wrong keys or args
         raise _refuse(uri, f"its weights do not fit a {name} with its arguments "
                       f"({str(e).splitlines()[0][:200]})") from None
     run_name, splits = None, None

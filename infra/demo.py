@@ -40,6 +40,7 @@ from infra import stack
 from infra.submit import ray_job_submit, spark_submit
 from prepared.protocol import TOP_K
 from runtime import runs
+from runtime.atomic import write_text
 from runtime.runs import RUN_RECORD, summary_line, summary_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,7 +199,7 @@ def write_results(folder: Path, evaluation: Path, summaries: dict, counts: dict,
         "popularity": m["popularity"], "seconds": timings,
     }
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_text(folder / "demo.json", json.dumps(summary, indent=2) + "\n")  # each whole, or as it was
     md = [f"# The main job (`{summary['command']}`)", "",
           f"Date: {summary['date']}; commit {summary['commit']}; machine: "
           + ", ".join(f"{k} {v}" for k, v in summary["machine"].items()) + ".", "",
@@ -212,7 +213,7 @@ def write_results(folder: Path, evaluation: Path, summaries: dict, counts: dict,
            "Seconds per step (a reused step takes about none):", "",
            "| " + " | ".join(timings) + " |", "|" + "---|" * len(timings),
            "| " + " | ".join(f"{v:.0f}" for v in timings.values()) + " |", ""]
-    (folder / "demo.md").write_text("\n".join(md))
+    write_text(folder / "demo.md", "\n".join(md))
     return folder / "demo.md"
 
 

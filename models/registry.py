@@ -49,6 +49,32 @@ def build(name: str, model_args: dict) -> Recommender:
     return cls(**{**cls.defaults(), **model_args})
 
 
+def fitted(name: str, model_args: dict, state_dict: dict, what: str) -> Recommender:
+    """The model ``name`` from its arguments with ``state_dict`` loaded (not yet in eval mode),
+    once ``check_shapes`` has found that the arguments describe these weights."""
+    check_shapes(name, model_args, state_dict, what)
+    model = build(name, model_args)
+    model.load_state_dict(state_dict)
+    return model
+
+
+def check_shapes(name: str, model_args: dict, state_dict: dict, what: str) -> None:
+    """Refuse arguments that do not describe ``state_dict`` (a registry entry or model file
+    altered to say width 10^9 beside a 2 MB file) before anything is allocated: the model is
+    built on the meta device, which holds shapes only."""
+    with torch.device("meta"):
+        shell = build(name, model_args)
+    want = {k: tuple(v.shape) for k, v in shell.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in state_dict.items() if isinstance(v, torch.Tensor)}
+    if want != got:
+        key = next(iter(sorted(set(want) ^ set(got)) or
+                        [k for k in sorted(want) if want[k] != got[k]]))
+        raise UsageError(f"{what}: its model arguments do not describe its weights (e.g. "
+                         f"{key}: the arguments make {want.get(key, 'nothing')}, the weights hold "
+                         f"{got.get(key, 'nothing')}); the file was altered or written by other "
+                         "code: train it again")
+
+
 def payload(name: str, model_args: dict, state_dict: dict, **extra) -> dict:
     """What model.pt holds, the one layout (``read`` and evaluation's loaders take it apart):
     plain data and tensors only, so it loads weights-only; ``extra`` is what a run adds."""
@@ -66,8 +92,7 @@ def read(payload: dict, what: str) -> Recommender:
     if not isinstance(payload, dict) or "model" not in payload or "model_args" not in payload:
         raise UsageError(f"{what}: not a model file written by this version of training/train.py "
                          "(no model name and arguments in it); train it again")
-    model = build(payload["model"], payload["model_args"])
-    model.load_state_dict(payload["state_dict"])
+    model = fitted(payload["model"], payload["model_args"], payload["state_dict"], what)
     return model.eval()
 
 

@@ -46,14 +46,19 @@ def zip_bytes(members: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
-def grouplens_mirror(tmp_path: Path, name: str, members: dict[str, bytes], md5: str | None = None):
-    """A mirror serving ``name``.zip and its .md5 in GroupLens' own ``MD5 (f) = hex`` form."""
+def grouplens_mirror(tmp_path: Path, monkeypatch, name: str, members: dict[str, bytes],
+                     md5: str | None = None, pinned: str | None = None):
+    """A mirror serving ``name``.zip and its .md5 in GroupLens' own ``MD5 (f) = hex`` form
+    (``md5``, default the zip's); the registry's pinned md5 becomes ``pinned`` (default: this
+    zip's, as if GroupLens had published it)."""
     mirror = tmp_path / "mirror"
     data = zip_bytes(members)
     ds = F.DATASETS[name]
     put(mirror, ds.files[0].url, data)
     put(mirror, ds.files[0].md5_url,
         f"MD5 ({name}.zip) = {md5 or hashlib.md5(data).hexdigest()}\n".encode())
+    remote = dataclasses.replace(ds.files[0], md5=pinned or hashlib.md5(data).hexdigest())
+    monkeypatch.setitem(F.DATASETS, name, dataclasses.replace(ds, files=(remote,)))
     return f"file://{mirror}"
 
 
@@ -71,8 +76,8 @@ def one_file(tmp_path: Path, data: bytes, **remote) -> dict[str, F.Dataset]:
 # Checksums published by the publisher
 # ---------------------------------------------------------------------------------------------
 
-def test_good_md5_unpacks_ml100k_where_the_etl_reads_it(tmp_path):
-    mirror = grouplens_mirror(tmp_path, "ml-100k", {"ml-100k/u.data": U_DATA,
+def test_good_md5_unpacks_ml100k_where_the_etl_reads_it(tmp_path, monkeypatch):
+    mirror = grouplens_mirror(tmp_path, monkeypatch, "ml-100k", {"ml-100k/u.data": U_DATA,
                                                     "ml-100k/README": b"licence\n",
                                                     "ml-100k/u.item": b"not needed\n"})
     out = io.StringIO()
@@ -95,8 +100,8 @@ def test_good_md5_unpacks_ml100k_where_the_etl_reads_it(tmp_path):
     assert resolve_inputs(cfg) == [str(path)]
 
 
-def test_bad_md5_is_one_line_and_leaves_nothing(tmp_path):
-    mirror = grouplens_mirror(tmp_path, "ml-100k", {"ml-100k/u.data": U_DATA}, md5="0" * 32)
+def test_bad_md5_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    mirror = grouplens_mirror(tmp_path, monkeypatch, "ml-100k", {"ml-100k/u.data": U_DATA}, md5="0" * 32)
     with pytest.raises(F.FetchError) as e:
         F.fetch("ml-100k", tmp_path / "cache", mirror=mirror, out=io.StringIO())
     msg = str(e.value)
@@ -104,6 +109,46 @@ def test_bad_md5_is_one_line_and_leaves_nothing(tmp_path):
     assert "md5" in msg and "0" * 32 in msg and "ml-100k.zip.md5" in msg
     assert files_under(tmp_path / "cache") == []
     assert not (tmp_path / "cache" / "ml-100k").exists()
+
+
+def test_a_tampered_mirror_serving_a_matching_md5_is_refused_by_the_pin(tmp_path, monkeypatch):
+    """The mirror serves another zip and that zip's own md5 beside it: the md5 pinned in the
+    code (GroupLens', as published) still refuses it, and nothing is kept."""
+    real = zip_bytes({"ml-100k/u.data": U_DATA})
+    mirror = grouplens_mirror(tmp_path, monkeypatch, "ml-100k", {"ml-100k/u.data": U_DATA + U_DATA},
+                              pinned=hashlib.md5(real).hexdigest())
+    with pytest.raises(F.FetchError, match=r"ml-100k.zip: md5 \w+ differs from "
+                                           rf"{hashlib.md5(real).hexdigest()} pinned in "
+                                           r"etl/fetch.py"):
+        F.fetch("ml-100k", tmp_path / "cache", mirror=mirror, out=io.StringIO())
+    assert files_under(tmp_path / "cache") == []
+
+
+def test_a_member_with_a_pinned_sha256_is_checked_when_unpacked(tmp_path, monkeypatch):
+    """ml-latest-small's zip is rebuilt upstream now and then, its ratings.csv is pinned: one
+    that differs is refused and not kept; the pin is the sha256 of the real file."""
+    ds = F.DATASETS["ml-latest-small"]
+    (member, pinned), = ds.members_sha256
+    mirror = grouplens_mirror(tmp_path, monkeypatch, "ml-latest-small",
+                              {member: b"userId,movieId,rating,timestamp\n1,1,4.0,964982703\n"})
+    with pytest.raises(F.FetchError, match=rf"{member}: sha256 \w+ differs from {pinned} pinned"):
+        F.fetch("ml-latest-small", tmp_path / "cache", mirror=mirror, out=io.StringIO())
+    assert not (tmp_path / "cache" / "ml-latest-small" / member).exists()
+    assert hashlib.sha256(need_dataset("ml-latest-small/ratings.csv").read_bytes()).hexdigest() \
+        == pinned
+
+
+def test_the_pinned_sha256s_are_those_of_the_real_files():
+    """Every sha256 pinned for a file of ../shared/datasets is that file's (the copies there are
+    byte for byte the publishers', their READMEs say); gowalla's train.txt there is LightGCN++'s
+    re-split, so only its test.txt is pinned so."""
+    pins = {"citeulike-a/users.dat": F.DATASETS["citeulike-a"].files[0].sha256,
+            "gowalla/test.txt": F.DATASETS["gowalla"].files[1].sha256}
+    for rel, pinned in pins.items():
+        assert pinned and hashlib.sha256(need_dataset(rel).read_bytes()).hexdigest() == pinned, rel
+    # and every download has a digest in the code (ml-latest-small's: its member's)
+    assert all(f.sha256 or f.md5 or f.git_blob or d.members_sha256
+               for d in F.DATASETS.values() for f in d.files)
 
 
 def test_pinned_git_blob_matches_the_real_citeulike_file(tmp_path):
@@ -116,7 +161,7 @@ def test_pinned_git_blob_matches_the_real_citeulike_file(tmp_path):
     assert path.read_bytes() == users.read_bytes()
 
     put(mirror, F.DATASETS["citeulike-a"].files[0].url, users.read_bytes() + b"\n1 2")
-    with pytest.raises(F.FetchError, match="git blob id .* differs"):
+    with pytest.raises(F.FetchError, match="sha256 .* differs from .* pinned in etl/fetch.py"):
         F.fetch("citeulike-a", tmp_path / "cache2", mirror=f"file://{mirror}", out=io.StringIO())
     assert files_under(tmp_path / "cache2") == []
 
@@ -148,8 +193,8 @@ def test_first_download_records_sha256_and_a_tampered_cache_is_refused(tmp_path)
     assert path.read_bytes() == data + b"3,1,1\n"  # refused, not silently replaced
 
 
-def test_a_tampered_unpacked_file_is_refused(tmp_path):
-    mirror = grouplens_mirror(tmp_path, "ml-100k", {"ml-100k/u.data": U_DATA})
+def test_a_tampered_unpacked_file_is_refused(tmp_path, monkeypatch):
+    mirror = grouplens_mirror(tmp_path, monkeypatch, "ml-100k", {"ml-100k/u.data": U_DATA})
     path = F.fetch("ml-100k", tmp_path / "cache", mirror=mirror, out=io.StringIO())
     path.write_bytes(U_DATA[:20])
     with pytest.raises(F.FetchError, match="u.data: sha256"):
@@ -192,9 +237,10 @@ def test_offline_error_names_the_url_and_the_cache_path(tmp_path):
     assert files_under(tmp_path / "cache") == []
 
 
-def test_ml1m_becomes_a_csv_the_etl_reads(tmp_path):
+def test_ml1m_becomes_a_csv_the_etl_reads(tmp_path, monkeypatch):
     dat = b"1::1193::5::978300760\n1::661::3::978302109\n"
-    mirror = grouplens_mirror(tmp_path, "ml-1m", {"ml-1m/ratings.dat": dat, "ml-1m/README": b"x"})
+    mirror = grouplens_mirror(tmp_path, monkeypatch, "ml-1m",
+                              {"ml-1m/ratings.dat": dat, "ml-1m/README": b"x"})
     path = F.fetch("ml-1m", tmp_path / "cache", mirror=mirror, out=io.StringIO())
     assert path.read_text() == "user,item,rating,timestamp\n1,1193,5,978300760\n1,661,3,978302109\n"
     cfg = ETLConfig(dataset=F.DATASETS["ml-1m"].etl_dataset, input=(str(path),), output="o")
@@ -211,7 +257,8 @@ def test_lightgcn_split_lands_as_the_etl_reads_a_given_split(tmp_path):
     put(mirror, ds.files[1].url, test)
     # the pinned blob ids are the real files'; these tiny ones are checked against their own
     registry = {"gowalla": dataclasses.replace(ds, files=tuple(
-        dataclasses.replace(r, git_blob=_git_blob(d)) for r, d in zip(ds.files, (train, test))))}
+        dataclasses.replace(r, git_blob=_git_blob(d), sha256=hashlib.sha256(d).hexdigest())
+        for r, d in zip(ds.files, (train, test))))}
     path = F.fetch("gowalla", tmp_path / "cache", registry=registry, mirror=f"file://{mirror}",
                    out=io.StringIO())
     assert path == tmp_path / "cache" / "gowalla"
@@ -243,8 +290,15 @@ def test_registry_matches_the_etl():
         F.dataset("ml-2m")
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "etl.fetch", *args], cwd=ROOT, text=True,
+def run_cli(*args: str, env: dict[str, str] | None = None,
+            pin: tuple[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m etl.fetch ARGS``; ``pin`` (dataset, md5): that dataset's pinned md5 replaced
+    first, for a mirror serving a test zip in place of the publisher's."""
+    cmd = ["-m", "etl.fetch"] if pin is None else ["-c", (
+        "import dataclasses, sys; from etl import fetch as F; "
+        f"d = F.DATASETS[{pin[0]!r}]; F.DATASETS[d.name] = dataclasses.replace(d, files=("
+        f"dataclasses.replace(d.files[0], md5={pin[1]!r}),)); sys.exit(F.main(sys.argv[1:]))")]
+    return subprocess.run([sys.executable, *cmd, *args], cwd=ROOT, text=True,
                           capture_output=True, env={**os.environ, **(env or {})}, timeout=60)
 
 
@@ -259,15 +313,18 @@ def test_help_and_list():
     assert listed.returncode == 0 and "--dataset user-items --split given" in listed.stdout
 
 
-def test_cli_print_path_feeds_the_etl_and_errors_are_one_line(tmp_path):
-    mirror = grouplens_mirror(tmp_path, "ml-100k", {"ml-100k/u.data": U_DATA})
+def test_cli_print_path_feeds_the_etl_and_errors_are_one_line(tmp_path, monkeypatch):
+    mirror = grouplens_mirror(tmp_path, monkeypatch, "ml-100k", {"ml-100k/u.data": U_DATA})
+    pin = ("ml-100k", F.DATASETS["ml-100k"].files[0].md5)  # the test zip's (grouplens_mirror)
     out = run_cli("ml-100k", "--print-path", env={"NCE_FETCH_MIRROR": mirror,
-                                                  "NCE_DATA_CACHE": str(tmp_path / "cache")})
+                                                  "NCE_DATA_CACHE": str(tmp_path / "cache")},
+                  pin=pin)
     assert out.returncode == 0, out.stderr
     assert out.stdout == f"{tmp_path / 'cache' / 'ml-100k' / 'ml-100k' / 'u.data'}\n"
     assert "Terms of use of ml-100k" in out.stderr  # the terms go to stderr, the path alone to stdout
 
-    human = run_cli("ml-100k", "--cache", str(tmp_path / "cache"), env={"NCE_FETCH_MIRROR": mirror})
+    human = run_cli("ml-100k", "--cache", str(tmp_path / "cache"), env={"NCE_FETCH_MIRROR": mirror},
+                    pin=pin)
     assert "spark-submit etl/prepare.py --dataset ml-100k --input " in human.stdout
 
     bad = run_cli("ml-20m", "--cache", str(tmp_path / "c2"), env={"NCE_FETCH_MIRROR": "file:///nonexistent"})

@@ -376,3 +376,26 @@ class TestCDAEWholeRow(ModelBehaviour):
 class TestVAECF(ModelBehaviour):
     name, hp = "vae-cf", {"width": 4, "hidden": 8, "dropout": 0.2, "kl_cap": 0.2,
                           "anneal_steps": 50, "lam": 0.0}
+
+
+def test_arguments_that_do_not_describe_the_weights_are_refused_before_allocation():
+    """A model file (or registry entry) altered to a width of 10^9: refused from the shapes on
+    the meta device, before 10^9 x n_items floats could be asked of the allocator."""
+    import tracemalloc
+
+    from prepared.errors import UsageError
+
+    torch.manual_seed(0)
+    payload = save(build("autorec", {"n_items": 30, "width": 8, "lam_units": "plain"}))
+    assert read(payload, "model.pt").width == 8
+    payload["model_args"] = {**payload["model_args"], "width": 10**9}
+    tracemalloc.start()
+    with pytest.raises(UsageError, match=r"^model.pt: its model arguments do not describe its "
+                                         r"weights \(e\.g\. .*: the arguments make \(.*1000000000"
+                                         r".*\), the weights hold \(.*8.*\)\); the file was altered"):
+        read(payload, "model.pt")
+    assert tracemalloc.get_traced_memory()[1] < 50 << 20  # no large allocation was attempted
+    tracemalloc.stop()
+    payload["model_args"] = {**payload["model_args"], "width": 8, "n_items": 31}
+    with pytest.raises(UsageError, match="do not describe its weights"):
+        read(payload, "model.pt")
