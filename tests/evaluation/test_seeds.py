@@ -45,6 +45,84 @@ def per_user_df(spark, models: dict[str, list[list[float]]], seeds: list[int]):
 LABELS = {"a": ["a seed 0", "a seed 1"], "b": ["b seed 0", "b seed 1"]}
 
 
+def per_user_rows(models: dict[str, list[list[float]]], seeds: list[int]):
+    """``per_user_df``'s rows as tests/fake_spark.py's frame: the pooling's arithmetic without a
+    Spark session."""
+    from tests import fake_spark
+
+    rows = [{"label": f"{m} seed {s}", "group": "warm", "user_id": f"u{u}", "ndcg": float(x[u][i]),
+             "recall_at_50": float(x[u][i]) / 2}
+            for m, x in models.items() for u in range(len(x)) for i, s in enumerate(seeds)]
+    rows.append({"label": "a seed 0", "group": "cold", "user_id": "c1", "ndcg": 0.9,
+                 "recall_at_50": 0.9})  # cold-start users are not pooled
+    return fake_spark.DataFrame(rows)
+
+
+def test_the_pooled_metrics_are_the_mean_over_seeds_with_the_seed_means_variance(monkeypatch):
+    """pooled_metrics' own aggregation on the hand-computed case: the users' variance is that of
+    the per-user seed means y_u (0.005), not one seed's (seed 0 of A: 0.0267), and each user's
+    y_u is the seed sum divided by the seed count (else the mean would be 0.7, not 0.35)."""
+    from evaluation.seeds import pooled_metrics
+    from tests import fake_spark
+
+    fake_spark.install(monkeypatch)
+    rows = {(r["label"], r["metric"]): r
+            for r in pooled_metrics(per_user_rows({"a": A, "b": B}, [0, 1]), LABELS, ["NDCG"])}
+    a = rows["a", "NDCG"]
+    assert a["users"] == 3 and a["seeds"] == 2 and a["seed_means"] == pytest.approx([0.4, 0.3])
+    assert (a["mean"], a["ci95"]) == pytest.approx((0.35, 0.126517), abs=1e-6)
+    # B: seed means 0.26667 and 0.26667 (no seed spread); y_u = 0.15, 0.35, 0.3: mean 0.26667,
+    # variance (ddof 0) (0.0136111 + 0.0069444 + 0.0011111) / 3 = 0.0072222
+    b = rows["b", "NDCG"]
+    assert b["mean"] == pytest.approx(0.8 / 3) and b["seed_sd"] == pytest.approx(0.0, abs=1e-12)
+    assert b["ci95"] == pytest.approx(1.96 * math.sqrt(0.0072222 / 3), abs=1e-6)
+
+
+def test_a_user_missing_from_a_seed_is_left_out_of_every_seed_without_spark(monkeypatch):
+    from evaluation.seeds import pooled_metrics
+    from tests import fake_spark
+
+    fake_spark.install(monkeypatch)
+    df = per_user_rows({"a": A}, [0, 1])
+    df.rows = [r for r in df.rows if (r["label"], r["user_id"]) != ("a seed 1", "u2")]
+    (r,) = pooled_metrics(df, {"a": LABELS["a"]}, ["NDCG"])
+    assert r["users"] == 2 and r["seed_means"] == pytest.approx([0.3, 0.3])
+    # y = 0.3, 0.3: no users' variance; seed means 0.3, 0.3: no seed variance
+    assert r["mean"] == pytest.approx(0.3) and r["ci95"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_pooled_pairs_use_the_seed_mean_differences_variance(monkeypatch):
+    """pooled_pairs on the hand-computed case (the Spark test's numbers): the pooled CI takes the
+    variance of the per-user seed-mean differences (0.0088889), not one seed's (seed 0:
+    0.0155556, seed 1: 0.0155556), and the mean over the two seeds."""
+    from evaluation.seeds import pooled_pairs
+    from tests import fake_spark
+
+    fake_spark.install(monkeypatch)
+    pairs = pooled_pairs(per_user_rows({"a": A, "b": B}, [0, 1]), LABELS, [0, 1],
+                         [("first", "a", ["b"])], ["NDCG"])
+    by_seed = {r["seed"]: r for r in pairs}
+    assert sorted(by_seed) == ["0", "1", POOLED]
+    s0, s1, p = by_seed["0"], by_seed["1"], by_seed[POOLED]
+    # d = A - B per user: seed 0 (0.1, 0, 0.3), seed 1 (0.2, -0.1, 0)
+    assert (s0["mean_difference"], s1["mean_difference"]) == pytest.approx((0.4 / 3, 0.1 / 3))
+    assert s0["ci95"] == pytest.approx(0.141136, abs=1e-6) and s0["seeds"] == 1
+    assert s0["t_p"] == pytest.approx(stats.ttest_1samp([0.1, 0.0, 0.3], 0).pvalue)
+    assert p["mean_difference"] == pytest.approx(0.25 / 3) and p["users"] == 3
+    assert p["ci95"] == pytest.approx(0.144867, abs=1e-6)
+    assert p["seed_sd"] == pytest.approx(math.sqrt(0.005)) and p["seeds"] == 2
+    assert (p["seed_min"], p["seed_max"]) == pytest.approx((0.1 / 3, 0.4 / 3))
+    assert (p["reference_better"], p["reference_worse"]) == pytest.approx((2 / 3, 1 / 3))
+    # the pooled tests run on the per-user seed-mean differences (0.15, -0.05, 0.15; in floating
+    # point the two 0.15 differ in the last bit, so they are no tie)
+    d = np.array(A) - np.array(B)
+    y = (d[:, 0] + d[:, 1]) / 2
+    assert p["t_p"] == pytest.approx(stats.ttest_1samp(y, 0).pvalue)
+    assert p["wilcoxon_p"] == pytest.approx(
+        stats.wilcoxon(y, method="asymptotic", correction=False).pvalue)
+    assert p["t_p_holm"] == p["t_p"]  # one comparison: Holm changes nothing
+
+
 @pytest.mark.spark
 def test_the_pooled_metrics_and_pairs_in_spark_match_the_hand_computed_case(spark):
     from evaluation.seeds import pooled_metrics, pooled_pairs

@@ -52,6 +52,59 @@ def test_the_signed_rank_p_value_matches_scipy_from_its_statistics():
     assert math.isnan(wilcoxon_p(0, 0.0, 0.0))
 
 
+def test_the_signed_ranks_of_a_hand_worked_case_with_ties_and_zeros(monkeypatch):
+    """``wilcoxon_spark``'s own ranking (tie groups at their average rank, zeros and nulls
+    dropped: scipy's zero_method="wilcox"), run on tests/fake_spark.py's rows without a session.
+    d = 0, 1, -1, 2, 2, -3, 0, null: the non-zero |d| 1, 1, 2, 2, 3 rank 1.5, 1.5, 3.5, 3.5, 5;
+    W+ = 1.5 (the +1) + 3.5 + 3.5 (the two +2) = 8.5 of n = 5; ties: (2^3 - 2) twice = 12."""
+    from tests import fake_spark
+
+    fake_spark.install(monkeypatch)
+    d = [0.0, 1.0, -1.0, 2.0, 2.0, -3.0, 0.0, None]
+    got = wilcoxon_spark(fake_spark.DataFrame([{"g": "a", "d": x} for x in d]), ["g"], "d")
+    assert got[("a",)]["n"] == 5 and got[("a",)]["w_plus"] == 8.5 and got[("a",)]["ties"] == 12
+    # z = (8.5 - 5 * 6 / 4) / sqrt((5 * 6 * 11 - 12 / 2) / 24) = 1 / sqrt(13.5)
+    assert got[("a",)]["p"] == pytest.approx(2 * stats.norm.sf(1 / math.sqrt(13.5)), abs=1e-12)
+    assert got[("a",)]["p"] == pytest.approx(scipy_wilcoxon(np.array(d[:-1])), abs=1e-12)
+
+
+def test_the_signed_ranks_with_many_ties_and_zeros_match_scipy(monkeypatch):
+    """The same on groups of hundreds of differences (quarters: many zeros and ties across signs;
+    two decimals: some ties), against scipy.stats.wilcoxon and scipy's ranks."""
+    from tests import fake_spark
+
+    fake_spark.install(monkeypatch)
+    rng = np.random.default_rng(1)
+    groups = {"coarse": rng.integers(-3, 4, 160) / 4, "fine": np.round(rng.normal(0.4, 1.0, 120), 2),
+              "zeros": np.zeros(3)}
+    rows = [{"g": g, "d": float(x)} for g, xs in groups.items() for x in xs]
+    got = wilcoxon_spark(fake_spark.DataFrame(rows), ["g"], "d")
+    assert set(got) == {("coarse",), ("fine",)}  # every difference zero: no statistic, as scipy
+    assert (groups["coarse"] == 0).sum() > 10
+    for g in ("coarse", "fine"):
+        d = groups[g]
+        nz = d[d != 0]
+        _, counts = np.unique(np.abs(nz), return_counts=True)
+        assert got[(g,)]["n"] == len(nz)
+        assert got[(g,)]["w_plus"] == pytest.approx(stats.rankdata(np.abs(nz))[nz > 0].sum())
+        assert got[(g,)]["ties"] == float((counts ** 3 - counts).sum()) > 0
+        assert got[(g,)]["p"] == pytest.approx(scipy_wilcoxon(d), abs=1e-12)
+
+
+def test_the_paired_moments_are_the_differences_mean_variances_and_signs(monkeypatch):
+    from evaluation.significance import paired_moments
+    from tests import fake_spark
+
+    fake_spark.install(monkeypatch)
+    d = [0.3, -0.1, 0.0, 0.2]
+    moments, ranks = paired_moments(fake_spark.DataFrame([{"k": "x", "d": v} for v in d]), ["k"])
+    m = moments[("x",)]
+    # mean 0.1; squared deviations 0.04, 0.04, 0.01, 0.01: var_pop 0.1 / 4, sd sqrt(0.1 / 3)
+    assert (m["n"], m["mean"], m["var"]) == pytest.approx((4, 0.1, 0.025))
+    assert m["sd"] == pytest.approx(math.sqrt(0.1 / 3)) and (m["wins"], m["losses"]) == (0.5, 0.25)
+    assert ranks[("x",)]["w_plus"] == 5.0  # |d| 0.1, 0.2, 0.3 rank 1, 2, 3; the positives 2 + 3
+
+
 @pytest.mark.spark
 def test_wilcoxon_in_spark_with_ties_and_zeros_matches_scipy(spark):
     rng = np.random.default_rng(1)

@@ -5,6 +5,8 @@ and popularity counts, on a partition built here with its rows in shuffled order
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -191,3 +193,97 @@ def test_co_sharded_needs_the_same_rows_shards_by_name_and_checksum():
     assert edited.row_shards() == {"part-0.parquet": None}
     assert not co_sharded({"row_shards": {"part-0.parquet": None},
                            "files": {"part-0.parquet": 4}}, edited)
+
+
+# -- the input checks' facts and refusals, without Spark ----------------------------------------
+
+CATALOGUE = [f"i{j}" for j in range(10)]
+
+
+def checked_table(lists: list[list[tuple[str, list[str]]]], users=("u1", "u2", "u3")):
+    """The wide rows evaluate.py checks, built as a shard task builds them: the dataset's rows of
+    ``users`` (warm, one test item each), each file's (user_id, raw ids) rows encoded by
+    ``encode_batch`` (which finds the repeats and strays), ``shard_table``, ``partition_rows``;
+    returned as Arrow columns and as tests/fake_spark.py's frame of their rows."""
+    from evaluation.spark_metrics import encode_batch
+    from evaluation.user_table import shard_table
+    from prepared import schema as S
+    from tests import fake_spark
+
+    ints = pa.list_(pa.int32())
+    rows = pa.table({S.USER_ID: pa.array(list(users)), S.COLD: pa.array([False] * len(users)),
+                     S.VALID_ITEMS: pa.array([[] for _ in users], ints),
+                     S.TEST_ITEMS: pa.array([[j] for j in range(len(users))], ints)})
+    encoded = [encode_batch(pa.RecordBatch.from_pydict({
+        "user_id": pa.array([u for u, _ in f], pa.string()),
+        "item_ids": pa.array([ids for _, ids in f], pa.list_(pa.string()))}),
+        pa.array(CATALOGUE)) for f in lists]
+    ks = [5] * len(lists)
+    out = partition_rows(shard_table(rows, encoded), ks, "test", INVERSE_LOG, len(CATALOGUE))
+    n = len(out["user_id"])
+    frame = fake_spark.DataFrame([{c: out[c][j].as_py() for c in out} for j in range(n)])
+    return out, frame
+
+
+def recs(*paths: str):
+    return [SimpleNamespace(path=p, label=p, manifest={}, df=None, k=5) for p in paths]
+
+
+PREP = SimpleNamespace(uri="/data/ds")  # check_recs reads its uri only
+CLEAN = [("u1", ["i0", "i1", "i2"]), ("u2", ["i3", "i1"]), ("u3", ["i2", "i5", "i7"])]
+
+
+def facts(out, i: int, name: str) -> dict:
+    return dict(zip(out["user_id"].to_pylist(), out[column(i, name)].to_pylist()))
+
+
+def test_a_repeated_item_and_a_second_row_are_facts_of_the_user():
+    """The per-user facts ``check_recs`` refuses on: u3's list repeats i5 (non-null ``repeat``:
+    the item), u2 has two rows (``rows`` 2); the others have neither."""
+    twice = [*CLEAN, ("u2", ["i4"])]
+    repeats = [CLEAN[0], CLEAN[1], ("u3", ["i5", "i2", "i5", "i9"])]
+    out, _ = checked_table([CLEAN, twice, repeats])
+    assert facts(out, 0, "rows") == {"u1": 1, "u2": 1, "u3": 1}
+    assert facts(out, 1, "rows") == {"u1": 1, "u2": 2, "u3": 1}
+    assert facts(out, 2, "repeat") == {"u1": None, "u2": None, "u3": "i5"}
+    assert facts(out, 0, "repeat") == facts(out, 1, "repeat") == {"u1": None, "u2": None,
+                                                                   "u3": None}
+    assert set(facts(out, 0, "stray").values()) == {None}
+
+
+@pytest.mark.parametrize("lists, message", [
+    ([[*CLEAN, ("u2", ["i4"])]],
+     "--recs b: 1 user(s) have more than one row (each row would count in every mean), first "
+     "user u2"),
+    ([[CLEAN[0], CLEAN[1], ("u3", ["i5", "i2", "i5", "i9"])]],
+     "--recs b: 1 user(s) have a list that repeats an item (a repeated true item would count as "
+     "a hit at each position), first user u3 repeats item i5"),
+    ([[("u3", ["i2", "i2"]), ("u1", ["i3", "i4", "i3"]), ("u2", ["i1"])]],
+     "--recs b: 2 user(s) have a list that repeats an item (a repeated true item would count as "
+     "a hit at each position), first user u1 repeats item i3"),
+    ([[*CLEAN, ("zz", ["i1"])]], "--recs b: 1 user(s) are not users of --data /data/ds, e.g. zz"),
+    ([[CLEAN[0], ("u2", ["i1", "x9"]), CLEAN[2]]],
+     "--recs b: 1 user(s) have items outside the catalogue of --data /data/ds, first user u2 "
+     "with item x9"),
+], ids=["twice", "repeat", "two-repeats", "unknown", "stray"])
+def test_check_recs_refuses_each_fault_naming_the_first_user(monkeypatch, lists, message):
+    """evaluate.py's ``check_recs`` on those facts (its Spark aggregation run on fake_spark's
+    rows): each fault refused, naming the file, the number of users and the first by user_id."""
+    from evaluation.evaluate import check_recs
+    from prepared.errors import UsageError
+    from tests import fake_spark
+
+    fake_spark.install(monkeypatch)
+    _, frame = checked_table([CLEAN, *lists])
+    with pytest.raises(UsageError) as e:
+        check_recs(frame, recs("a", "b"), PREP)
+    assert str(e.value).startswith(message)
+
+
+def test_check_recs_passes_clean_lists(monkeypatch):
+    from evaluation.evaluate import check_recs
+    from tests import fake_spark
+
+    fake_spark.install(monkeypatch)
+    _, frame = checked_table([CLEAN, list(reversed(CLEAN))])
+    check_recs(frame, recs("a", "b"), PREP)  # nothing to refuse

@@ -2,6 +2,7 @@
 configuration and prepared-directory errors, MLflow URIs."""
 
 import json
+import math
 
 import numpy as np
 import pyarrow as pa
@@ -15,7 +16,15 @@ from prepared.metrics import hit_matrix, per_user
 from prepared.reader import Prepared, open_prepared
 from runtime.tracking import check_reachable, tracking_uri
 from training.config import TrainConfig, check
-from training.feed import BatchMaker, FeedPlan, epoch_seed, in_valid_sample, union_sorted, valid_batch
+from training.feed import (
+    BatchMaker,
+    FeedPlan,
+    batch_from_arrow,
+    epoch_seed,
+    in_valid_sample,
+    union_sorted,
+    valid_batch,
+)
 from training.loop import new_progress, next_state
 from training.validate import batch_metrics, model_metrics, top_metrics
 
@@ -54,6 +63,89 @@ def test_rstar_for_another_beta_is_gathered_from_the_per_item_table():
     assert table == pytest.approx(by_hand, rel=1e-6)
     b = BatchMaker(plan(needs_rstar=True, rstar_item=table))(rows_table([[0, 3], [1]]), epoch=0)
     assert b.train_rstar.tolist() == pytest.approx(table[[0, 3, 1]].tolist())
+
+
+def rstar_rows(train, rstar):
+    """User rows with their stored R* (as the ETL writes them: float32, aligned with the items)."""
+    rows = rows_table(train)
+    return rows.append_column(S.TRAIN_RSTAR, pa.array(rstar, pa.list_(pa.float32())))
+
+
+def test_the_stored_rstar_values_reach_the_batch_as_stored():
+    """With R* stored for the run's beta the batch carries each row's own values, aligned with
+    its items: not ones, not a per-item table (the values here differ for the same item 3, as
+    no per-item table could give)."""
+    stored = [[0.25, 2.5], [], [0.0, 1.75, 3.0]]
+    feed = plan(needs_rstar=True)
+    assert S.TRAIN_RSTAR in feed.columns()  # read from the rows
+    b = BatchMaker(feed)(rstar_rows([[0, 3], [], [1, 3, 4]], stored), epoch=0)
+    assert b.train_rstar.tolist() == [0.25, 2.5, 0.0, 1.75, 3.0]
+    assert b.train_items.tolist() == [0, 3, 1, 3, 4] and b.train_offsets.tolist() == [0, 2, 2]
+    # the same rows through batch_from_arrow (every stored column, as the models' tests read them)
+    whole = rstar_rows([[0, 3], [], [1, 3, 4]], stored).append_column(
+        S.NEG_ITEMS, L([[], [], []])).append_column(S.NEG_COUNTS, L([[], [], []]))
+    assert batch_from_arrow(whole).train_rstar.tolist() == [0.25, 2.5, 0.0, 1.75, 3.0]
+    # a per-item table replaces the column, which is then not read at all
+    assert S.TRAIN_RSTAR not in plan(needs_rstar=True, rstar_item=np.ones(5)).columns()
+    assert S.TRAIN_RSTAR not in plan().columns()  # a model without R*
+
+
+def feed_prepared(rule: str = "users") -> Prepared:
+    """A prepared set stored at beta 1.0 (Z: 10 warm users, or the splits' positives)."""
+    return Prepared(uri="x", manifest={"parameters": {"rstar_z": rule, "beta": 1.0,
+                                                      "negatives": 20},
+                                       "counts": {"warm_users": 10}},
+                    pop_train=np.array([5, 1, 0, 2]), pop_train_valid=np.array([8, 2, 1, 4]))
+
+
+@pytest.mark.parametrize("beta", [None, 1.0])
+def test_the_feed_reads_the_stored_rstar_when_beta_is_the_stored_one(beta):
+    from models.registry import MODELS
+    from training.feed import plan as feed_plan
+
+    feed = feed_plan(MODELS["nce-autorec"], feed_prepared(),
+                     TrainConfig(data="d", model="nce-autorec", run_name="r", beta=beta))
+    assert feed.needs_rstar and feed.rstar_item is None and S.TRAIN_RSTAR in feed.columns()
+
+
+@pytest.mark.parametrize("beta, splits, rule, pop, z", [
+    # --beta 0.5 against the stored 1.0: Z = the 10 warm users, the training popularity
+    (0.5, "train", "users", [5, 1, 0, 2], 10),
+    # the final retraining at the stored beta: train+valid popularity; Z = its 15 positives
+    (None, "train,valid", "positives", [8, 2, 1, 4], 15),
+    (1.3, "train,valid", "users", [8, 2, 1, 4], 10),
+])
+def test_another_beta_recomputes_rstar_from_popularity_by_the_protocols_rule(beta, splits, rule,
+                                                                            pop, z):
+    """``--beta`` other than the stored one (or the final retraining, whose popularity differs)
+    must not feed the stored values: R* = max(log Z - beta log pop_j, 0), 0 for an item without
+    a training positive, gathered per item into the batch."""
+    from models.registry import MODELS
+    from training.feed import plan as feed_plan
+
+    cfg = TrainConfig(data="d", model="nce-autorec", run_name="r", beta=beta, train_splits=splits)
+    feed = feed_plan(MODELS["nce-autorec"], feed_prepared(rule), cfg)
+    used = 1.0 if beta is None else beta
+    by_hand = [max(math.log(z) - used * math.log(p), 0.0) if p else 0.0 for p in pop]
+    assert feed.rstar_item is not None and S.TRAIN_RSTAR not in feed.columns()
+    assert feed.rstar_item.tolist() == pytest.approx(by_hand, rel=1e-6)
+    # the stored (beta 1.0, train) values in the rows must be ignored: 9.0 is none of them
+    rows = rstar_rows([[0, 3], [1]], [[9.0, 9.0], [9.0]])
+    if feed.merge_valid:
+        rows = rows.set_column(2, S.VALID_ITEMS, L([[2], []]))
+    b = BatchMaker(feed)(rows, epoch=0)
+    items = b.train_items.tolist()
+    assert items == ([0, 2, 3, 1] if feed.merge_valid else [0, 3, 1])
+    assert b.train_rstar.tolist() == pytest.approx([by_hand[i] for i in items], rel=1e-6)
+
+
+def test_a_model_without_rstar_gets_no_rstar_whatever_the_beta():
+    from models.registry import MODELS
+    from training.feed import plan as feed_plan
+
+    feed = feed_plan(MODELS["autorec"], feed_prepared(),
+                     TrainConfig(data="d", model="autorec", run_name="r", beta=0.5))
+    assert not feed.needs_rstar and feed.rstar_item is None and S.TRAIN_RSTAR not in feed.columns()
 
 
 def test_prepared_rstar_table_uses_train_valid_popularity_for_the_final_retraining():
