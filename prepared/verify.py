@@ -1,11 +1,11 @@
 """Check every file of a prepared directory: ``python -m prepared.verify DIR``.
 
-``open_prepared`` checks the manifest, the file list and sizes, and the CRC-32 of the small files
-on every open; the row shards (gigabytes at scale) only here, or when a read of them fails
-(``naming_damaged_files``). A shard damaged in place keeps its size and often still decodes, to
-wrong numbers (a flipped byte in an incompressible page is not noticed by Parquet or zstd), so the
-checksum is the check that counts. A manifest written before checksums has none; then every
-Parquet file is decoded whole instead, which catches only the damage that breaks decoding.
+The checks every stage makes when it opens its data (``open_prepared``: the manifest, the file
+list and sizes, the CRC-32 of every file), as a command: for a copy just made, or a disk in
+doubt. A shard damaged in place keeps its size and often still decodes, to wrong numbers (a
+flipped byte in an incompressible page is not noticed by Parquet or zstd), so the checksum is the
+check that counts. A manifest written before checksums has none; then every Parquet file is
+decoded whole instead, which catches only the damage that breaks decoding.
 
 Exit status 0 when every file is intact, 2 with a one-line ``error: ...`` naming the first damaged
 file otherwise.
@@ -28,7 +28,7 @@ from prepared.uri import filesystem, join
 def verify(uri: str) -> dict:
     """Check every file of the prepared directory ``uri``; raises UsageError naming the first
     damaged one. Returns what was checked: ``{"files", "bytes", "crc32", "decoded"}``."""
-    prep = open_prepared(uri, verify=True)  # sizes, then the CRC-32 of every file that has one
+    prep = open_prepared(uri)  # sizes, then the CRC-32 of every file that has one
     sizes, sums = prep.manifest[FILES], prep.manifest.get(CHECKSUMS, {})
     unsummed = [f for f in sorted(sizes) if f not in sums and is_data_file(f)
                 and f.endswith(".parquet")]

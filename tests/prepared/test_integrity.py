@@ -18,7 +18,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from prepared import reader
 from prepared import schema as S
 from prepared.errors import UsageError
 from prepared.files import CHECKSUMS, is_data_file
@@ -75,7 +74,7 @@ def test_the_manifest_records_the_crc32_of_every_data_file(small_prepared):
 
 
 @pytest.mark.spark
-def test_a_shard_damaged_in_place_is_named_in_one_line(small_prepared, tmp_path, monkeypatch):
+def test_a_shard_damaged_in_place_is_named_in_one_line(small_prepared, tmp_path):
     copy = copy_of(small_prepared, tmp_path)
     shard = a_shard(copy)
     listed = manifest_of(copy)[CHECKSUMS][shard]
@@ -83,14 +82,9 @@ def test_a_shard_damaged_in_place_is_named_in_one_line(small_prepared, tmp_path,
     corrupt = (rf"^--data {copy}: {shard} is corrupt: its CRC-32 is {crc(copy / shard)}, its "
                rf"manifest says {listed} \(same size: damaged on disk or in a copy\). Copy the "
                r"directory again .* or run the job that writes it again \(with --overwrite\)$")
-    # small data: every shard is small enough for the check on every open
     with pytest.raises(UsageError, match=corrupt) as e:
         open_prepared(str(copy))
     assert "\n" not in str(e.value)
-
-    # large shards are not read on open; `python -m prepared.verify` checks every file
-    monkeypatch.setattr(reader, "VERIFY_ON_OPEN", 0)
-    open_prepared(str(copy))
     with pytest.raises(UsageError, match=corrupt):
         verify(str(copy))
     cli = subprocess.run([sys.executable, "-m", "prepared.verify", str(copy)], cwd=ROOT,
@@ -104,6 +98,57 @@ def test_a_shard_damaged_in_place_is_named_in_one_line(small_prepared, tmp_path,
     assert whole.returncode == 0, whole.stderr
     assert f"intact: {len(manifest_of(small_prepared)['files'])} files" in whole.stdout
     assert f"{n} checked by CRC-32, 0 decoded whole" in whole.stdout
+
+
+OLD_LIMIT = 8 << 20  # bytes: the largest file whose CRC-32 open_prepared checked before issue 59
+
+
+def large_shard_flipped_where_it_decodes(prepared: Path, tmp_path: Path) -> tuple[Path, str]:
+    """A copy whose first rows shard is over ``OLD_LIMIT`` (an uncompressed column of random
+    bytes beside the rows, in the manifest as the ETL would list it), with one byte flipped in
+    that column's data: pyarrow still decodes the file, to other values."""
+    copy = copy_of(prepared, tmp_path)
+    shard = a_shard(copy)
+    rows = pq.read_table(copy / shard)
+    rng = np.random.default_rng(0)
+    pad = pa.array([rng.bytes(OLD_LIMIT // rows.num_rows + 1024) for _ in range(rows.num_rows)])
+    pq.write_table(rows.append_column("padding", pad), copy / shard, compression="none",
+                   use_dictionary=False)  # the padding's bytes as they are, in one place
+    m = manifest_of(copy)
+    m["files"][shard], m[CHECKSUMS][shard] = (copy / shard).stat().st_size, crc(copy / shard)
+    (copy / S.MANIFEST).write_text(json.dumps(m))
+    assert m["files"][shard] > OLD_LIMIT
+    before = pq.read_table(copy / shard).column("padding")
+    meta = pq.ParquetFile(copy / shard).metadata
+    chunk = meta.row_group(meta.num_row_groups - 1).column(rows.num_columns)
+    assert chunk.path_in_schema == "padding"
+    flip(copy / shard, chunk.data_page_offset + chunk.total_compressed_size // 2)
+    after = pq.read_table(copy / shard).column("padding")  # decodes: no error to see it by
+    assert after.length() == before.length() and not after.equals(before)
+    return copy, shard
+
+
+@pytest.mark.spark
+def test_a_flipped_byte_in_a_large_shard_stops_every_stage_before_it_reads(
+        spark, small_prepared, tmp_path, capsys):
+    """Training, scoring and evaluation refuse it in one line, whatever the shard's size, before
+    any work: no Ray job, model or recommendation file is needed to get there."""
+    from evaluation import evaluate, score
+    from training import train
+
+    copy, shard = large_shard_flipped_where_it_decodes(small_prepared, tmp_path)
+    line = f"error: --data {copy}: {shard} is corrupt: its CRC-32 is {crc(copy / shard)}"
+    out = tmp_path / "out"
+    for main, argv in (
+            (train.main, ["--data", str(copy), "--model", "puresvd", "--runs-dir", str(out)]),
+            (score.main, ["--model", str(out / "none.pt"), "--data", str(copy),
+                          "--output", str(out / "recs")]),
+            (evaluate.main, ["--recs", str(out / "recs"), "--data", str(copy),
+                             "--output", str(out / "eval")])):
+        assert main(argv) == 2, main.__module__
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: ")]
+        assert len(err) == 1 and err[0].startswith(line), (main.__module__, err)
+    assert not out.exists()
 
 
 @pytest.mark.spark
