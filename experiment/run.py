@@ -194,9 +194,9 @@ def connect(cfg: ExperimentConfig, models: list[str], mlflow_uri: str | None,
 
     uri = tracking.tracking_uri(mlflow_uri)
     tracking.check_reachable(uri)
-    apply_ray_env()
+    address = join_address(ray_address)
+    apply_ray_env(address)
     if not ray.is_initialized():
-        address = join_address(ray_address)
         # a local Ray keeps a CPU beyond the trial's workers for Ray Data, as train.py's does
         ray.init(address=address, log_to_driver=True) if address else ray.init(
             num_cpus=local_cpus(cfg.num_workers, cfg.cpus_per_worker), log_to_driver=True)

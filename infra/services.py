@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime.raycluster import ray_env
+from runtime.raycluster import LOOPBACK_ENV, ray_env
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's console scripts: mlflow, ray, spark-submit
@@ -240,8 +240,9 @@ def start_ray_head(temp_dir: Path, port: int, dashboard_port: int, num_cpus: int
            *ray_side_ports(avoid=(port, dashboard_port)),
            "--include-dashboard", "true", "--disable-usage-stats"]
     # the job server runs `python ...` entry points: this venv's python first on PATH; the jobs'
-    # drivers inherit the head's token settings
-    # drivers inherit the head's token settings, and the project's Ray settings (ray_env)
+    # drivers inherit the head's token settings and the project's Ray settings (ray_env); the
+    # head stays on loopback (LOOPBACK_ENV, which its clients need too: recorded with the token)
+    auth = {**auth, **LOOPBACK_ENV}
     env = {**auth, **ray_env(), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     url = f"http://127.0.0.1:{dashboard_port}"
     proc, dog = _start(cmd, log, url + "/api/version", timeout, env, owner)

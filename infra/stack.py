@@ -43,8 +43,9 @@ class Running:
     url: str        # MLflow's tracking URI; Ray's dashboard / job server
     address: str    # Ray's GCS address; MLflow's URL again
     log: str
-    # what a client needs in its environment (Ray's token mode and token file; an inline
-    # RAY_AUTH_TOKEN of the user's environment is not written here)
+    # what a client needs in its environment (Ray's token mode and token file, and for a head on
+    # loopback raycluster.LOOPBACK_ENV; an inline RAY_AUTH_TOKEN of the user's environment is not
+    # written here)
     env: dict[str, str] = field(default_factory=dict)
     owner: int | None = None     # the pid it stops with (its watchdog's); None: the user's
     watchdog: int | None = None
@@ -178,7 +179,7 @@ def start(*, ray_port: int = 6379, dashboard_port: int = 8265, num_cpus: int | N
             svc = services.start_ray_head(ray_temp_dir(state), ray_port, dashboard_port, cpus, auth,
                                           owner=owner)
             record["ray"] = Running("ray", os.getpgid(svc.proc.pid), svc.url, svc.address,
-                                    str(svc.log), {k: v for k, v in auth.items()
+                                    str(svc.log), {k: v for k, v in svc.env.items()  # + loopback
                                                    if k != "RAY_AUTH_TOKEN"}, owner, svc.watchdog,
                                     start_time(svc.proc.pid))
             started.append("ray")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,15 +28,41 @@ STALL_SECONDS = 60.0  # no epoch by then: say what the run waits for
 RAY_ENV = {"RAY_DATA_PARQUET_FOOTER_NUM_ACTORS": "2", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25"}
 
 
+# A Ray on one machine (the local stack's head, a driver's own local Ray) on loopback only. Ray
+# 2.60 binds its GCS, raylet and worker gRPC servers to 127.0.0.1 only when the node's IP is
+# 127.0.0.1, and on Linux it resolves "127.0.0.1" to the machine's first interface (its
+# multi-node default): `ray start --node-ip-address 127.0.0.1` alone left them listening on every
+# interface. This variable, Ray's switch for single-machine Windows and macOS, keeps the node on
+# loopback; a driver joining such a head needs it too (without it, it looks for a raylet on the
+# machine's address and waits), and Ray's job drivers inherit it from the head.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
 def ray_env() -> dict[str, str]:
     """``RAY_ENV`` with the caller's own exports in place of the defaults."""
     return {k: os.environ.get(k, v) for k, v in RAY_ENV.items()}
 
 
-def apply_ray_env() -> None:
+def on_loopback(address: str | None) -> bool:
+    """Whether a driver of ``address`` (None: a local Ray it starts itself) is on one machine's
+    loopback, where ``LOOPBACK_ENV`` applies."""
+    return address is None or address.rsplit(":", 1)[0] in LOOPBACK_HOSTS
+
+
+def apply_ray_env(address: str | None = None) -> None:
     """Put ``ray_env()`` into this process's environment: read where the datasets are planned
-    (the driver), and inherited by a local Ray this process starts."""
+    (the driver), and inherited by a local Ray this process starts; for a Ray on loopback
+    (``on_loopback``) also ``LOOPBACK_ENV``, unless the user exported its variable."""
     os.environ.update(ray_env())
+    if on_loopback(address):
+        for k, v in LOOPBACK_ENV.items():
+            os.environ.setdefault(k, v)
+        # Ray reads the variable once, when it is first imported: a driver that imported Ray
+        # already (the tests' session, a module above) gets the same value now
+        constants = sys.modules.get("ray._private.ray_constants")
+        if constants is not None and os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0":
+            constants.ENABLE_RAY_CLUSTER = False
 
 
 def join_address(explicit: str | None) -> str | None:

@@ -125,6 +125,7 @@ def local_stack(tmp_path_factory):
     import ray
 
     from infra import services, stack
+    from runtime.raycluster import apply_ray_env
 
     base = tmp_path_factory.mktemp("stack")
     config = base / "server.json"
@@ -138,6 +139,7 @@ def local_stack(tmp_path_factory):
                              owner=os.getpid())
         # the session's clients (this driver, ray job submit in tests) use the stack's own token
         os.environ.update(stack.client_env(record))
+        apply_ray_env(record["ray"].address)  # a driver of a head on loopback (LOOPBACK_ENV)
         ray.init(address=record["ray"].address, log_to_driver=True)
         stop_stack_on_sigterm(state)  # again: ray.init puts its own fatal-signal handler in place
         yield SimpleNamespace(state=state, mlflow_config=config, services=record)

@@ -222,7 +222,7 @@ def start_ray(cfg: TrainConfig, address: str | None) -> float:
     import ray
 
     address = join_address(address)
-    apply_ray_env()
+    apply_ray_env(address)
     if not ray.is_initialized():
         if address:
             ray.init(address=address, log_to_driver=True)

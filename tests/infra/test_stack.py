@@ -60,6 +60,51 @@ def test_the_stack_runs_without_what_it_does_not_use(local_stack):
     assert environ(ray.pgid)["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.25"
 
 
+LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F",  # 127.0.0.1, IPv4 or mapped IPv6
+            "00000000000000000000000001000000"}  # ::1
+
+
+def listening(pgids: set[int]) -> dict[str, set[str]]:
+    """Every TCP socket listening in a process of the groups ``pgids`` (a Ray head's raylet
+    starts its workers in its group): program name -> the local addresses (hex, as
+    /proc/net/tcp{,6} writes them, with the port)."""
+    inodes: dict[str, str] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getpgid(int(pid)) not in pgids:
+                continue
+            name = open(f"/proc/{pid}/comm").read().strip()
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes[link[8:-1]] = name
+        except OSError:  # gone meanwhile
+            continue
+    found: dict[str, set[str]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                found.setdefault(inodes[fields[9]], set()).add(fields[1])
+    return found
+
+
+def test_the_stack_listens_on_loopback_only(local_stack, ray_head):
+    """Every listening socket of the stack's processes (MLflow, the Ray head's GCS, raylet,
+    dashboard and agents, and the Ray workers) is on 127.0.0.1: Ray's own default left its gRPC
+    servers on every interface (runtime.raycluster.LOOPBACK_ENV)."""
+    import ray
+
+    assert ray.get(ray.remote(lambda: 1).remote()) == 1  # a worker is up, listening too
+    groups = {svc.pgid for svc in local_stack.services.values()}
+    found = listening(groups)
+    assert {"gcs_server", "raylet"} <= set(found) and len(found) >= 4, found
+    outside = {name: {a for a in addrs if a.rsplit(":", 1)[0] not in LOOPBACK}
+               for name, addrs in found.items()}
+    assert not any(outside.values()), outside
+    assert environ(local_stack.services["ray"].pgid)["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+
+
 def test_the_users_own_ray_settings_win(monkeypatch):
     from runtime import raycluster
 
@@ -152,6 +197,7 @@ def test_the_stack_starts_on_a_fresh_machine_with_an_empty_home(tmp_path):
         assert stat.S_IMODE(token.stat().st_mode) == 0o600 and len(token.read_text()) == 64
         exports = dict(re.findall(r"^export (\w+)=(\S+)$", out.stdout, re.M))
         assert exports["RAY_AUTH_TOKEN_PATH"] == str(token) and exports["RAY_AUTH_MODE"] == "token"
+        assert exports["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"  # a driver joins on loopback
         assert re.search(r"joins with --ray-address 127\.0\.0\.1:\d+\)$", out.stdout, re.M)
         assert subprocess.run([*cli, "status", *where], cwd=ROOT, env=env).returncode == 0
         # the user's stack: no owner and no watchdog, it runs until `stop`
