@@ -66,6 +66,23 @@ def train_cmd(data: Path, out: Path, name: str, mlflow_uri: str, *extra: str) ->
             "--runs-dir", str(out), "--run-name", name, "--mlflow-uri", mlflow_uri, *extra]
 
 
+def registered_epoch(run_dir: Path, at_least: int, timeout: float = 120.0) -> int:
+    """The epoch of the latest checkpoint Ray Train's controller has registered for ``run_dir``
+    (its ``checkpoint_manager_snapshot.json``), once it is ``at_least``; waits on the file."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            latest = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())[
+                "latest_checkpoint_result"]
+            if latest["metrics"]["epoch"] >= at_least and \
+                    (run_dir / latest["checkpoint_dir_name"]).is_dir():
+                return latest["metrics"]["epoch"]
+        except (OSError, ValueError, KeyError, TypeError):  # not written yet, or mid-write
+            pass
+        assert time.monotonic() < deadline, f"no checkpoint of epoch {at_least}+ in {run_dir}"
+        time.sleep(0.05)
+
+
 def test_mlflow_killed_during_training_loses_no_run(small_prepared, ray_head, tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -129,7 +146,9 @@ def test_ray_head_killed_then_a_rerun_resumes_from_the_last_checkpoint(small_pre
     job = Streamed(cmd, env)
     try:
         job.wait_for(r"epoch +3\b")
-        time.sleep(2)  # let epoch 3's checkpoint register (the controller polls every 0.25 s)
+        # the kill must come after Ray Train has registered a checkpoint of epoch 2 or later
+        # (what the resume below starts from): its controller records it in the run's snapshot
+        registered_epoch(tmp_path / "runs" / "head-fault", at_least=2)
         os.killpg(os.getpgid(head.proc.pid), signal.SIGKILL)  # the head crashes
         rc = job.finish(timeout=300)
     finally:

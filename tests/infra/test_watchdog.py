@@ -54,14 +54,49 @@ OWNER = textwrap.dedent("""
 
 
 def start_owner(tmp_path, kind: str, release: bool = False) -> tuple[subprocess.Popen, int, int]:
-    """The owner process, once its service answers: (owner, the service's pgid, its port)."""
+    """The owner process, once its service answers: (owner, the service's pgid, its port); its
+    watchdog's pid is ``WATCHDOGS[owner.pid]``."""
     owner = subprocess.Popen([sys.executable, "-c", OWNER, kind, str(tmp_path / kind),
                               "release" if release else "keep", STUBBORN],
                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
     line = owner.stdout.readline()
     assert line, f"the owner exited ({owner.wait()}) before its {kind} service answered"
-    pgid, port, _ = line.split()
+    pgid, port, dog = line.split()
+    WATCHDOGS[owner.pid] = int(dog)
     return owner, int(pgid), int(port)
+
+
+WATCHDOGS: dict[int, int] = {}  # owner pid -> its watchdog's pid
+
+
+def watching(pgid: int) -> list[int]:
+    """The pids of live watchdogs of process group ``pgid`` (``infra.watchdog --pgid PGID``)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"infra.watchdog" in args and str(pgid).encode() in args:
+            found.append(int(pid))
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not yet collected, does not)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_until(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def wait_gone(pgid: int, seconds: float) -> bool:
@@ -95,9 +130,11 @@ def test_a_released_service_outlives_its_owner(tmp_path):
     """What the demo does when it finishes: its stack stays up for the MLflow UI."""
     owner, pgid, _ = start_owner(tmp_path, "stub", release=True)
     try:
+        # released: its watchdog has exited (reaped by the owner), and no other watches the
+        # group, so nothing is left that could stop it when the owner ends
+        assert wait_until(lambda: not running(WATCHDOGS[owner.pid]) and watching(pgid) == [], 30)
         owner.kill()
         owner.wait()
-        time.sleep(3)  # a watchdog would have acted within a second of the owner's end
         assert services.group_alive(pgid)
     finally:
         services.stop_group(pgid, 1)

@@ -84,17 +84,38 @@ def test_local_spark_binds_driver_and_ui_to_loopback(spark):
 
 
 @pytest.mark.spark
-def test_a_long_spark_action_logs_its_progress(spark, caplog):
+def test_a_long_spark_action_logs_its_progress(spark, caplog, tmp_path):
+    """The action's tasks wait until the heartbeat has spoken of their stage (a marker file the
+    log handler writes): the test waits on that line, not on a guess of how long it takes."""
     import logging
-    import time
 
     from runtime.spark import heartbeat
 
+    marker = tmp_path / "heard"
+
+    class Heard(logging.Handler):
+        def emit(self, record):
+            if "tasks of 1 active stage(s)" in record.getMessage():
+                marker.touch()
+
+    def wait_for_marker(x, path=str(marker)):
+        import os
+        import time
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return x
+
     log = logging.getLogger("etl")
-    with caplog.at_level(logging.INFO, "etl"), heartbeat(spark, "slow count", log, every=0.3):
-        spark.sparkContext.parallelize(range(4), 4).map(lambda x: time.sleep(0.6) or x).count()
+    heard = Heard()
+    log.addHandler(heard)
+    try:
+        with caplog.at_level(logging.INFO, "etl"), heartbeat(spark, "slow count", log, every=0.3):
+            spark.sparkContext.parallelize(range(4), 4).map(wait_for_marker).count()
+    finally:
+        log.removeHandler(heard)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("slow count: ")]
-    assert lines and any("tasks of 1 active stage(s)" in ln for ln in lines), lines
+    assert marker.exists() and any("tasks of 1 active stage(s)" in ln for ln in lines), lines
 
 
 def test_loopback_settings_leave_what_the_user_configured(monkeypatch):

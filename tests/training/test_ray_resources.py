@@ -4,6 +4,7 @@ which after a minute instead of waiting in silence (``runtime.raycluster``)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -48,22 +49,43 @@ def test_the_experiment_refuses_trials_that_cannot_fit(monkeypatch, tmp_path):
     check_trial_fits(ExperimentConfig(data=str(tmp_path), num_workers=2), ["autorec"])
 
 
+def watchers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "ray-start-watch"]
+
+
 def test_a_run_without_progress_says_what_it_waits_for_until_it_progresses():
-    said, progressed = [], []
-    with rc.watch_start(lambda waited: f"waiting {waited:.1f}", lambda: bool(progressed),
-                        after=0.3, every=0.3, say=said.append):
-        time.sleep(1.0)
-        assert len(said) >= 2 and said[0].startswith("waiting 0.")
+    """Synchronised on the watch's own calls, not on sleeps: it speaks while nothing progresses,
+    and its thread ends at the first progress (so it can say nothing more)."""
+    said, spoke_twice, ended = [], threading.Event(), threading.Event()
+    progressed = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        if len(said) >= 2:
+            spoke_twice.set()
+
+    def progress() -> bool:
+        if progressed:
+            ended.set()
+        return bool(progressed)
+
+    with rc.watch_start(lambda waited: f"waiting {waited:.1f}", progress, after=0.1, every=0.1,
+                        say=say):
+        assert spoke_twice.wait(30)
+        assert said[0].startswith("waiting 0.")
         progressed.append(True)  # an epoch finished: the watch ends
-        time.sleep(0.7)
+        assert ended.wait(30)
+        for t in watchers():
+            t.join(30)
+        assert not watchers()
         n = len(said)
-        time.sleep(0.7)
-        assert len(said) == n
+    assert len(said) == n and n >= 2
     quiet = []
     with rc.watch_start(lambda w: "never", lambda: False, after=5, say=quiet.append):
         pass  # a run that ends before the minute says nothing
-    time.sleep(0.1)
-    assert quiet == []
+    for t in watchers():
+        t.join(30)
+    assert not watchers() and quiet == []
 
 
 @pytest.mark.ray
