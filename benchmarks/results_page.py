@@ -187,6 +187,17 @@ def fold_in_speed(d: dict) -> list[str]:
                   for r in d["results"]])
 
 
+def verify_cost(d: dict) -> list[str]:
+    data = d["data"]
+    return table(["data", "open, checked", "open, 1 thread", "open, unchecked", "reading the rows",
+                  "zlib.crc32 a core", "memory read a core"],
+                 [[f"{data['shape']}: {data['files']} files, {data['bytes'] / 2**30:.2f} GiB",
+                   f"{num(d['open_s'], 2)} s ({d['verify_threads']} threads)",
+                   f"{num(d['open_1_thread_s'], 2)} s", f"{num(d['open_without_checksums_s'], 3)} s",
+                   f"{num(d['read_rows_s'], 1)} s", f"{num(d['crc32_gbps'], 2)} GB/s",
+                   f"{num(d['memory_read_gbps'], 1)} GB/s"]])
+
+
 def fresh_clone(d: dict) -> list[str]:
     def last_line(s: dict) -> str:
         text = s.get("summary", "").strip("= ")
@@ -362,7 +373,7 @@ HEADLINES: dict[str, Callable[[dict], list[str]]] = {
     "peruser_step_speed": peruser_step_speed, "projection": projection,
     "quality_ml100k": quality_ml100k, "score_throughput": score_throughput,
     "train_throughput": train_throughput, "tune_defaults": tune_defaults,
-    "validation_speed": validation_speed, "yahoo_scale": yahoo_scale,
+    "validation_speed": validation_speed, "verify_cost": verify_cost, "yahoo_scale": yahoo_scale,
 }
 
 

@@ -61,6 +61,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "fold_in": ("benchmarks/fold_in.py", "benchmarks/tune_defaults.py", "models/peruser.py",
                 "models/bpr.py", "models/cml.py", "models/cdae.py", "models/topk.py", *TRAINING),
     "fold_in_speed": ("benchmarks/fold_in_speed.py", "models/peruser.py"),
+    "verify_cost": ("benchmarks/verify_cost.py", "prepared/reader.py", "prepared/files.py"),
     # the install, the demo and the whole suite: the tests' own changes move the suite's time
     "fresh_clone": ("benchmarks/fresh_clone.py", "Makefile", "pyproject.toml", "infra/demo.py",
                     "tests", ".ci"),
