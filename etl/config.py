@@ -75,19 +75,23 @@ class DatasetSpec:
     positive: str        # default --positive rule
     split: str           # time | random | given
     header: str | None = None
+    # the publisher's rating scale (lowest, highest): a rating outside it is a counted bad line
+    # (99 on MovieLens' 1..5 was a positive under '>3'); None where there is none to check
+    # (one-class data, a user's csv, Yahoo's 0..100 whose 255 has its own check)
+    scale: tuple[float, float] | None = None
 
 
 _L = LAYOUTS
 DATASETS: dict[str, DatasetSpec] = {
-    "ml-100k": DatasetSpec(_L["tsv4"], ("u.data",), ">3", "time"),
+    "ml-100k": DatasetSpec(_L["tsv4"], ("u.data",), ">3", "time", scale=(1, 5)),
     "ml-latest-small": DatasetSpec(_L["movielens-csv"], ("ratings.csv",), ">3", "time",
-                                   header="userId,movieId,rating,timestamp"),
+                                   header="userId,movieId,rating,timestamp", scale=(0.5, 5)),
     "ml-20m": DatasetSpec(_L["movielens-csv"], ("ratings.csv",), ">3", "time",
-                          header="userId,movieId,rating,timestamp"),
+                          header="userId,movieId,rating,timestamp", scale=(0.5, 5)),
     "netflix": DatasetSpec(_L["netflix"], ("training_set/mv_*.txt", "combined_data_*.txt"), ">3",
-                           "time"),
+                           "time", scale=(1, 5)),
     "goodbooks": DatasetSpec(_L["goodbooks"], ("ratings.csv",), ">=3", "random",
-                             header="user_id,book_id,rating"),
+                             header="user_id,book_id,rating", scale=(1, 5)),
     # The authors' code let 255 ("never play again") through a >= 80 filter; protocol.md does not.
     "yahoo-r1": DatasetSpec(_L["yahoo"], ("ydata-ymusic-user-artist-ratings-v1_0.txt",), "80..100",
                             "random"),

@@ -360,11 +360,28 @@ def parse(spark: SparkSession, cfg: ETLConfig, files: list[str],
           labels: dict[str, str] | None = None) -> DataFrame:
     """Parsed lines of ``files`` for ``cfg.dataset``'s layout (see the module docstring);
     ``labels``: the split each file was given (``labelled_inputs``), else None."""
-    parsed = _checked_ids(_parse_layout(spark, cfg, files))
+    parsed = _checked_scale(_checked_ids(_parse_layout(spark, cfg, files)), cfg)
     if "given" in parsed.columns:  # from --split-col
         return parsed
     return parsed.withColumn("given", _file_split(parsed, labels) if labels else
                              F.lit(None).cast("byte"))
+
+
+def _checked_scale(parsed: DataFrame, cfg: ETLConfig) -> DataFrame:
+    """Rows whose rating is outside the dataset's published scale (``DatasetSpec.scale``) become
+    counted bad lines: a 99 on MovieLens' 1..5 would pass '>3' as a positive."""
+    scale = cfg.spec.scale
+    if scale is None:
+        return parsed
+    low, high = scale
+    rating = F.col("rating")
+    error = F.when((F.col("kind") == "row") & rating.isNotNull()
+                   & ((rating < low) | (rating > high)),
+                   F.format_string(f"rating %s is outside {cfg.dataset}'s scale {low:g}..{high:g}; "
+                                   "fix the line, or read the file as --dataset csv (no scale)",
+                                   rating.cast("string")))
+    return (parsed.withColumn("error", F.coalesce(F.col("error"), error))
+            .withColumn("kind", F.when(error.isNotNull(), "bad").otherwise(F.col("kind"))))
 
 
 CONTROL = "[\\x00-\\x1f\\x7f]"  # (Java regex) C0 controls and DEL: invisible, and a NUL ends C strings

@@ -264,3 +264,22 @@ def test_ids_that_would_merge_or_split_silently_are_counted_bad_lines(spark, tmp
     assert said[4].startswith(f"{f}:10: item id '1e1' is a number written as a decimal")
     users = set(out.split.user_id)
     assert "01" in users and "1" in users and not any("\ufffd" in u or "." in u for u in users)
+
+
+def test_a_rating_outside_the_datasets_scale_is_a_counted_bad_line(spark, tmp_path):
+    """MovieLens-100K rates 1..5: a 99 (another scale's, or a typo) used to pass '>3' as a
+    positive, a 0 to be a negative; both are bad lines naming the scale and the fix."""
+    f = tmp_path / "u.data"
+    lines = u_data(CLEAN).splitlines()
+    lines[1] = "1\t11\t99\t101"
+    lines[4] = "2\t10\t0\t100"
+    f.write_text("\n".join(lines) + "\n")
+    out = prepare(spark, tmp_path / "out", dataset="ml-100k", input=(str(f),), max_bad_rows=0.5,
+                  negatives=3, cold_users=0.0)
+    c = out.manifest["counts"]
+    assert c["lines"]["bad"] == 2 and c["rows"] == len(CLEAN) - 2
+    assert c["bad_row_examples"][0].startswith(
+        f"{f}:2: rating 99.0 is outside ml-100k's scale 1..5; fix the line, or read the file as "
+        "--dataset csv (no scale)")
+    assert c["bad_row_examples"][1].startswith(f"{f}:5: rating 0.0 is outside ml-100k's scale")
+    assert ("1", "11") not in set(zip(out.split.user_id, out.split.item_id))
