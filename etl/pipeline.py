@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 
 from etl import passes
 from etl.config import ETLConfig, PositiveRule
-from etl.sources import parse
+from etl.sources import mark_bad, parse
 from etl.synthetic import synthetic_rows
 from prepared import protocol
 from prepared import schema as S
@@ -64,9 +64,8 @@ def _yahoo_checks(parsed: DataFrame) -> DataFrame:
     """Yahoo R1 ratings are integers 0-100, or 255 ("never play again"); anything else is bad."""
     r = F.col("rating")
     invalid = (F.col("kind") == "row") & ~(((r >= 0) & (r <= 100) & (r == F.floor(r))) | (r == 255))
-    return parsed.withColumn("error", F.when(invalid, F.format_string(
-        "rating %s in column 3 is not an integer in 0-100 or 255", F.col("rating").cast("string")))
-        .otherwise(F.col("error"))).withColumn("kind", F.when(invalid, "bad").otherwise(F.col("kind")))
+    return mark_bad(parsed, F.when(invalid, F.format_string(
+        "rating %s in column 3 is not an integer in 0-100 or 255", F.col("rating").cast("string"))))
 
 
 # Ids in this canonical integer form survive string -> long -> string unchanged, so the pipeline

@@ -367,6 +367,13 @@ def parse(spark: SparkSession, cfg: ETLConfig, files: list[str],
                              F.lit(None).cast("byte"))
 
 
+def mark_bad(parsed: DataFrame, error: Column) -> DataFrame:
+    """``parsed`` with the rows where ``error`` (null elsewhere; it should test ``kind == 'row'``)
+    is set made bad lines with that message: what every check after parsing adds."""
+    return (parsed.withColumn("error", F.coalesce(F.col("error"), error))
+            .withColumn("kind", F.when(error.isNotNull(), "bad").otherwise(F.col("kind"))))
+
+
 def _checked_scale(parsed: DataFrame, cfg: ETLConfig) -> DataFrame:
     """Rows whose rating is outside the dataset's published scale (``DatasetSpec.scale``) become
     counted bad lines: a 99 on MovieLens' 1..5 would pass '>3' as a positive."""
@@ -380,8 +387,7 @@ def _checked_scale(parsed: DataFrame, cfg: ETLConfig) -> DataFrame:
                    F.format_string(f"rating %s is outside {cfg.dataset}'s scale {low:g}..{high:g}; "
                                    "fix the line, or read the file as --dataset csv (no scale)",
                                    rating.cast("string")))
-    return (parsed.withColumn("error", F.coalesce(F.col("error"), error))
-            .withColumn("kind", F.when(error.isNotNull(), "bad").otherwise(F.col("kind"))))
+    return mark_bad(parsed, error)
 
 
 CONTROL = "[\\x00-\\x1f\\x7f]"  # (Java regex) C0 controls and DEL: invisible, and a NUL ends C strings
@@ -411,8 +417,7 @@ def _checked_ids(parsed: DataFrame) -> DataFrame:
                 f"{role} id '%s' is a number written as a decimal; write ids as whole numbers "
                 "(1, not 1.0) or as text", v))]
     error = F.when(F.col("kind") == "row", _first_error(*checks))
-    return (parsed.withColumn("error", F.coalesce(F.col("error"), error))
-            .withColumn("kind", F.when(error.isNotNull(), "bad").otherwise(F.col("kind"))))
+    return mark_bad(parsed, error)
 
 
 def _file_split(parsed: DataFrame, labels: dict[str, str]) -> Column:

@@ -22,6 +22,19 @@ def u_data(rows, sep="\t", end="\n"):
     return end.join(sep.join(str(v) for v in r) for r in rows) + end
 
 
+def with_lines(spark, tmp_path, changed: dict[int, str], max_bad_rows: float):
+    """``CLEAN`` as ml-100k's u.data with the lines ``changed`` (0-based) replaced, through the
+    ETL: (the file, the prepared output, its manifest's counts)."""
+    f = tmp_path / "u.data"
+    lines = u_data(CLEAN).splitlines()
+    for i, line in changed.items():
+        lines[i] = line
+    f.write_text("\n".join(lines) + "\n")
+    out = prepare(spark, tmp_path / "out", dataset="ml-100k", input=(str(f),),
+                  max_bad_rows=max_bad_rows, negatives=3, cold_users=0.0)
+    return f, out, out.manifest["counts"]
+
+
 def siblings(path: Path):
     return sorted(p.name for p in path.parent.iterdir())
 
@@ -85,13 +98,7 @@ def test_malformed_rows_over_the_limit_fail_with_file_line_and_fix(spark, tmp_pa
 
 
 def test_malformed_rows_under_the_limit_are_skipped_and_counted(spark, tmp_path):
-    f = tmp_path / "u.data"
-    lines = u_data(CLEAN).splitlines()
-    lines[2] = "1\t12\t4"
-    f.write_text("\n".join(lines) + "\n")
-    out = prepare(spark, tmp_path / "out", dataset="ml-100k", input=(str(f),), max_bad_rows=0.1,
-                  negatives=3, cold_users=0.0)
-    c = out.manifest["counts"]
+    f, out, c = with_lines(spark, tmp_path, {2: "1\t12\t4"}, max_bad_rows=0.1)
     assert c["lines"]["bad"] == 1 and c["rows"] == len(CLEAN) - 1
     assert c["bad_row_examples"][0].startswith(f"{f}:3: expected 4 fields")
     assert ("1", "12") not in set(zip(out.split.user_id, out.split.item_id))
@@ -99,14 +106,10 @@ def test_malformed_rows_under_the_limit_are_skipped_and_counted(spark, tmp_path)
 
 def test_a_rating_that_is_no_finite_number_is_a_counted_bad_line(spark, tmp_path):
     """inf, 1e999 (inf as a double) and NaN parse as numbers; inf used to become a positive."""
-    f = tmp_path / "u.data"
-    lines = u_data(CLEAN).splitlines()
-    for i, bad in ((1, "inf"), (3, "1e999"), (5, "NaN")):
-        lines[i] = "\t".join([*lines[i].split("\t")[:2], bad, lines[i].split("\t")[3]])
-    f.write_text("\n".join(lines) + "\n")
-    out = prepare(spark, tmp_path / "out", dataset="ml-100k", input=(str(f),), max_bad_rows=0.5,
-                  negatives=3, cold_users=0.0)
-    c = out.manifest["counts"]
+    clean = u_data(CLEAN).splitlines()
+    f, out, c = with_lines(spark, tmp_path, {
+        i: "\t".join([*clean[i].split("\t")[:2], bad, clean[i].split("\t")[3]])
+        for i, bad in ((1, "inf"), (3, "1e999"), (5, "NaN"))}, max_bad_rows=0.5)
     assert c["lines"]["bad"] == 3 and c["rows"] == len(CLEAN) - 3
     assert c["bad_row_examples"][0].startswith(
         f"{f}:2: rating 'inf' in column 3 is not a finite number")
@@ -269,14 +272,8 @@ def test_ids_that_would_merge_or_split_silently_are_counted_bad_lines(spark, tmp
 def test_a_rating_outside_the_datasets_scale_is_a_counted_bad_line(spark, tmp_path):
     """MovieLens-100K rates 1..5: a 99 (another scale's, or a typo) used to pass '>3' as a
     positive, a 0 to be a negative; both are bad lines naming the scale and the fix."""
-    f = tmp_path / "u.data"
-    lines = u_data(CLEAN).splitlines()
-    lines[1] = "1\t11\t99\t101"
-    lines[4] = "2\t10\t0\t100"
-    f.write_text("\n".join(lines) + "\n")
-    out = prepare(spark, tmp_path / "out", dataset="ml-100k", input=(str(f),), max_bad_rows=0.5,
-                  negatives=3, cold_users=0.0)
-    c = out.manifest["counts"]
+    f, out, c = with_lines(spark, tmp_path, {1: "1\t11\t99\t101", 4: "2\t10\t0\t100"},
+                           max_bad_rows=0.5)
     assert c["lines"]["bad"] == 2 and c["rows"] == len(CLEAN) - 2
     assert c["bad_row_examples"][0].startswith(
         f"{f}:2: rating 99.0 is outside ml-100k's scale 1..5; fix the line, or read the file as "
