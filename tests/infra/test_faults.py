@@ -132,11 +132,13 @@ def test_ray_head_killed_then_a_rerun_resumes_from_the_last_checkpoint(small_pre
     from infra.services import free_ports, group_alive, ray_token, start_ray_head, stop
     from infra.submit import ray_job_submit
 
-    # more epochs than the others: the head must die mid-run, and an epoch here takes well under
-    # a second while the epoch line reaches this test seconds late (12 epochs could all be done)
-    epochs = 40
-    args = train_cmd(small_prepared, tmp_path / "runs", "head-fault", mlflow_server.url,
-                     "--epochs", str(epochs), "--patience", str(epochs))
+    # the head must die mid-run, and an epoch here takes well under a second while the epoch
+    # line reaches this test seconds late: rank 0 waits at the start of epoch 4 (once per run
+    # directory, training.faults.hold_rank0) until the head is killed; the rerun goes on
+    epochs = 8
+    args = ["NCE_TEST_HOOK=training.faults:hold_rank0:3",  # the job's shell sets it
+            *train_cmd(small_prepared, tmp_path / "runs", "head-fault", mlflow_server.url,
+                       "--epochs", str(epochs), "--patience", str(epochs))]
     # Ray's unix sockets live under its temp dir: keep the path short (107-byte limit)
     short = Path(tempfile.mkdtemp(prefix="nce-rf-"))
     auth = ray_token(short)
@@ -157,6 +159,8 @@ def test_ray_head_killed_then_a_rerun_resumes_from_the_last_checkpoint(small_pre
     assert not group_alive(head.proc.pid)
     record = json.loads((tmp_path / "runs" / "head-fault" / "run.json").read_text())
     assert "summary" not in record  # interrupted, not finished
+    assert "held rank 0 at the start of epoch 4" in (
+        tmp_path / "runs" / "head-fault" / "held.txt").read_text()
 
     shutil.rmtree(short, ignore_errors=True)
     # the same command on another head (the session's, which no longer knows the run: all it
