@@ -63,16 +63,12 @@ def two_workers(small_prepared, ray_head, mlflow_server, runs_dir) -> dict:
     resumes from epoch 2's checkpoint. What the tests below read of a two-worker run (exact
     validation, every epoch logged once, the ranks' shares) must hold after a resume too, and one
     run less is ~35 s of the suite."""
-    import os
-
     from training.hooks import ENV
 
-    os.environ[ENV] = "training.faults:kill_a_rank:2"  # rank 1, once
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # a module's fixture has no monkeypatch
+        mp.setenv(ENV, "training.faults:kill_a_rank:2")  # rank 1, once
         return run(config(small_prepared, runs_dir, run_name="two", max_failures=2,
                           lr=SHARED_LR), mlflow_server.url)
-    finally:
-        del os.environ[ENV]
 
 
 def load_model(path: str) -> AutoRec:
