@@ -48,6 +48,7 @@ from runtime.atomic import write_bytes
 from runtime.cli import config_yaml, flag_of, stage_parser, values
 from runtime.logs import no_bars_in_logs
 from runtime.raycluster import (
+    apply_one_node_env,
     apply_ray_env,
     check_fits,
     drop_checkpoints,
@@ -230,6 +231,7 @@ def start_ray(cfg: TrainConfig, address: str | None) -> float:
             ray.init(num_cpus=local_cpus(cfg.num_workers, cfg.cpus_per_worker), log_to_driver=True)
     from training.loop import quiet_ray_logs
     quiet_ray_logs()
+    apply_one_node_env(sum(1 for n in ray.nodes() if n["Alive"]))
     res = ray.cluster_resources()
     cpw = worker_cpus(cfg.num_workers, cfg.cpus_per_worker, res.get("CPU", 0))
     check_fits(cfg.num_workers, cpw, use_gpu=cfg.use_gpu, resources=res,

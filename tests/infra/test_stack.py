@@ -117,6 +117,19 @@ def test_the_users_own_ray_settings_win(monkeypatch):
     assert os.environ["RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"] == "16"
 
 
+def test_a_one_node_cluster_runs_no_preemption_watcher_unless_the_user_asks(monkeypatch):
+    from runtime import raycluster
+
+    monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", raising=False)
+    raycluster.apply_one_node_env(3)  # several nodes: a drained one is worth watching for
+    assert "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER" not in os.environ
+    raycluster.apply_one_node_env(1)
+    assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
+    monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1")
+    raycluster.apply_one_node_env(1)
+    assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "1"
+
+
 def test_a_taken_port_is_refused_with_the_port_and_the_fix(local_stack, tmp_path):
     port = int(local_stack.services["mlflow"].url.rsplit(":", 1)[1])
     config = tmp_path / "server.json"

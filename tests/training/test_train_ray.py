@@ -159,6 +159,17 @@ def test_validation_is_shared_out_evenly_between_the_ranks(two_workers, mlflow_s
     assert len(shares) == EPOCHS and all(0.5 <= s <= 0.6 for s in shares), shares
 
 
+def test_a_run_on_one_node_starts_no_preemption_watcher(two_workers, ray_head):
+    """The session's head is one node: Ray Train's watcher of node drains, an actor of its own
+    per run, is not started (runtime.raycluster.ONE_NODE_ENV), while the run's other actors
+    are."""
+    from ray.util.state import list_actors
+
+    classes = {a.class_name for a in list_actors(limit=10_000, raise_on_missing_output=False)}
+    assert {"TrainController", "RayTrainWorker"} <= classes, classes
+    assert "PreemptionWatcher" not in classes, classes
+
+
 def test_a_validation_sample_reads_only_its_users(small_prepared, ray_head):
     from training.feed import in_valid_sample, valid_dataset
 
