@@ -45,7 +45,7 @@ from urllib.parse import urlparse
 from etl.config import DATASETS as ETL_DATASETS
 from prepared.errors import UsageError
 from runtime.atomic import atomic_output, temporary_sibling, write_text
-from runtime.cli import add_version
+from runtime.cli import strict_parser
 
 CHUNK = 1 << 20
 SUMS = "SHA256SUMS"
@@ -526,12 +526,11 @@ def listing(registry: dict[str, Dataset] | None = None) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m etl.fetch", allow_abbrev=False,
+    p = strict_parser(
+        prog="python -m etl.fetch",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
         epilog="Datasets:\n" + listing() + "\n\n" + "\n\n".join(__doc__.split("\n\n")[3:]))
-    add_version(p)
     p.add_argument("name", nargs="?", help="dataset to fetch (see --list)")
     p.add_argument("--list", action="store_true", help="list the datasets and exit")
     p.add_argument("--cache", metavar="DIR",

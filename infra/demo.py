@@ -41,6 +41,7 @@ from infra.submit import ray_job_submit, spark_submit
 from prepared.protocol import TOP_K
 from runtime import runs
 from runtime.atomic import write_text
+from runtime.cli import strict_parser
 from runtime.runs import RUN_RECORD, summary_line, summary_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,9 +219,9 @@ def write_results(folder: Path, evaluation: Path, summaries: dict, counts: dict,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = strict_parser(prog="python -m infra.demo", description=__doc__.split("\n\n")[0],
+                      formatter_class=argparse.RawDescriptionHelpFormatter,
+                      epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--var", default=str(ROOT / "var"), help="where outputs go (default ./var)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--redo", action="store_true", help="redo every step even if its output exists")

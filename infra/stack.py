@@ -30,6 +30,7 @@ from pathlib import Path
 from infra import services
 from infra.watchdog import start_time, stop_groups
 from runtime.atomic import write_text
+from runtime.cli import strict_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 MLFLOW_CONFIG = ROOT / "mlflow" / "server.json"
@@ -248,10 +249,11 @@ def status(state: Path = STATE, log=print) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m infra.stack", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("command", choices=["start", "status", "stop"])
+    p = strict_parser(prog="python -m infra.stack", description=__doc__.split("\n\n")[0],
+                      formatter_class=argparse.RawDescriptionHelpFormatter,
+                      epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("command", choices=["start", "status", "stop"],
+                   help="start both (reusing what runs and is healthy), show what runs, or stop both")
     p.add_argument("--ray-port", type=int, default=6379, help="Ray GCS port (default 6379)")
     p.add_argument("--dashboard-port", type=int, default=8265,
                    help="Ray dashboard and job server port (default 8265)")

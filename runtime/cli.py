@@ -246,6 +246,20 @@ class _ConfigFileParser(argparse.ArgumentParser):
 
     config_cls = None  # set by add_config_file
 
+    def error(self, message: str):
+        """One line and the fix, not argparse's full usage (30 lines for train.py) above the
+        message: a mistyped flag gets the flags it is closest to."""
+        lines = [f"{self.prog}: error: {message}"]
+        unknown = message.split("unrecognized arguments: ", 1)
+        if len(unknown) == 2:
+            for word in unknown[1].split():
+                close = close_flags(word, self._option_string_actions)
+                if close:
+                    lines.append(f"  {word.split('=', 1)[0]}: did you mean "
+                                 f"{' or '.join(close)}?")
+        lines.append(f"(`{self.prog} --help` lists every flag)")
+        self.exit(2, "\n".join(lines) + "\n")
+
     def parse_known_args(self, args=None, namespace=None):
         argv = sys.argv[1:] if args is None else list(args)
         path = _config_path(argv) if self.config_cls is not None else None
@@ -276,6 +290,17 @@ def add_config_file(parser: argparse.ArgumentParser, cls) -> None:
     parser.add_argument("--config", metavar="FILE", default=None,
                         help="read options from a YAML file (a run's config.yaml, or "
                              "`epochs: 20` lines); flags beside it win")
+
+
+def close_flags(word: str, flags) -> list[str]:
+    """The flags among ``flags`` that ``word`` (``--epoch``, ``--lamda=3``) most likely meant;
+    none for a value or a word far from every flag."""
+    import difflib
+
+    if not word.startswith("--"):
+        return []
+    return difflib.get_close_matches(word.split("=", 1)[0], [f for f in flags if f.startswith("--")],
+                                     n=2, cutoff=0.75)
 
 
 def _config_path(argv: list[str]) -> str | None:

@@ -240,7 +240,8 @@ def test_the_ray_address_a_driver_joins(monkeypatch):
 # -- --version, help text and messages (issue 29, CLI polish) -------------------------------------
 
 ENTRY_POINTS = [["etl/prepare.py"], ["training/train.py"], ["experiment/run.py"],
-                ["evaluation/score.py"], ["evaluation/evaluate.py"], ["-m", "etl.fetch"]]
+                ["evaluation/score.py"], ["evaluation/evaluate.py"], ["-m", "etl.fetch"],
+                ["-m", "infra.demo"], ["-m", "infra.stack"]]
 
 
 def test_every_entry_point_prints_its_version():
@@ -255,6 +256,36 @@ def test_every_entry_point_prints_its_version():
         # another commit may land in this checkout meanwhile: the form, not that very sha
         assert re.fullmatch(rf"nce-autorec {re.escape(version('nce-autorec'))} \(git [0-9a-f]{{7,}}\)",
                             out.strip()), (cmd, out)
+
+
+def test_a_mistyped_flag_gets_one_line_the_flags_it_meant_and_no_usage(capsys):
+    from training.train import build_parser
+
+    with pytest.raises(SystemExit) as stop:
+        build_parser().parse_args(["--data", "d", "--epoch", "3", "--lamda=2", "--zzz"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "training/train.py: error: unrecognized arguments: --epoch 3 --lamda=2 --zzz",
+        "  --epoch: did you mean --epochs?",
+        "  --lamda: did you mean --lam?",  # --zzz is near no flag: nothing guessed
+        "(`training/train.py --help` lists every flag)"]
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("infra.demo", ["--vra", "x"], "--vra: did you mean --var?"),
+    ("infra.stack", ["start", "--ray-prt", "1"], "--ray-prt: did you mean --ray-port?"),
+    # no prefix guessing: argparse's default reads --stat as --state (harmless with status)
+    ("infra.stack", ["status", "--stat", "/nonexistent"], "unrecognized arguments: --stat"),
+    ("etl.fetch", ["--lst"], "--lst: did you mean --list?"),
+])
+def test_the_tools_parse_flags_as_the_stages_do(module, argv, message, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit):
+        importlib.import_module(module).main(argv)
+    err = capsys.readouterr().err
+    assert message in err and "usage:" not in err
 
 
 def test_version_without_git_is_the_package_version_alone(monkeypatch):
