@@ -295,8 +295,6 @@ def add_config_file(parser: argparse.ArgumentParser, cls) -> None:
 def close_flags(word: str, flags) -> list[str]:
     """The flags among ``flags`` that ``word`` (``--epoch``, ``--lamda=3``) most likely meant;
     none for a value or a word far from every flag."""
-    import difflib
-
     if not word.startswith("--"):
         return []
     return difflib.get_close_matches(word.split("=", 1)[0], [f for f in flags if f.startswith("--")],
