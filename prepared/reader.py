@@ -122,6 +122,17 @@ def verify_files(where: str, fs: pafs.FileSystem, path: str, manifest: dict) -> 
     return len(chosen)
 
 
+RAW_SUFFIXES = (".csv", ".tsv", ".dat", ".txt", ".data", ".json", ".zip", ".gz")
+
+
+def raw_files(fs: pafs.FileSystem, path: str, shown: int = 3) -> list[str]:
+    """The first few files directly in ``path`` that look like a raw dataset's (text ratings,
+    an archive), by name: a prepared directory holds Parquet and a manifest, never these."""
+    names = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(path)) if i.is_file)
+    return [n for n in names if n.lower().endswith(RAW_SUFFIXES)
+            and not n.lower().startswith(("readme", "notice", "license"))][:shown]
+
+
 def open_prepared(uri: str) -> Prepared:
     """Check ``uri`` is a complete, intact prepared directory of this schema version (every
     file's size and CRC-32) and load its items."""
@@ -142,6 +153,13 @@ def open_prepared(uri: str) -> Prepared:
         raise UsageError(f"--data {uri}: not a directory; pass the ETL's --output directory")
     manifest_path = join(path, S.MANIFEST)
     if fs.get_file_info(manifest_path).type == pafs.FileType.NotFound:
+        raw = raw_files(fs, path)
+        if raw:  # the raw dataset itself: prepare it, into its own place (never into the raw folder)
+            name = path.rstrip("/").rsplit("/", 1)[-1]
+            raise UsageError(
+                f"--data {uri}: a raw dataset ({', '.join(raw)}), not a prepared one; prepare it "
+                f"with: spark-submit etl/prepare.py --dataset NAME --input {uri} --output "
+                f"var/data/{name}, then pass --data var/data/{name}")
         raise UsageError(f"--data {uri}: not a prepared dataset (no {S.MANIFEST}, which the ETL "
                          f"writes last: the directory is another kind or a half-written one); {hint}")
     with fs.open_input_stream(manifest_path) as f:

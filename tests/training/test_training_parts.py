@@ -412,6 +412,16 @@ def test_open_prepared_explains_what_is_wrong(tmp_path):
     (tmp_path / "half").mkdir()
     with pytest.raises(UsageError, match="not a prepared dataset \\(no manifest.json"):
         open_prepared(str(tmp_path / "half"))
+    # a raw folder is named as the ETL's input, with an output of its own under var/
+    raw = tmp_path / "ml-latest-small"
+    raw.mkdir()
+    for name in ("ratings.csv", "README.txt", "movies.csv"):
+        (raw / name).write_text("userId,movieId,rating,timestamp\n")
+    with pytest.raises(UsageError) as e:
+        open_prepared(str(raw))
+    assert (f"a raw dataset (movies.csv, ratings.csv), not a prepared one; prepare it with: "
+            f"spark-submit etl/prepare.py --dataset NAME --input {raw} --output "
+            f"var/data/ml-latest-small, then pass --data var/data/ml-latest-small") in str(e.value)
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "manifest.json").write_text(json.dumps({"schema_version": 0}))
     with pytest.raises(UsageError,
