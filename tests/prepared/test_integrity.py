@@ -1,6 +1,6 @@
 """Damaged data and a diverging run end in one line that says what is wrong: the manifest's CRC-32
 of each file names a shard damaged in place (its size unchanged), on open, under
-``python -m prepared.verify`` and when a Ray Data or Spark read of it fails; a loss that becomes NaN
+``python -m etl.verify`` and when a Ray Data or Spark read of it fails; a loss that becomes NaN
 stops training with its message. Every test damages a copy of the session's prepared ml-latest-small,
 never the shared fixture."""
 
@@ -87,12 +87,12 @@ def test_a_shard_damaged_in_place_is_named_in_one_line(small_prepared, tmp_path)
     assert "\n" not in str(e.value)
     with pytest.raises(UsageError, match=corrupt):
         verify(str(copy))
-    cli = subprocess.run([sys.executable, "-m", "prepared.verify", str(copy)], cwd=ROOT,
+    cli = subprocess.run([sys.executable, "-m", "etl.verify", str(copy)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert cli.returncode == 2 and cli.stdout == ""
     assert cli.stderr.count("\n") == 1 and cli.stderr.startswith(f"error: --data {copy}: {shard} "
                                                                  "is corrupt: its CRC-32 is ")
-    whole = subprocess.run([sys.executable, "-m", "prepared.verify", str(small_prepared)],
+    whole = subprocess.run([sys.executable, "-m", "etl.verify", str(small_prepared)],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     n = len(manifest_of(small_prepared)[CHECKSUMS])
     assert whole.returncode == 0, whole.stderr

@@ -241,7 +241,7 @@ def test_the_ray_address_a_driver_joins(monkeypatch):
 
 ENTRY_POINTS = [["etl/prepare.py"], ["training/train.py"], ["experiment/run.py"],
                 ["evaluation/score.py"], ["evaluation/evaluate.py"], ["-m", "etl.fetch"],
-                ["-m", "infra.demo"], ["-m", "infra.stack"]]
+                ["-m", "infra.demo"], ["-m", "infra.stack"], ["-m", "etl.verify"]]
 
 
 def test_every_entry_point_prints_its_version():
@@ -278,6 +278,7 @@ def test_a_mistyped_flag_gets_one_line_the_flags_it_meant_and_no_usage(capsys):
     # no prefix guessing: argparse's default reads --stat as --state (harmless with status)
     ("infra.stack", ["status", "--stat", "/nonexistent"], "unrecognized arguments: --stat"),
     ("etl.fetch", ["--lst"], "--lst: did you mean --list?"),
+    ("etl.verify", ["/nonexistent", "--verison"], "--verison: did you mean --version?"),
 ])
 def test_the_tools_parse_flags_as_the_stages_do(module, argv, message, capsys):
     import importlib
