@@ -11,9 +11,6 @@ any later shell, and a second ``start`` reuses a healthy stack instead of starti
 
 A stack started from the command line is yours: it runs until ``stop``. One that the demo or the
 test session starts for itself is stopped when that program ends, however it ends.
-
-For programs: ``start(owner=os.getpid())`` ties a stack to its owner's life through a watchdog,
-and ``release`` hands it over to the user. (This paragraph is left out of ``--help``.)
 """
 
 from __future__ import annotations
@@ -253,7 +250,7 @@ def status(state: Path = STATE, log=print) -> bool:
 def main(argv: list[str] | None = None) -> int:
     p = strict_parser(prog="python -m infra.stack", description=__doc__.split("\n\n")[0],
                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                      epilog=__doc__.split("\n\nFor programs:")[0].split("\n\n", 1)[1])
+                      epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("command", choices=["start", "status", "stop"],
                    help="start both (reusing what runs and is healthy), show what runs, or stop both")
     p.add_argument("--ray-port", type=int, default=6379, help="Ray GCS port (default 6379)")

@@ -75,4 +75,3 @@ def naming_damaged_files(uri: str) -> Iterator[None]:
         except UsageError as damaged:
             raise damaged from e
         raise
-
