@@ -21,8 +21,10 @@ def kill_a_rank(context: dict, epoch: str | None) -> None:
     if not marker.exists():
         marker.write_text(f"killed rank {rank} at the start of epoch {context['epoch'] + 1}\n")
         # let Ray Train's controller collect the last epoch's reports first (it polls the
-        # workers every 2 s): a worker dying mid-epoch, not mid-report, is the case to test
-        time.sleep(6)
+        # workers every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s by default and 0.25 s on the
+        # project's stack): a worker dying mid-epoch, not mid-report, is the case to test
+        interval = float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2"))
+        time.sleep(max(1.0, 3 * interval))
         os.kill(os.getpid(), signal.SIGKILL)
 
 

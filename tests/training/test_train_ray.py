@@ -297,7 +297,44 @@ def test_a_collapsed_run_is_tagged_warned_and_not_made_champion_silently(
     assert client.get_model_version_by_alias(name, "champion").tags["health"] == result["health"]
 
 
-def test_a_closed_form_model_trains_logs_and_scores_like_autorec(small_prepared, ray_head,
+@pytest.fixture(scope="module")
+def closed_form(small_prepared, ray_head, mlflow_server, runs_dir) -> dict:
+    """A PureSVD run whose name another process holds first: refused while the holder lives,
+    trained once it is killed (its lock left behind, as a killed run leaves it). One Ray run
+    serves the second-writer test and the closed-form test."""
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    from training.train import WRITER_LOCK
+
+    cfg = config(small_prepared, runs_dir, run_name="svd", model="puresvd", width=None, rank=32)
+    lock = runs_dir / "svd" / WRITER_LOCK
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from runtime.publish import WriterLock; "
+         "WriterLock.local(sys.argv[1], 'x').acquire(); print('held', flush=True); "
+         "sys.stdin.read()", str(lock)], cwd=ROOT, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UsageError) as refused:
+            run(cfg, mlflow_server.url)
+        client = MlflowClient(mlflow_server.url)
+        exp = client.get_experiment_by_name(cfg.experiment)
+        named = [] if exp is None else client.search_runs(
+            [exp.experiment_id], "attributes.run_name = 'svd'")
+    finally:
+        holder.kill()  # as a killed run: its lock stays behind
+        holder.wait()
+    stale = lock.exists()
+    return {"cfg": cfg, "refused": str(refused.value), "holder": holder.pid,
+            "mlflow_runs_while_refused": named, "lock_after_kill": stale,
+            "result": run(cfg, mlflow_server.url)}
+
+
+def test_a_closed_form_model_trains_logs_and_scores_like_autorec(closed_form, small_prepared,
                                                                 mlflow_server, runs_dir, spark,
                                                                 tmp_path):
     """PureSVD through the same entry point: fitted in a Ray task, its validation NDCG equal to a
@@ -307,8 +344,7 @@ def test_a_closed_form_model_trains_logs_and_scores_like_autorec(small_prepared,
 
     from evaluation.score import score
 
-    cfg = config(small_prepared, runs_dir, run_name="svd", model="puresvd", width=None, rank=32)
-    result = run(cfg, mlflow_server.url)
+    cfg, result = closed_form["cfg"], closed_form["result"]
     model = load_model(result["model_path"])
     assert model.name == "puresvd" and model.model_args() == {"n_items": model.n_items, "rank": 32}
     ndcg, recall, recs = reference_validation(model, warm_rows(small_prepared), with_recs=True)
@@ -469,9 +505,15 @@ def test_the_gradient_baselines_train_distributed_and_report_exact_validation(
         # two nearly tied items for a user: one such swap moves the mean by about 3e-5 (seen
         # with CML). A lost or doubled share of users would move it by 1e-2.
         assert result["best_valid_ndcg"] == pytest.approx(fold_in, abs=2e-4)
-    if model == "bpr":  # per-user parameters under DDP: one worker learns what two do
-        one = run(replace(cfg, run_name="bpr-one", num_workers=1), mlflow_server.url)
-        assert abs(one["best_valid_ndcg"] - result["best_valid_ndcg"]) < 0.02
+    if model == "bpr":
+        # per-user parameters under DDP: one process (the trainer's own epochs, no Ray) learns
+        # what two workers do; a one-worker Ray run would cost ~20 s more for the same check
+        from benchmarks.tune_defaults import load, train_one
+
+        prep, table, valid = load(str(small_prepared))
+        one = train_one(replace(cfg, run_name="bpr-one", num_workers=1), prep, table, valid)
+        assert one["epochs"] == 3
+        assert abs(one["best_ndcg"] - result["best_valid_ndcg"]) < 0.02, one["best_ndcg"]
 
 
 def test_limited_finetune_phase_two_reaches_the_exact_head_on_its_frozen_encoder(
@@ -510,40 +552,20 @@ def test_limited_finetune_phase_two_reaches_the_exact_head_on_its_frozen_encoder
     assert record["data_statistics"] == {"split": "train", "values": {"overlap": model.overlap}}
 
 
-def test_a_second_writer_of_a_run_is_refused_before_anything_runs(small_prepared, runs_dir,
-                                                                   mlflow_server):
+def test_a_second_writer_of_a_run_is_refused_before_anything_runs(closed_form, runs_dir):
     """Two processes training one run name would overwrite each other's model.pt and run.json
     and leave two MLflow runs of that name: the second is refused, naming the first one's pid,
     before it opens an MLflow run or starts Ray; once the holder is gone (killed), a rerun
-    takes the lock over."""
-    import subprocess
-    import sys
-
-    from mlflow.tracking import MlflowClient
-
+    takes the lock over (the closed-form run below is that rerun)."""
     from training.train import WRITER_LOCK
 
-    cfg = config(small_prepared, runs_dir, run_name="two-writers", model="puresvd", width=None,
-                 rank=8, experiment="two-writers")
-    lock = runs_dir / "two-writers" / WRITER_LOCK
-    lock.parent.mkdir(parents=True)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from runtime.publish import WriterLock; "
-         "WriterLock.local(sys.argv[1], 'x').acquire(); print('held', flush=True); "
-         "sys.stdin.read()", str(lock)], cwd=ROOT, stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(UsageError, match=rf"^run two-writers \(.*\) is being written by "
-                                             rf"another job: pid {holder.pid} on host "):
-            run(cfg, mlflow_server.url)
-        assert MlflowClient(mlflow_server.url).get_experiment_by_name("two-writers") is None
-    finally:
-        holder.kill()  # as a killed run: its lock stays behind
-        holder.wait()
-    assert lock.exists()
-    result = run(cfg, mlflow_server.url)  # the rerun takes the stale lock over and trains
-    assert result["best_valid_ndcg"] > 0.1 and not lock.exists()
+    assert closed_form["refused"].startswith("run svd (")
+    assert f"is being written by another job: pid {closed_form['holder']} on host " in \
+        closed_form["refused"]
+    assert closed_form["mlflow_runs_while_refused"] == []
+    assert closed_form["lock_after_kill"]  # a killed holder's lock stays behind
+    assert closed_form["result"]["best_valid_ndcg"] > 0.1  # the rerun took it over and trained
+    assert not (runs_dir / "svd" / WRITER_LOCK).exists()
 
 
 def test_more_workers_than_the_cluster_has_fails_at_start(small_prepared, ray_head, mlflow_server,
