@@ -128,6 +128,10 @@ class ETLConfig:
     input: tuple[str, ...] = option((), group=IO, metavar="PATH",
                                     help="raw file(s), a directory holding the dataset's usual "
                                          "file, or a glob")
+    name: str | None = option(None, group=IO, show_default=False,
+                              help="the dataset's name in the manifest, MLflow experiments and "
+                                   "registered models (default: for csv and user-items the "
+                                   "input's file or folder name, else --dataset)")
     overwrite: bool = option(False, group=IO, help="replace an existing prepared --output")
     shards: int = option(0, group=IO, show_default=False,
                          help="number of user-row Parquet shards (default: about 500k positives "
@@ -190,6 +194,8 @@ class ETLConfig:
             if getattr(self, name) == "":
                 object.__setattr__(self, name, None)
         object.__setattr__(self, "input", tuple(self.input))
+        object.__setattr__(self, "name", dataset_label(self.name) if self.name else
+                           default_name(self.dataset, self.input))
         if self.cold_users is None:
             object.__setattr__(self, "cold_users", 0.0 if self.split == "given" else 0.05)
         for name in ("test_fraction", "holdout_fraction", "cold_users", "max_bad_rows"):
@@ -234,7 +240,11 @@ class ETLConfig:
 
     @property
     def positive_rule(self) -> str:
-        return self.positive if self.positive is not None else self.spec.positive
+        if self.positive is not None:
+            return self.positive
+        if self.spec.layout.named_columns and self.rating_col is None:
+            return "all"  # a CSV without ratings: every interaction is a positive
+        return self.spec.positive
 
     @property
     def split_mode(self) -> str:
@@ -253,3 +263,44 @@ def dataset_name(name: str) -> str:
     if name not in DATASETS:
         raise UsageError(f"unknown --dataset {name!r}; choose one of {', '.join(DATASETS)}")
     return name
+
+
+# file names that say nothing about the data: the folder above names it instead
+GENERIC_STEMS = {*FILE_SPLIT_NAMES, "ratings", "rating", "data", "interactions", "u", "users", "all"}
+
+
+def default_name(dataset: str, inputs: tuple[str, ...]) -> str:
+    """The name a dataset gets without --name: a csv's or user-items' input file's stem
+    (``shop/events.csv`` -> events), or its folder's when the file name is generic or there are
+    several files (``gowalla/train.txt test.txt`` -> gowalla); any other format's --dataset."""
+    if dataset not in ("csv", "user-items") or not inputs:
+        return dataset
+    paths = []
+    for item in inputs:
+        label, sep, rest = item.partition("=")
+        path = rest if sep and label.lower() in SPLIT_NAMES else item
+        paths.append(path.rstrip("/").rsplit("/", 1))
+    stem = lambda part: part.split(".", 1)[0] if "." in part.lstrip(".") else part
+    files = [p[-1] for p in paths]
+    folders = {p[0].rsplit("/", 1)[-1] if len(p) > 1 else "" for p in paths}
+    wild = any(c in f for f in files for c in "*?[")
+    if len(files) == 1 and not wild and "." not in files[0].lstrip("."):
+        name = files[0]  # a folder
+    elif len(files) == 1 and not wild and stem(files[0]).lower() not in GENERIC_STEMS:
+        name = stem(files[0])
+    elif len(folders) == 1 and next(iter(folders)) not in ("", ".", ".."):
+        name = next(iter(folders))
+    else:
+        name = stem(files[0])
+    return dataset_label(name, fallback=dataset)
+
+
+def dataset_label(name: str, fallback: str | None = None) -> str:
+    """``name`` as it can go into MLflow experiment and registered-model names: letters, digits,
+    '.', '_' and '-' (other characters become '-')."""
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
+    if not clean:
+        if fallback:
+            return fallback
+        raise UsageError(f"--name {name!r}: use letters, digits, '.', '_' or '-'")
+    return clean

@@ -86,7 +86,7 @@ def code_version() -> str:
 def run(cfg: ETLConfig, spark=None) -> dict:
     """Run the whole ETL for ``cfg`` and publish ``cfg.output``; returns the manifest."""
     from etl import pipeline as P
-    from etl.sources import labelled_inputs
+    from etl.sources import check_local_headers, labelled_inputs
     from prepared.protocol import rstar_per_item, rstar_z
     from runtime.publish import Publisher, local_lock
     from runtime.spark import get_spark
@@ -100,6 +100,8 @@ def run(cfg: ETLConfig, spark=None) -> dict:
         labelled = [] if cfg.spec.layout.generated else labelled_inputs(cfg)
         files = [f for f, _ in labelled]
         labels = {f: label for f, label in labelled if label} or None
+        if cfg.spec.layout.named_columns:
+            check_local_headers(files, cfg)  # a wrong column fails here, before Spark starts
         spark = spark or get_spark(f"prepare-{cfg.dataset}")
         publisher = Publisher(spark, cfg.output, lock=held)
         publisher.check_target(cfg.overwrite)
@@ -113,8 +115,8 @@ def run(cfg: ETLConfig, spark=None) -> dict:
     partitions = P.auto_partitions(cfg, sum(i["bytes"] for i in inputs))
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     progress, counts = P.Progress(), {}
-    log.info("preparing %s -> %s (%d input files, %d shards)", cfg.dataset, publisher.target,
-             len(files), partitions)
+    log.info("preparing %s (%s) -> %s (%d input files, %d shards)", cfg.name, cfg.dataset,
+             publisher.target, len(files), partitions)
 
     cached = []
     try:
@@ -153,7 +155,10 @@ def run(cfg: ETLConfig, spark=None) -> dict:
 
             manifest = {
                 "schema_version": S.SCHEMA_VERSION,
-                "dataset": cfg.dataset,
+                # its name (--name) is what training, MLflow and the registry go by; its format
+                # and protocol defaults are --dataset's
+                "dataset": cfg.name,
+                "format": cfg.dataset,
                 "created": started.isoformat(timespec="seconds"),
                 "code_version": code_version(),
                 "inputs": inputs,

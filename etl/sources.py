@@ -11,6 +11,8 @@ Under ``--split given`` a last column ``given`` is the split a row was given (0 
 
 from __future__ import annotations
 
+import csv
+import difflib
 import glob
 import os
 import re
@@ -168,9 +170,17 @@ def _clean(text: Column) -> Column:
     return F.trim(F.regexp_replace(text, "^\ufeff|\r", ""))
 
 
-def _field(fields: Column, i: int) -> Column:
+def _field(fields: Column, i: int, quoted: bool = False) -> Column:
     # get(): null past the end (getItem fails under ANSI mode, and short lines are expected here)
-    return F.trim(F.regexp_replace(F.get(fields, i), '^"|"$', ""))
+    if not quoted:
+        return F.trim(F.regexp_replace(F.get(fields, i), '^"|"$', ""))
+    # a quoted CSV field ("a, b") may have spaces around its quotes and writes a quote as two
+    value = F.regexp_replace(F.trim(F.get(fields, i)), '^"|"$', "")
+    return F.trim(F.regexp_replace(value, '""', '"'))
+
+
+# a delimiter outside double quotes: an even number of quotes follows it to the end of the line
+OUTSIDE_QUOTES = '(?=(?:[^"]*"[^"]*")*[^"]*$)'
 
 
 def _first_error(*checks: tuple[Column, Column]) -> Column:
@@ -193,15 +203,21 @@ def _finite_error(value: Column, parsed: Column, what: str, col: int) -> tuple[C
 
 
 def _delimited(lines: DataFrame, delim: str, n_fields: int, roles: dict[str, int],
-               header: bool, time_is_date: bool = False) -> DataFrame:
-    """Parse delimiter-separated lines; ``roles`` maps user/item/rating/timestamp to 0-based columns."""
+               header: bool, quoted: bool = False) -> DataFrame:
+    """Parse delimiter-separated lines; ``roles`` maps user/item/rating/timestamp to 0-based columns.
+    ``quoted`` (the generic CSV): a field in double quotes may hold the delimiter, and the time
+    may be Unix seconds or an ISO-8601 date or date-time (in the session's time zone unless it
+    says its own)."""
     text = _clean(F.col("text"))
-    fields = F.split(text, "\t" if delim == "\t" else _regex_escape(delim), -1)
-    get = {role: _field(fields, i) for role, i in roles.items()}
+    sep = "\t" if delim == "\t" else _regex_escape(delim)
+    fields = F.split(text, sep + OUTSIDE_QUOTES if quoted else sep, -1)
+    get = {role: _field(fields, i, quoted) for role, i in roles.items()}
     rating_raw = get.get("rating", F.lit(None).cast("string"))
     time_raw = get.get("timestamp", F.lit(None).cast("string"))
     rating = rating_raw.try_cast("double")
     timestamp = time_raw.try_cast("long")
+    if quoted:
+        timestamp = F.coalesce(timestamp, F.try_to_timestamp(time_raw).cast("long"))
     given = _split_code(F.lower(get["split"])) if "split" in roles else None
     delim_name = {"\t": "tabs", ",": "commas", ";": "semicolons"}.get(delim, repr(delim))
     col = {role: i + 1 for role, i in roles.items()}
@@ -213,8 +229,10 @@ def _delimited(lines: DataFrame, delim: str, n_fields: int, roles: dict[str, int
         (get["item"] == "", F.lit(f"empty item id in column {col['item']}")),
         *([_number_error(rating_raw, rating, "rating", col["rating"]),
            _finite_error(rating_raw, rating, "rating", col["rating"])] if "rating" in roles else []),
-        *([_number_error(time_raw, timestamp, "timestamp", col["timestamp"])]
-          if "timestamp" in roles else []),
+        *([(time_raw.isNotNull() & (time_raw != "") & timestamp.isNull(), F.format_string(
+            f"timestamp '%s' in column {col['timestamp']} is "
+            + ("neither Unix seconds nor an ISO-8601 date" if quoted else "not a number"),
+            time_raw))] if "timestamp" in roles else []),
         *([(given.isNull(), F.format_string(
             f"split '%s' in column {col['split']} is not train, valid or test", get["split"]))]
           if "split" in roles else []),
@@ -325,35 +343,82 @@ def check_headers(lines: DataFrame, expected: str, dataset: str) -> None:
                 f"columns use --dataset csv --user-col ... --item-col ... --rating-col ... --time-col ...")
 
 
+ROLE_FLAGS = {"user": "--user-col", "item": "--item-col", "rating": "--rating-col",
+              "timestamp": "--time-col", "split": "--split-col"}
+COMPRESSED = (".gz", ".bz2", ".zst", ".lz4", ".snappy", ".deflate", ".xz")
+
+
+def header_names(text: str, delimiter: str) -> list[str]:
+    """A CSV header line's column names: quoted names allowed, a byte-order mark and the spaces
+    around each name dropped."""
+    row = next(csv.reader([text.replace("\ufeff", "").rstrip("\r\n")], delimiter=delimiter), [])
+    return [c.strip() for c in row]
+
+
+def header_roles(names: list[str], cfg: ETLConfig, where: str) -> dict[str, int]:
+    """The 0-based column of each role (user, item, rating, timestamp, split) in ``names``. A
+    column is found by its exact name, else by a case-insensitive one; every column that is
+    missing or ambiguous is named in one error, with the header's names that look like it."""
+    wanted = {"user": cfg.user_col, "item": cfg.item_col, "rating": cfg.rating_col,
+              "timestamp": cfg.time_col, "split": cfg.split_col}
+    roles, problems = {}, []
+    for role, name in wanted.items():
+        if not name:
+            continue
+        exact = [i for i, n in enumerate(names) if n == name]
+        folded = [i for i, n in enumerate(names) if n.lower() == name.lower()]
+        found = exact or folded
+        if len(found) == 1:
+            roles[role] = found[0]
+            continue
+        if found:
+            problems.append(f"{ROLE_FLAGS[role]} {name!r} matches {len(found)} columns "
+                            f"({', '.join(repr(names[i]) for i in found)}): rename one in the file")
+            continue
+        like = [n for n in names if name.lower() in n.lower() or n.lower() in name.lower()]
+        like += [n for n in difflib.get_close_matches(name, names, 3, 0.6) if n not in like]
+        hint = f" (did you mean {' or '.join(repr(n) for n in like[:3])}?)" if like else ""
+        none = " or '' for none" if role in ("rating", "timestamp") else ""
+        problems.append(f"no column {name!r} for {ROLE_FLAGS[role]}{hint}; set "
+                        f"{ROLE_FLAGS[role]} to one of the header's names{none}")
+    shared = {}
+    for role, i in roles.items():
+        shared.setdefault(i, []).append(role)
+    problems += [f"column {names[i]!r} is given to {' and '.join(ROLE_FLAGS[r] for r in rs)}: "
+                 "each role needs its own column" for i, rs in shared.items() if len(rs) > 1]
+    if problems:
+        raise InputDataError(f"{where}: the header has the columns {names}; "
+                             + "; ".join(problems))
+    return roles
+
+
+def check_local_headers(files: list[str], cfg: ETLConfig) -> None:
+    """Check the named columns against line 1 of every local, uncompressed input, read here in
+    Python: a wrong column fails in a second, before Spark starts. Remote and compressed files
+    are checked by ``csv_roles`` once Spark reads them."""
+    for f in files:
+        if not _is_local(f) or f.lower().endswith(COMPRESSED):
+            continue
+        try:
+            with open(_local(f), encoding="utf-8", errors="replace", newline="") as fh:
+                first = fh.readline()
+        except OSError:
+            continue  # unreadable: the reader names the file and the fix
+        if first.strip():
+            header_roles(header_names(first, cfg.delimiter), cfg, f"{f} line 1")
+
+
 def csv_roles(lines: DataFrame, cfg: ETLConfig) -> tuple[dict[str, int], int]:
     """Column positions of the generic CSV's named columns, read from its header line."""
     firsts = lines.where(F.col("line") == 1).select("file", "text").collect()
     if not firsts:
         raise InputDataError(f"{cfg.input}: the input is empty; a CSV needs a header line")
-    headers = {}
-    for row in firsts:
-        names = [c.strip().strip('"').replace("\ufeff", "") for c in row["text"].split(cfg.delimiter)]
-        headers[row["file"]] = names
+    headers = {row["file"]: header_names(row["text"], cfg.delimiter) for row in firsts}
     names = next(iter(headers.values()))
     for f, other in headers.items():
         if other != names:
             raise InputDataError(f"{f} line 1: header {other} differs from {names} of the other files")
-    wanted = {"user": cfg.user_col, "item": cfg.item_col, "rating": cfg.rating_col,
-              "timestamp": cfg.time_col}
-    if cfg.split_col:
-        wanted["split"] = cfg.split_col
-    roles = {}
-    for role, name in wanted.items():
-        if name is None or name == "":
-            continue
-        if name not in names:
-            flag = {"user": "--user-col", "item": "--item-col", "rating": "--rating-col",
-                    "timestamp": "--time-col", "split": "--split-col"}[role]
-            hint = " (pass an empty value for none)" if role in ("rating", "timestamp") else ""
-            raise InputDataError(f"{firsts[0]['file']} line 1: no column named {name!r} in the header "
-                                 f"{names}; set {flag} to one of these{hint}")
-        roles[role] = names.index(name)
-    return roles, len(names)
+    return header_roles(names, cfg, f"{firsts[0]['file']} line 1"), len(names)
 
 
 def parse(spark: SparkSession, cfg: ETLConfig, files: list[str],
@@ -438,7 +503,7 @@ def _file_split(parsed: DataFrame, labels: dict[str, str]) -> Column:
 
 def _csv(lines: DataFrame, cfg: ETLConfig) -> DataFrame:
     roles, n = csv_roles(lines, cfg)
-    return _delimited(lines, cfg.delimiter, n, roles, True)
+    return _delimited(lines, cfg.delimiter, n, roles, True, quoted=True)
 
 
 MOVIELENS = {"user": 0, "item": 1, "rating": 2, "timestamp": 3}

@@ -145,7 +145,8 @@ def test_duplicates_latest_row_decides_and_string_ids(spark, tmp_path):
 def test_csv_missing_column_lists_the_header(spark, tmp_path):
     f = tmp_path / "r.csv"
     f.write_text("u,i,r\n1,2,5\n")
-    with pytest.raises(InputDataError, match=r"no column named 'user'.*\['u', 'i', 'r'\].*--user-col"):
+    with pytest.raises(InputDataError, match=r"the columns \['u', 'i', 'r'\]; no column 'user' for "
+                                             r"--user-col.*no column 'item' for --item-col"):
         run(ETLConfig(dataset="csv", input=(str(f),), output=str(tmp_path / "o")), spark)
 
 
