@@ -37,7 +37,7 @@ import urllib.parse
 from pathlib import Path
 
 from infra import stack
-from infra.submit import ray_job_submit, spark_submit
+from infra.submit import RayJobOutput, ray_job_submit, spark_submit
 from prepared.protocol import TOP_K
 from runtime import runs
 from runtime.atomic import write_text
@@ -67,19 +67,27 @@ def prepared_is_current(out: Path, dataset: Path, seed: int) -> bool:
             and m["parameters"]["seed"] == seed)
 
 
-def run_streaming(cmd: list[str], env: dict, what: str) -> str | None:
-    """Run ``cmd``, passing its output through indented; returns its SUMMARY line's JSON text."""
+def run_streaming(cmd: list[str], env: dict, what: str, ray_job: RayJobOutput | None = None
+                  ) -> str | None:
+    """Run ``cmd``, passing its output through indented; returns its SUMMARY line's JSON text.
+    With ``ray_job``, Ray's own lines are held back, printed only if the job fails."""
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     summary = None
     for line in proc.stdout:
         if summary_text(line) is not None:
             summary = summary_text(line)
-        else:
-            print(("   " + line) if line.strip() else "", end="" if line.strip() else "\n",
-                  flush=True)
+            continue
+        text = ray_job.show(line) if ray_job else line.rstrip("\n")
+        if text is not None:
+            print(("   " + text) if text.strip() else "", flush=True)
     if proc.wait() != 0:
+        if ray_job and ray_job.held:
+            print("   Ray's own lines of this job, held back while it ran:")
+            print("\n".join("     " + h for h in ray_job.held), flush=True)
         raise SystemExit(f"{what} failed (exit {proc.returncode}); see the lines above")
+    if ray_job:
+        print(f"   Ray job {ray_job.job_id} {ray_job.status or 'ended'}", flush=True)
     return summary
 
 
@@ -119,7 +127,7 @@ def train(model: str, prepared: Path, var: Path, seed: int, redo: bool, ray: sta
     print("$ ray job submit --address " + ray.url + " --working-dir . -- " + " ".join(args),
           flush=True)
     try:
-        summary = run_streaming(cmd, env, f"training {model}")
+        summary = run_streaming(cmd, env, f"training {model}", RayJobOutput())
     except SystemExit:
         if not stack.healthy(ray):
             raise SystemExit(
@@ -130,6 +138,44 @@ def train(model: str, prepared: Path, var: Path, seed: int, redo: bool, ray: sta
     if summary is None:
         raise SystemExit(f"training {model}: the job ended without its SUMMARY line")
     return json.loads(summary)
+
+
+# the port `mlflow models serve` gets in the printed commands: not 5000, the stack's MLflow
+SERVE_PORT = 5001
+# a request a user can copy: the history of a user who liked Toy Story, Star Wars and Fargo
+# (ml-latest-small's movie ids), their top 10 back
+SERVE_REQUEST = {"dataframe_records": [{"item_ids": ["1", "260", "608"]}], "params": {"k": 10}}
+
+
+def register_models(summaries: dict, mlflow_url: str) -> dict[str, str]:
+    """Each model of the demo in MLflow's registry as ``demo-MODEL``, alias ``@champion`` (a
+    rerun registers nothing new), so that it can be served by name; returns their URIs."""
+    import contextlib
+    import io
+
+    from experiment.register import register
+
+    uris = {}
+    for model, label in MODELS:
+        s = summaries[label]
+        chatter = io.StringIO()  # MLflow's "Successfully registered ..." lines
+        try:
+            with contextlib.redirect_stderr(chatter), contextlib.redirect_stdout(chatter):
+                uris[label] = register(mlflow_url, f"demo-{model}", s["model_uri"],
+                                       s["mlflow_run_id"])
+        except Exception:
+            print(chatter.getvalue(), file=sys.stderr)
+            raise
+    print("   registered: " + ", ".join(uris.values()), flush=True)
+    return uris
+
+
+def serve_commands(mlflow_url: str, model_uri: str) -> list[str]:
+    """The two commands that serve ``model_uri`` and ask it for one user's recommendations."""
+    return [f"MLFLOW_TRACKING_URI={mlflow_url} mlflow models serve -m {model_uri} "
+            f"--env-manager local -p {SERVE_PORT}",
+            f"curl -s http://127.0.0.1:{SERVE_PORT}/invocations -H 'Content-Type: application/json' "
+            f"-d '{json.dumps(SERVE_REQUEST)}'"]
 
 
 def recs_are_current(out: Path, model_uri: str) -> bool:
@@ -317,12 +363,16 @@ def run_steps(args, state: Path, lap, timings: dict, t0: float) -> int:
     lap("evaluate")
     timings["total"] = round(time.perf_counter() - t0, 1)
 
+    served = register_models(summaries, mlflow_url)
     run_ids = [s["mlflow_run_id"] for s in summaries.values()]
     results = write_results(var / "results", evaluation, summaries, c, timings, var, args)
     print(f"\npopularity plot: {evaluation / 'popularity.png'}")
     print(f"cold-start plot: {evaluation / 'cold_start.png'}")
     print(f"MLflow UI, the runs side by side: {compare_url(mlflow_url, run_ids)}")
     print(f"results (metrics, popularity, timings, machine, commit): {results}")
+    print("serve a model over REST (another shell, the venv active; a user's item ids in, their "
+          "top k out):\n" + "\n".join("  " + line for line in serve_commands(
+              mlflow_url, served["NCE-AutoRec"])))
     print(f"done in {timings['total']:.0f}s; the stack keeps running for the UI "
           "(stop it with: make stop)")
     print(summary_line({"runs": dict(zip(summaries, run_ids)), "evaluation": str(evaluation),

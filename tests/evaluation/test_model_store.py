@@ -323,6 +323,16 @@ def test_mlflow_models_serve_answers_by_ids_and_says_what_is_wrong(logged, mlflo
             except urllib.error.HTTPError as e:
                 return e.code, json.loads(e.read())
 
+        # the request `make demo` prints (infra.demo.SERVE_REQUEST), verbatim: ml-latest-small's
+        # movie ids in, the top k of the user who has them out, theirs excluded
+        from infra.demo import SERVE_REQUEST
+
+        status, got = call(SERVE_REQUEST)
+        assert status == 200, got
+        asked = SERVE_REQUEST["dataframe_records"][0]["item_ids"]
+        answer = got["predictions"][0]
+        assert len(answer["item_ids"]) == SERVE_REQUEST["params"]["k"] == 10
+        assert not set(asked) & set(answer["item_ids"]) and answer["unknown_items"] == 0
         ids = logged["ids"]
         status, got = call({"dataframe_records": [{"item_ids": [ids[3], ids[17]]}],
                             "params": {"k": 4}})
