@@ -1,4 +1,4 @@
-# Two commands for a fresh machine (Python 3.10+, Java 17+):
+# Two commands for a fresh machine (Python 3.11+, Java 17+):
 #   make demo   set up .venv and run the main job on the shipped ml-latest-small
 #   make test   set up .venv and run the whole test suite
 SHELL := /bin/bash
@@ -31,7 +31,7 @@ help:
 	@echo "make clean  - stop the stack, remove $(VAR)/ (prepared data, runs); keeps $(VENV) and mlflow/state"
 
 $(VENV)/.installed: pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is required (found " + sys.version.split()[0] + "); set PYTHON=python3.11")'
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (found " + sys.version.split()[0] + "); set PYTHON=python3.11")'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# uv installs the same packages as pip in about half the time (it unpacks and compiles the
 	@# bytecode in parallel: without it, every first import compiles, in every Ray process);

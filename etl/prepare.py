@@ -91,7 +91,7 @@ def run(cfg: ETLConfig, spark=None) -> dict:
     from runtime.publish import Publisher, local_lock
     from runtime.spark import get_spark
 
-    started = dt.datetime.now(dt.timezone.utc)
+    started = dt.datetime.now(dt.UTC)
     t0 = time.perf_counter()
     held = local_lock(cfg.output)  # a second writer is refused here, before Spark starts
     if held is not None:

@@ -583,7 +583,7 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
     from runtime.publish import Publisher
 
     t0 = time.perf_counter()
-    started = dt.datetime.now(dt.timezone.utc)
+    started = dt.datetime.now(dt.UTC)
     if target not in ("test", "valid"):
         raise UsageError(f"--target {target}: choose test or valid")
     if labels and len(labels) != len(recs):

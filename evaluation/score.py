@@ -311,7 +311,7 @@ def score(spark, progress_every: float = EVERY, **kwargs) -> dict:
     log.info("scoring %s %s users of %s with %s (%s, %s items, top %d, input %s, excluding %s); "
              "%d users per batch", f"{n_users:,}", users, prep.dataset, src.name, src.model,
              f"{prep.n_items:,}", k, "+".join(input_splits), "+".join(excl), per_batch)
-    started = dt.datetime.now(dt.timezone.utc)
+    started = dt.datetime.now(dt.UTC)
     try:
         with publisher.staging() as tmp:
             with spark_progress(spark, "scoring", every=progress_every, total_users=n_users,

@@ -95,11 +95,9 @@ from prepared.reader import Prepared, open_prepared
 from runtime.atomic import write_text
 from runtime.cli import stage_parser, values
 from runtime.logs import no_bars_in_logs
+from runtime.paths import project_root
 from runtime.raycluster import apply_ray_env, join_address, local_cpus
 from training.train import check_job_paths
-
-ROOT = Path(__file__).resolve().parents[1]
-
 
 # -- the whole experiment --------------------------------------------------------------------------
 
@@ -181,7 +179,7 @@ def resolved(cfg: ExperimentConfig, prep: Prepared) -> ExperimentConfig:
     return dataclasses.replace(
         cfg, data=cfg.data if "://" in cfg.data else str(Path(cfg.data).resolve()),
         name=cfg.name or f"{prep.dataset}-{Path(cfg.grid).stem}",
-        output=str(Path(cfg.output or ROOT / "var" / "experiments").resolve()))
+        output=str(Path(cfg.output or project_root() / "var" / "experiments").resolve()))
 
 
 def connect(cfg: ExperimentConfig, models: list[str], mlflow_uri: str | None,

@@ -166,7 +166,7 @@ class WriterLock:
             return
         host, token = socket.gethostname(), uuid.uuid4().hex
         text = json.dumps({"pid": os.getpid(), "host": host, "token": token, "target": self.target,
-                           "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
+                           "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")})
         for attempt in range(TAKEOVER_TRIES):
             if self._create(text):
                 self.token = token

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from prepared.errors import UsageError
 from prepared.protocol import TOP_K
+from runtime.paths import project_root
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_STORE = ROOT / "mlflow" / "state"
 RUN_NAME_TAG = "nce.run_name"
 
 
@@ -31,8 +31,9 @@ def tracking_uri(flag: str | None) -> str:
             # a relative SQLite path would land in a Ray job's throw-away working-dir copy
             uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
         return uri
-    DEFAULT_STORE.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{DEFAULT_STORE / 'mlflow.db'}"
+    store = project_root() / "mlflow" / "state"
+    store.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{store / 'mlflow.db'}"
 
 
 def check_store_kind(uri: str, where: str) -> None:

@@ -25,7 +25,7 @@ def random_ratings(n_users: int, n_items: int, per_user: int, seed: int, scale=(
     df = pd.DataFrame(rows, columns=["user", "item", "rating", "day"])
     day0 = dt.date(2005, 1, 1)
     df["date"] = [(day0 + dt.timedelta(days=d)).isoformat() for d in df.day]
-    df["ts"] = [int(dt.datetime(2005, 1, 1, tzinfo=dt.timezone.utc).timestamp()) + 86400 * d
+    df["ts"] = [int(dt.datetime(2005, 1, 1, tzinfo=dt.UTC).timestamp()) + 86400 * d
                 for d in df.day]
     return df
 

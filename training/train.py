@@ -47,6 +47,7 @@ from prepared.verify import naming_damaged_files
 from runtime.atomic import write_bytes
 from runtime.cli import config_yaml, flag_of, stage_parser, values
 from runtime.logs import no_bars_in_logs
+from runtime.paths import project_root
 from runtime.raycluster import (
     apply_one_node_env,
     apply_ray_env,
@@ -72,7 +73,6 @@ from training.hooks import hook_specs
 from training.hooks import resolve as resolve_hooks
 from training.validate import COLLAPSED_RANK, HEALTHY, health
 
-ROOT = Path(__file__).resolve().parents[1]
 # fields that may change when a run resumes (where and how it runs, not what it trains)
 RESUMABLE_CHANGES = {"data_cache", "num_workers", "cpus_per_worker", "use_gpu", "placement",
                      "max_failures", "mlflow_wait", "keep_checkpoints",
@@ -124,7 +124,7 @@ def config_from_args(args: argparse.Namespace, prep: Prepared) -> TrainConfig:
     run_name = given["run_name"] or "-".join(
         x for x in (given["model"], *map(str, labels(given["model"], given).values()),
                     prep.dataset, stamp) if x)
-    output = given["output"] or str(ROOT / "var" / "runs")
+    output = given["output"] or str(project_root() / "var" / "runs")
     if "://" not in output:
         output = str(Path(output).resolve())
     data = given["data"] if "://" in given["data"] else str(Path(given["data"]).resolve())
