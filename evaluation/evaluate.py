@@ -438,7 +438,7 @@ def log_to_mlflow(recs: list[Recs], rows: list[dict], pop: dict, files: dict[str
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from runtime.tracking import check_reachable, experiment_id, tracking_uri
+    from runtime.tracking import add_test_description, check_reachable, experiment_id, tracking_uri
 
     out = {}
     ts = int(time.time() * 1000)
@@ -482,6 +482,12 @@ def log_to_mlflow(recs: list[Recs], rows: list[dict], pop: dict, files: dict[str
         for i in range(0, len(metrics), 500):
             client.log_batch(run_id, metrics=metrics[i:i + 500])
         client.set_tag(run_id, f"evaluation.{target}.output", output)
+        heads = [row for row in rows if row["label"] == r.label and row["group"] == "warm"
+                 and row["metric"] in PAIRED]  # the headline pair: NDCG, Recall@50
+        if heads:
+            add_test_description(client, run_id, [
+                f"- {target} ({heads[0]['users']:,} warm users, mean ± 95% CI): " + ", ".join(
+                    f"{row['metric']} {row['mean']:.4f} ± {row['ci95']:.4f}" for row in heads)])
         with tempfile.TemporaryDirectory() as d:
             for name, data in files.items():
                 Path(d, name).write_bytes(data)

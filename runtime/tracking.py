@@ -20,6 +20,14 @@ from runtime.paths import project_root
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_NAME_TAG = "nce.run_name"
+# the description MLflow's UI shows on a run's and an experiment's page (Markdown)
+NOTE = "mlflow.note.content"
+EXPERIMENT_NOTE = (
+    "Training runs of the NCE-AutoRec project, one per model trained. To compare them, tick the "
+    "runs and press Compare, or add the columns `test_ndcg`, `test_ndcg_ci95`, `test_recall` and "
+    "`best_valid_ndcg` in the runs list (Columns). Test metrics are written into each run by "
+    "evaluation/evaluate.py, with 95% confidence intervals (`_ci95`); the tag `health` says "
+    "whether a run beat the popularity baseline on validation.")
 
 
 def tracking_uri(flag: str | None) -> str:
@@ -79,8 +87,60 @@ def experiment_id(client, uri: str, name: str) -> str:
     """The id of the MLflow experiment ``name`` in the store ``uri`` (``client``'s), created if
     there is none yet, its artifacts where ``artifact_root`` puts them."""
     exp = client.get_experiment_by_name(name)
-    return exp.experiment_id if exp else client.create_experiment(
-        name, artifact_location=artifact_root(uri))
+    if exp is None:
+        return client.create_experiment(name, artifact_location=artifact_root(uri),
+                                        tags={NOTE: EXPERIMENT_NOTE})
+    if NOTE not in exp.tags:
+        client.set_experiment_tag(exp.experiment_id, NOTE, EXPERIMENT_NOTE)
+    return exp.experiment_id
+
+
+def describe_run(uri: str, run_id: str, title: str, summary: dict) -> None:
+    """The run's description: what it trained on what, its best validation NDCG and its health;
+    ``evaluation/evaluate.py`` adds the test metrics (``add_test_description``)."""
+    from mlflow.tracking import MlflowClient
+
+    pop = summary.get("valid_ndcg_popularity")
+    lines = [f"**{title}**", ""]
+    if summary.get("best_valid_ndcg") is not None:
+        lines.append(f"- validation NDCG@{TOP_K} {summary['best_valid_ndcg']:.4f} at epoch "
+                     f"{summary.get('best_epoch')} of {summary.get('epochs_run')}"
+                     + (f" (popularity {pop:.4f})" if pop is not None else ""))
+    if summary.get("health"):
+        lines.append(f"- health: {summary['health']}")
+    lines.append("- test metrics: not evaluated yet (evaluation/evaluate.py writes them here)")
+    MlflowClient(uri).set_tag(run_id, NOTE, "\n".join(lines))
+
+
+def add_test_description(client, run_id: str, test_lines: list[str]) -> None:
+    """Replace the "test metrics" line of the run's description by ``test_lines``."""
+    run = client.get_run(run_id)
+    old = run.data.tags.get(NOTE, f"**{run.info.run_name}**\n")
+    kept = [line for line in old.split("\n") if not line.startswith("- test")]
+    client.set_tag(run_id, NOTE, "\n".join(kept + test_lines))
+
+
+def log_dataset(uri: str, run_id: str, manifest: dict, source: str, context: str) -> None:
+    """The prepared dataset as the run's MLflow dataset input (the UI's "Datasets" column): its
+    name, a digest of what it was made from and how, its path, its counts as the profile. Once
+    per run (a resumed run has it already)."""
+    import hashlib
+
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    if client.get_run(run_id).inputs.dataset_inputs:
+        return
+    made_of = {k: manifest.get(k) for k in ("inputs", "parameters", "counts")}
+    digest = hashlib.sha256(json.dumps(made_of, sort_keys=True, default=str).encode()).hexdigest()
+    counts = manifest.get("counts", {})
+    profile = {k: counts[k] for k in ("users", "items", "cold_users", "positives") if k in counts}
+    dataset = Dataset(name=manifest.get("dataset", "dataset"), digest=digest[:10],
+                      source_type="local" if "://" not in source else source.split("://")[0],
+                      source=json.dumps({"uri": source}), profile=json.dumps(profile))
+    client.log_inputs(run_id, datasets=[DatasetInput(dataset, tags=[
+        InputTag("mlflow.data.context", context)])])
 
 
 def open_run(uri: str, experiment: str, run_name: str, run_id: str | None,

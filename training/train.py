@@ -360,6 +360,7 @@ def _run(cfg: TrainConfig, prep: Prepared, mlflow_uri: str | None, ray_address: 
                                       "dataset": prep.dataset, **statistics_params(stats),
                                       "etl_beta": prep.beta(), "etl_negatives": prep.negatives(),
                                       "users": prep.manifest["counts"]["users"]})
+    tracking.log_dataset(uri, run_id, prep.manifest, prep.uri, context=cfg.train_splits)
     run_record = {"config": cfg.to_dict(), "mlflow_uri": uri, "mlflow_run_id": run_id,
                   "data_statistics": stats}
     if record and "trained" in record:
@@ -541,6 +542,7 @@ def log_results(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, summary
         from mlflow.tracking import MlflowClient
 
         MlflowClient(uri).set_tag(run_id, "health", summary["health"])
+    tracking.describe_run(uri, run_id, f"{model_title(cfg)} on {prep.dataset}", summary)
     added = tracking.backfill(uri, run_id, history)
     if added and MODELS[cfg.model].kind == "gradient":  # a closed-form fit logs its one record here
         print(f"MLflow: logged {added} epoch(s) missed while the server was down", flush=True)

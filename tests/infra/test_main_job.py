@@ -106,6 +106,13 @@ def test_mlflow_holds_every_run_with_metrics_models_and_plots(first_run, mlflow_
         assert len(client.get_metric_history(run_id, "valid_ndcg")) == epochs
         assert 0 < run.data.metrics["test_ndcg"] < 1 and run.data.metrics["test_ndcg_ci95"] > 0
         assert "cold_ndcg" in run.data.metrics and "test_popularity_coverage" in run.data.metrics
+        # the description the UI shows: trained on what, and the test numbers evaluation wrote
+        note = run.data.tags["mlflow.note.content"].split("\n")
+        model = {"NCE-AutoRec": "nce-autorec", "AutoRec": "autorec", "PureSVD": "puresvd"}[label]
+        assert note[0].startswith(f"**{model}") and note[0].endswith(" on ml-latest-small**"), note
+        assert note[-1].startswith("- test (") and "NDCG 0." in note[-1] and "Recall@50 0." in note[-1]
+        assert f"NDCG {run.data.metrics['test_ndcg']:.4f} ± {run.data.metrics['test_ndcg_ci95']:.4f}" \
+            in note[-1]
         top = {a.path for a in client.list_artifacts(run_id)}
         assert "learning_curves.png" in top
         ev = {a.path for a in client.list_artifacts(run_id, "evaluation-test")}
@@ -114,7 +121,6 @@ def test_mlflow_holds_every_run_with_metrics_models_and_plots(first_run, mlflow_
         models = client.search_logged_models(experiment_ids=[run.info.experiment_id],
                                              filter_string=f"source_run_id = '{run_id}'")
         assert len(models) == 1
-        model = {"NCE-AutoRec": "nce-autorec", "AutoRec": "autorec", "PureSVD": "puresvd"}[label]
         assert client.get_model_version_by_alias(f"demo-{model}", "champion").run_id == run_id
 
 

@@ -201,6 +201,17 @@ def test_mlflow_holds_params_epoch_metrics_artifacts_and_a_loadable_model(two_wo
     artifacts = {a.path for a in client.list_artifacts(r.info.run_id)}
     assert {"learning_curves.png", "dataset", "history.json", "config.yaml"} <= artifacts
     assert [a.path for a in client.list_artifacts(r.info.run_id, "dataset")] == ["dataset/manifest.json"]
+    # what the UI shows besides the numbers: the run's description and its dataset input (once,
+    # though this run resumed after its killed worker)
+    note = r.data.tags["mlflow.note.content"]
+    assert note.startswith("**nce-autorec on ml-latest-small**\n"), note
+    assert f"validation NDCG@50 {two_workers['best_valid_ndcg']:.4f} at epoch" in note
+    (data,) = r.inputs.dataset_inputs
+    assert data.dataset.name == "ml-latest-small" and json.loads(data.dataset.source) == {
+        "uri": str(small_prepared)}
+    assert json.loads(data.dataset.profile)["users"] == json.loads(
+        (small_prepared / "manifest.json").read_text())["counts"]["users"]
+    assert "Compare" in client.get_experiment(r.info.experiment_id).tags["mlflow.note.content"]
 
     # the logged model, loaded by URI, scores user rows as the model itself does
     rows = warm_rows(small_prepared).head(20)
