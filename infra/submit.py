@@ -49,6 +49,7 @@ QUIET_LEVELS = {"INFO", "SUCC", "VINFO", "VVINFO", "DEBUG"}
 WORKER = re.compile(r"^\(RayTrainWorker pid=\d+(?:, ip=[^)]*)?\) ")
 RAY_ACTOR = re.compile(r"^\((?!RayTrainWorker )[A-Za-z_]\w* pid=\d+[^)]*\) ")
 WORKER_NOISE = ("Setting up process group for", "Progress bars disabled")
+RAY_LINES = ("Running entrypoint for job ",)  # the job supervisor's, before the job's own
 TROUBLE = re.compile(r"(?i)error|fail|restart|retry")
 TAILING = "Tailing logs until the job exits"
 SUBMITTED = re.compile(r"^Job '([^']+)' submitted successfully")
@@ -85,6 +86,7 @@ class RayJobOutput:
         ours = (self.tailing and self.status is None and set(bare) != {"-"}
                 and not (record and record["level"] in QUIET_LEVELS)
                 and not any(n in text for n in WORKER_NOISE)
+                and not bare.startswith(RAY_LINES)
                 and (not RAY_ACTOR.match(plain) or TROUBLE.search(plain)))
         if not ours:
             self.held.append(plain)

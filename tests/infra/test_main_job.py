@@ -63,6 +63,7 @@ def test_main_job_runs_every_stage_and_prints_the_results(first_run, local_stack
     assert len(re.findall(r"^   Ray job raysubmit_\w+ succeeded$", log, re.M)) == 3
     assert "Next steps" not in log and "Tailing logs" not in log and "\tINFO " not in log
     assert "(TrainController pid=" not in log and "Setting up process group" not in log
+    assert "Running entrypoint for job" not in log
     table = log.split("Test metrics (ml-latest-small", 1)[1]
     assert "R-Precision" in table and all(m in table for m in ("NCE-AutoRec", "AutoRec", "PureSVD"))
     assert f"popularity plot: {var / 'eval' / 'ml-latest-small' / 'popularity.png'}" in log

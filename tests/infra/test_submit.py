@@ -84,6 +84,7 @@ PIPE = """\
 2026-12-03 13:20:01,301\tINFO cli.py:331 -- Query the logs of the job:
 2026-12-03 13:20:01,301\tINFO cli.py:333 -- ray job logs raysubmit_Cd34
 2026-12-03 13:20:01,400\tINFO cli.py:352 -- Tailing logs until the job exits (disable with --no-wait):
+Running entrypoint for job raysubmit_Cd34: python training/train.py --model puresvd
 2026-12-03 13:20:03,000\tINFO worker.py:1841 -- Connecting to existing Ray cluster at address: 127.0.0.1:41427...
 run demo-puresvd-seed0: puresvd on ml-latest-small
 (RayTrainWorker pid=4242) epoch   1 | valid NDCG 0.2100 (pop 0.1316)
