@@ -190,9 +190,10 @@ def _first_error(*checks: tuple[Column, Column]) -> Column:
     return out
 
 
-def _number_error(value: Column, parsed: Column, what: str, col: int) -> tuple[Column, Column]:
+def _number_error(value: Column, parsed: Column, what: str, col: int,
+                  says: str = "not a number") -> tuple[Column, Column]:
     return (value.isNotNull() & (value != "") & parsed.isNull(),
-            F.format_string(f"{what} '%s' in column {col} is not a number", value))
+            F.format_string(f"{what} '%s' in column {col} is {says}", value))
 
 
 def _finite_error(value: Column, parsed: Column, what: str, col: int) -> tuple[Column, Column]:
@@ -229,10 +230,9 @@ def _delimited(lines: DataFrame, delim: str, n_fields: int, roles: dict[str, int
         (get["item"] == "", F.lit(f"empty item id in column {col['item']}")),
         *([_number_error(rating_raw, rating, "rating", col["rating"]),
            _finite_error(rating_raw, rating, "rating", col["rating"])] if "rating" in roles else []),
-        *([(time_raw.isNotNull() & (time_raw != "") & timestamp.isNull(), F.format_string(
-            f"timestamp '%s' in column {col['timestamp']} is "
-            + ("neither Unix seconds nor an ISO-8601 date" if quoted else "not a number"),
-            time_raw))] if "timestamp" in roles else []),
+        *([_number_error(time_raw, timestamp, "timestamp", col["timestamp"],
+                         "neither Unix seconds nor an ISO-8601 date" if quoted else "not a number")]
+          if "timestamp" in roles else []),
         *([(given.isNull(), F.format_string(
             f"split '%s' in column {col['split']} is not train, valid or test", get["split"]))]
           if "split" in roles else []),

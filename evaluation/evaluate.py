@@ -485,9 +485,9 @@ def log_to_mlflow(recs: list[Recs], rows: list[dict], pop: dict, files: dict[str
         heads = [row for row in rows if row["label"] == r.label and row["group"] == "warm"
                  and row["metric"] in PAIRED]  # the headline pair: NDCG, Recall@50
         if heads:
-            add_test_description(client, run_id, [
-                f"- {target} ({heads[0]['users']:,} warm users, mean ± 95% CI): " + ", ".join(
-                    f"{row['metric']} {row['mean']:.4f} ± {row['ci95']:.4f}" for row in heads)])
+            add_test_description(client, run_id, target, (
+                f"({heads[0]['users']:,} warm users, mean ± 95% CI): " + ", ".join(
+                    f"{row['metric']} {row['mean']:.4f} ± {row['ci95']:.4f}" for row in heads)))
         with tempfile.TemporaryDirectory() as d:
             for name, data in files.items():
                 Path(d, name).write_bytes(data)

@@ -24,7 +24,7 @@ RUN_NAME_TAG = "nce.run_name"
 NOTE = "mlflow.note.content"
 EXPERIMENT_NOTE = (
     "Training runs of the NCE-AutoRec project, one per model trained. To compare them, tick the "
-    "runs and press Compare, or add the columns `test_ndcg`, `test_ndcg_ci95`, `test_recall` and "
+    "runs and press Compare, or add the columns `test_ndcg`, `test_ndcg_ci95`, `test_recall_at_50` and "
     "`best_valid_ndcg` in the runs list (Columns). Test metrics are written into each run by "
     "evaluation/evaluate.py, with 95% confidence intervals (`_ci95`); the tag `health` says "
     "whether a run beat the popularity baseline on validation.")
@@ -112,12 +112,14 @@ def describe_run(uri: str, run_id: str, title: str, summary: dict) -> None:
     MlflowClient(uri).set_tag(run_id, NOTE, "\n".join(lines))
 
 
-def add_test_description(client, run_id: str, test_lines: list[str]) -> None:
-    """Replace the "test metrics" line of the run's description by ``test_lines``."""
+def add_test_description(client, run_id: str, target: str, text: str) -> None:
+    """Put ``- TARGET TEXT`` into the run's description in place of an earlier line of that
+    target (and of the "not evaluated yet" line when the target is test)."""
     run = client.get_run(run_id)
     old = run.data.tags.get(NOTE, f"**{run.info.run_name}**\n")
-    kept = [line for line in old.split("\n") if not line.startswith("- test")]
-    client.set_tag(run_id, NOTE, "\n".join(kept + test_lines))
+    kept = [line for line in old.split("\n") if not line.startswith(f"- {target} ")
+            and not (target == "test" and line.startswith("- test metrics:"))]
+    client.set_tag(run_id, NOTE, "\n".join([*kept, f"- {target} {text}"]))
 
 
 def log_dataset(uri: str, run_id: str, manifest: dict, source: str, context: str) -> None:

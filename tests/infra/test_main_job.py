@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from infra.demo import MODELS
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.spark, pytest.mark.ray]
 
@@ -109,7 +111,7 @@ def test_mlflow_holds_every_run_with_metrics_models_and_plots(first_run, mlflow_
         assert "cold_ndcg" in run.data.metrics and "test_popularity_coverage" in run.data.metrics
         # the description the UI shows: trained on what, and the test numbers evaluation wrote
         note = run.data.tags["mlflow.note.content"].split("\n")
-        model = {"NCE-AutoRec": "nce-autorec", "AutoRec": "autorec", "PureSVD": "puresvd"}[label]
+        model = {label: name for name, label in MODELS}[label]
         assert note[0].startswith(f"**{model}") and note[0].endswith(" on ml-latest-small**"), note
         assert note[-1].startswith("- test (") and "NDCG 0." in note[-1] and "Recall@50 0." in note[-1]
         assert f"NDCG {run.data.metrics['test_ndcg']:.4f} ± {run.data.metrics['test_ndcg_ci95']:.4f}" \

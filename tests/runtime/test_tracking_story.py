@@ -46,9 +46,15 @@ def test_a_runs_description_gets_its_test_metrics_once_evaluated(store):
         "- validation NDCG@50 0.2123 at epoch 7 of 10 (popularity 0.1316)", "- health: ok",
         "- test metrics: not evaluated yet (evaluation/evaluate.py writes them here)"]
     for ndcg in ("0.2500", "0.2600"):  # evaluated again: the test line is replaced, not added
-        tracking.add_test_description(client, run, [f"- test: NDCG {ndcg} ± 0.0100"])
+        tracking.add_test_description(client, run, "test", f"(9 warm users): NDCG {ndcg} ± 0.0100")
     note = client.get_run(run).data.tags[tracking.NOTE].split("\n")
-    assert note[-1] == "- test: NDCG 0.2600 ± 0.0100" and sum(x.startswith("- test") for x in note) == 1
+    assert note[-1] == "- test (9 warm users): NDCG 0.2600 ± 0.0100"
+    assert sum(x.startswith("- test") for x in note) == 1
+    # a validation-target evaluation has its own line; the test line stays
+    tracking.add_test_description(client, run, "valid", "(9 warm users): NDCG 0.3000 ± 0.0100")
+    note = client.get_run(run).data.tags[tracking.NOTE].split("\n")
+    assert note[-2:] == ["- test (9 warm users): NDCG 0.2600 ± 0.0100",
+                         "- valid (9 warm users): NDCG 0.3000 ± 0.0100"]
     assert note[:4] == ["**NCE-AutoRec on shop**", "",
                         "- validation NDCG@50 0.2123 at epoch 7 of 10 (popularity 0.1316)",
                         "- health: ok"]
