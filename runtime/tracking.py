@@ -125,7 +125,8 @@ def add_test_description(client, run_id: str, target: str, text: str) -> None:
 def log_dataset(uri: str, run_id: str, manifest: dict, source: str, context: str) -> None:
     """The prepared dataset as the run's MLflow dataset input (the UI's "Datasets" column): its
     name, a digest of what it was made from and how, its path, its counts as the profile. Once
-    per run (a resumed run has it already)."""
+    per run (a resumed run has it already). The digest is of the content, and MLflow keeps one
+    record per name and digest in an experiment: a copy of the data shows the first path seen."""
     import hashlib
 
     from mlflow.entities import Dataset, DatasetInput, InputTag
