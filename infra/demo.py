@@ -191,6 +191,16 @@ def evaluation_is_current(out: Path, recs: list[Path]) -> bool:
         marker.stat().st_mtime > (r / "_manifest.json").stat().st_mtime for r in recs)
 
 
+def runs_url(mlflow_url: str, run_id: str, chart: bool = False) -> str:
+    """The experiment of ``run_id`` in the UI: its runs, best test NDCG first; ``chart``: as
+    bar charts, one per metric (the UI's search box narrows them, e.g. to ``test_``)."""
+    from mlflow.tracking import MlflowClient
+
+    exp = MlflowClient(mlflow_url).get_run(run_id).info.experiment_id
+    return (f"{mlflow_url}/#/experiments/{exp}/runs?orderByKey=metrics.%60test_ndcg%60"
+            f"&orderByAsc=false" + ("&compareRunsMode=CHART" if chart else ""))
+
+
 def compare_url(mlflow_url: str, run_ids: list[str]) -> str:
     from mlflow.tracking import MlflowClient
 
@@ -368,7 +378,9 @@ def run_steps(args, state: Path, lap, timings: dict, t0: float) -> int:
     results = write_results(var / "results", evaluation, summaries, c, timings, var, args)
     print(f"\npopularity plot: {evaluation / 'popularity.png'}")
     print(f"cold-start plot: {evaluation / 'cold_start.png'}")
-    print(f"MLflow UI, the runs side by side: {compare_url(mlflow_url, run_ids)}")
+    print(f"MLflow UI, the runs by test NDCG: {runs_url(mlflow_url, run_ids[0])}")
+    print(f"  as charts (type test_ in its search box): {runs_url(mlflow_url, run_ids[0], True)}")
+    print(f"  side by side: {compare_url(mlflow_url, run_ids)}")
     print(f"results (metrics, popularity, timings, machine, commit): {results}")
     print("serve a model over REST (another shell, the venv active; a user's item ids in, their "
           "top k out):\n" + "\n".join("  " + line for line in serve_commands(

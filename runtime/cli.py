@@ -251,17 +251,21 @@ class _ConfigFileParser(argparse.ArgumentParser):
         message: a mistyped flag gets the flags it is closest to."""
         lines = [f"{self.prog}: error: {message}"]
         unknown = message.split("unrecognized arguments: ", 1)
-        if len(unknown) == 2:
-            for word in unknown[1].split():
-                close = close_flags(word, self._option_string_actions)
-                if close:
-                    lines.append(f"  {word.split('=', 1)[0]}: did you mean "
-                                 f"{' or '.join(close)}?")
+        # another error (a missing DIR) comes before argparse's unknown flags: they are looked
+        # for in the command line itself, so that `--hel` still gets its guess
+        words = unknown[1].split() if len(unknown) == 2 else [
+            w for w in getattr(self, "_argv", []) if w.startswith("--")
+            and w.split("=", 1)[0] not in self._option_string_actions]
+        for word in words:
+            close = close_flags(word, self._option_string_actions)
+            if close:
+                lines.append(f"  {word.split('=', 1)[0]}: did you mean {' or '.join(close)}?")
         lines.append(f"(`{self.prog} --help` lists every flag)")
         self.exit(2, "\n".join(lines) + "\n")
 
     def parse_known_args(self, args=None, namespace=None):
         argv = sys.argv[1:] if args is None else list(args)
+        self._argv = argv  # for error()
         path = _config_path(argv) if self.config_cls is not None else None
         if path is None or {"-h", "--help"} & set(argv):  # --help never needs the file
             return super().parse_known_args(argv, namespace)

@@ -23,11 +23,14 @@ RUN_NAME_TAG = "nce.run_name"
 # the description MLflow's UI shows on a run's and an experiment's page (Markdown)
 NOTE = "mlflow.note.content"
 EXPERIMENT_NOTE = (
-    "Training runs of the NCE-AutoRec project, one per model trained. To compare them, tick the "
-    "runs and press Compare, or add the columns `test_ndcg`, `test_ndcg_ci95`, `test_recall_at_50` and "
-    "`best_valid_ndcg` in the runs list (Columns). Test metrics are written into each run by "
-    "evaluation/evaluate.py, with 95% confidence intervals (`_ci95`); the tag `health` says "
+    "Training runs of the NCE-AutoRec project, one per model trained. To compare them on test: "
+    "sort by `test_ndcg` and add the columns `test_ndcg`, `test_ndcg_ci95` and `test_recall_at_50` "
+    "(Columns), or open the chart view and search `test_`. Test metrics are written into each "
+    "run by evaluation/evaluate.py, with 95% confidence intervals (`_ci95`), and every metric at "
+    "every K is the run's table `evaluation-test/metrics_table.json`; the tag `health` says "
     "whether a run beat the popularity baseline on validation.")
+# the UI opens an experiment of this kind on its runs, not on the GenAI overview (MLflow 3)
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def tracking_uri(flag: str | None) -> str:
@@ -89,9 +92,10 @@ def experiment_id(client, uri: str, name: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is None:
         return client.create_experiment(name, artifact_location=artifact_root(uri),
-                                        tags={NOTE: EXPERIMENT_NOTE})
-    if NOTE not in exp.tags:
-        client.set_experiment_tag(exp.experiment_id, NOTE, EXPERIMENT_NOTE)
+                                        tags={NOTE: EXPERIMENT_NOTE, **EXPERIMENT_KIND})
+    for key, value in {NOTE: EXPERIMENT_NOTE, **EXPERIMENT_KIND}.items():
+        if key not in exp.tags:  # an experiment made before, or by someone else: theirs kept
+            client.set_experiment_tag(exp.experiment_id, key, value)
     return exp.experiment_id
 
 

@@ -27,6 +27,9 @@ TRAIN_SPLITS = ("train", "train,valid")
 DATA_CACHE = ("auto", "memory", "stream")
 PLACEMENTS = ("PACK", "SPREAD")
 VALID_BY = ("fold-in", "trained")
+# the run settings only gradient training reads (a closed form is one fit, not epochs of Adam)
+GRADIENT_ONLY = ("lr", "batch_size", "epochs", "pretrain_epochs", "patience", "negatives",
+                 "num_negatives", "valid_by", "bf16")
 
 
 DATA, HYPER, TRAINING, CLUSTER = ("data and model", "model hyperparameters (a model refuses one it "
@@ -186,6 +189,19 @@ class RunConfig:
         """Every training option a model's policy declares (``Training.options``), as given
         (None or its default where not)."""
         return {name: getattr(self, name) for name in declared_options(MODELS)}
+
+    def logged_params(self) -> dict:
+        """The run's MLflow parameters: its settings and the model's own hyperparameters and
+        training options as it uses them (``resolved``), not the other models' (their None), nor
+        the settings a closed form does not read (lr, epochs, ...). A setting left unset (None:
+        "the ETL's" beta and N) is left out; the run logs the value it stands for beside."""
+        own = self.resolved()
+        others = {f.name for f in dataclasses.fields(self) if f.metadata.get("group") == HYPER}
+        others |= set(declared_options(MODELS))
+        if MODELS[self.model].kind != "gradient":
+            others |= set(GRADIENT_ONLY)
+        generic = {k: v for k, v in self.to_dict().items() if k not in others and v is not None}
+        return {**generic, **own}
 
     def resolved(self) -> dict:
         """Every hyperparameter of the model, defaults filled in, and the training options that

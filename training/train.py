@@ -356,7 +356,7 @@ def _run(cfg: TrainConfig, prep: Prepared, mlflow_uri: str | None, ray_address: 
     # what the model reads from the data (e.g. the AutoRec family's unit of lambda, "overlap"),
     # and on which split: the selection's, also for the final retraining (STATISTICS_SPLIT)
     stats = run_statistics(cfg, prep, record)
-    tracking.log_params(uri, run_id, {**cfg.to_dict(), **cfg.resolved(), "n_items": prep.n_items,
+    tracking.log_params(uri, run_id, {**cfg.logged_params(), "n_items": prep.n_items,
                                       "dataset": prep.dataset, **statistics_params(stats),
                                       "etl_beta": prep.beta(), "etl_negatives": prep.negatives(),
                                       "users": prep.manifest["counts"]["users"]})

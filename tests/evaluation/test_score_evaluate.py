@@ -468,11 +468,25 @@ def test_two_models_compared_and_logged_into_their_mlflow_runs(spark, small_prep
                     and r["metric"] == "NDCG")
         assert data.metrics["test_ndcg"] == pytest.approx(want["mean"])
         assert data.metrics["test_ndcg_ci95"] == pytest.approx(want["ci95"])
-        assert {"cold_ndcg", "test_recall_at_50", "test_popularity_median_popularity"} <= \
-            set(data.metrics)
+        # the key metrics only; every metric at every K is the run's table
+        key = {f"{g}_{m}{ci}" for g in ("test", "cold") for m in ("ndcg", "recall_at_50")
+               for ci in ("", "_ci95")} | {"test_users", "cold_users"} | {
+            f"test_popularity_{k}" for k in ("share_top10pct", "median_popularity", "coverage")}
+        paired = {f"test_paired_{m}_minus_b{x}" for m in ("ndcg", "recall_at_50")
+                  for x in ("", "_ci95", "_t_p_holm", "_wilcoxon_p_holm")}
+        assert set(data.metrics) == key | (paired if label == "A" else set())
         names = {a.path for a in client.list_artifacts(run_id, "evaluation-test")}
         assert {"evaluation-test/metrics.csv", "evaluation-test/popularity.png",
-                "evaluation-test/cold_start.png", "evaluation-test/paired.csv"} <= names
+                "evaluation-test/cold_start.png", "evaluation-test/paired.csv",
+                "evaluation-test/metrics_table.json"} <= names
+        table = client.load_table(exp, "evaluation-test/metrics_table.json", run_ids=[run_id])
+        mine = [r for r in m["rows"] if r["label"] == label]
+        assert len(table) == len(mine) and set(table["group"]) == {"warm", "cold"}
+        r10 = table[(table.group == "warm") & (table.metric == "Recall") & (table.K == 10)]
+        want10 = next(r for r in mine if r["group"] == "warm" and r["metric"] == "Recall@10")
+        assert r10["mean"].item() == pytest.approx(want10["mean"])
+        assert {"path": "evaluation-test/metrics_table.json", "type": "table"} in json.loads(
+            data.tags["mlflow.loggedArtifacts"])
 
     # the paired differences A - B, recomputed from the per-user values with pandas
     users = pd.read_parquet(tmp_path / "eval" / "per_user")

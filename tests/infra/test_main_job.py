@@ -69,7 +69,10 @@ def test_main_job_runs_every_stage_and_prints_the_results(first_run, local_stack
     table = log.split("Test metrics (ml-latest-small", 1)[1]
     assert "R-Precision" in table and all(m in table for m in ("NCE-AutoRec", "AutoRec", "PureSVD"))
     assert f"popularity plot: {var / 'eval' / 'ml-latest-small' / 'popularity.png'}" in log
-    assert "MLflow UI, the runs side by side: " + local_stack.services["mlflow"].url in log
+    url = local_stack.services["mlflow"].url
+    assert "MLflow UI, the runs by test NDCG: " + url + "/#/experiments/" in log
+    assert "orderByKey=metrics.%60test_ndcg%60&orderByAsc=false&compareRunsMode=CHART" in log
+    assert "  side by side: " + url + "/#/compare-runs?runs=" in log
     # registered by name, and the commands that serve one printed to be copied
     assert "registered: models:/demo-nce-autorec@champion, models:/demo-autorec@champion, " \
            "models:/demo-puresvd@champion" in log
@@ -109,6 +112,16 @@ def test_mlflow_holds_every_run_with_metrics_models_and_plots(first_run, mlflow_
         assert len(client.get_metric_history(run_id, "valid_ndcg")) == epochs
         assert 0 < run.data.metrics["test_ndcg"] < 1 and run.data.metrics["test_ndcg_ci95"] > 0
         assert "cold_ndcg" in run.data.metrics and "test_popularity_coverage" in run.data.metrics
+        # what the UI lists: the key metrics, not every K (those are the run's metrics table),
+        # the prepared data as the run's dataset input, only the parameters the model takes
+        assert "test_precision_at_5" not in run.data.metrics and len(run.data.metrics) < 60, \
+            sorted(run.data.metrics)
+        (data,) = run.inputs.dataset_inputs
+        assert data.dataset.name == "ml-latest-small" and data.dataset.digest
+        assert not {"margin", "kl_cap", "rank" if label != "PureSVD" else "width"} & set(
+            run.data.params)
+        assert client.get_experiment(run.info.experiment_id).tags[
+            "mlflow.experimentKind"] == "custom_model_development"
         # the description the UI shows: trained on what, and the test numbers evaluation wrote
         note = run.data.tags["mlflow.note.content"].split("\n")
         model = {label: name for name, label in MODELS}[label]
@@ -120,7 +133,7 @@ def test_mlflow_holds_every_run_with_metrics_models_and_plots(first_run, mlflow_
         assert "learning_curves.png" in top
         ev = {a.path for a in client.list_artifacts(run_id, "evaluation-test")}
         assert {"evaluation-test/popularity.png", "evaluation-test/cold_start.png",
-                "evaluation-test/metrics.csv"} <= ev
+                "evaluation-test/metrics.csv", "evaluation-test/metrics_table.json"} <= ev
         models = client.search_logged_models(experiment_ids=[run.info.experiment_id],
                                              filter_string=f"source_run_id = '{run_id}'")
         assert len(models) == 1

@@ -241,7 +241,8 @@ def test_the_ray_address_a_driver_joins(monkeypatch):
 
 ENTRY_POINTS = [["etl/prepare.py"], ["training/train.py"], ["experiment/run.py"],
                 ["evaluation/score.py"], ["evaluation/evaluate.py"], ["-m", "etl.fetch"],
-                ["-m", "infra.demo"], ["-m", "infra.stack"], ["-m", "etl.verify"]]
+                ["-m", "infra.demo"], ["-m", "infra.stack"], ["-m", "etl.verify"],
+                ["-m", "infra.screenshots"]]
 
 
 def test_every_entry_point_prints_its_version():
@@ -279,6 +280,8 @@ def test_a_mistyped_flag_gets_one_line_the_flags_it_meant_and_no_usage(capsys):
     ("infra.stack", ["status", "--stat", "/nonexistent"], "unrecognized arguments: --stat"),
     ("etl.fetch", ["--lst"], "--lst: did you mean --list?"),
     ("etl.verify", ["/nonexistent", "--verison"], "--verison: did you mean --version?"),
+    # the missing DIR is argparse's first error; the mistyped flag still gets its guess
+    ("etl.verify", ["--hel"], "--hel: did you mean --help?"),
 ])
 def test_the_tools_parse_flags_as_the_stages_do(module, argv, message, capsys):
     import importlib
@@ -287,6 +290,20 @@ def test_the_tools_parse_flags_as_the_stages_do(module, argv, message, capsys):
         importlib.import_module(module).main(argv)
     err = capsys.readouterr().err
     assert message in err and "usage:" not in err
+
+
+def test_the_screenshots_say_what_to_install_and_what_to_run_first(monkeypatch, tmp_path):
+    from infra import screenshots
+
+    monkeypatch.setitem(sys.modules, "playwright", None)  # not installed
+    with pytest.raises(SystemExit, match=r"pip install playwright .*apt-get install chromium"):
+        screenshots.main([])
+    monkeypatch.delitem(sys.modules, "playwright")
+    monkeypatch.setitem(sys.modules, "playwright", type(sys)("playwright"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setattr(screenshots.stack, "STATE", tmp_path / "no-stack")
+    with pytest.raises(SystemExit, match=r"no local stack running: `make demo`"):
+        screenshots.main([])
 
 
 def test_version_without_git_is_the_package_version_alone(monkeypatch):
@@ -398,6 +415,28 @@ def test_the_batch_size_not_given_is_the_models_own_and_a_given_one_wins():
         assert TrainConfig(data="d", model=name).batch_size == cls.trainer.batch_size
         assert TrainConfig(data="d", model=name, batch_size=7).batch_size == 7
     assert MODELS["bpr"].trainer.batch_size == 128  # the models outside the family keep theirs
+
+
+def test_a_run_logs_only_the_parameters_its_model_takes():
+    """MLflow's parameters of a run: every model's own hyperparameters with their defaults, the
+    run's settings; not another model's (as None), nor Adam's for a closed form."""
+    from models.registry import MODELS
+    from training.config import TrainConfig
+
+    for name, cls in MODELS.items():
+        params = TrainConfig(data="d", model=name).logged_params()
+        assert {k: params[k] for k in cls.defaults()} == cls.defaults(), name
+        # None only where the model's own default is None (embed_lam: "lam's")
+        assert not [k for k, v in params.items() if v is None and k not in cls.defaults()], name
+        assert {"data", "model", "seed", "num_workers", "train_splits"} <= set(params), name
+        others = {k for c in MODELS.values() for k in c.defaults()} - set(cls.defaults())
+        assert not others & set(params), (name, others & set(params))
+        gradient = cls.kind == "gradient"
+        assert ("lr" in params and "epochs" in params) == gradient, name
+    nce = TrainConfig(data="d", model="nce-autorec", lr=0.01, width=64).logged_params()
+    assert (nce["lr"], nce["width"], nce["model"]) == (0.01, 64, "nce-autorec")
+    svd = TrainConfig(data="d", model="puresvd").logged_params()
+    assert "rank" in svd and not {"width", "margin", "kl_cap", "lr", "batch_size"} & set(svd)
 
 
 @pytest.mark.parametrize("cli, flag, says", [

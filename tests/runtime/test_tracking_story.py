@@ -28,10 +28,18 @@ MANIFEST = {"dataset": "shop", "inputs": [{"path": "/d/events.csv", "sha256": "a
 def test_an_experiment_says_how_to_compare_its_runs(store):
     uri, client = store
     exp = tracking.experiment_id(client, uri, "shop")
-    assert "Compare" in client.get_experiment(exp).tags[tracking.NOTE]
+    tags = client.get_experiment(exp).tags
+    assert "sort by `test_ndcg`" in tags[tracking.NOTE] and "metrics_table.json" in tags[tracking.NOTE]
+    # MLflow 3's UI opens a model-training experiment on its runs list, not the GenAI overview
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
     old = client.create_experiment("older")  # made before descriptions: gets one when used
     assert tracking.experiment_id(client, uri, "older") == old
     assert client.get_experiment(old).tags[tracking.NOTE] == tracking.EXPERIMENT_NOTE
+    theirs = client.create_experiment("theirs", tags={tracking.NOTE: "mine",
+                                                       "mlflow.experimentKind": "genai_development"})
+    tracking.experiment_id(client, uri, "theirs")  # a user's own description and kind are kept
+    assert {k: client.get_experiment(theirs).tags[k] for k in (tracking.NOTE, "mlflow.experimentKind")
+            } == {tracking.NOTE: "mine", "mlflow.experimentKind": "genai_development"}
 
 
 def test_a_runs_description_gets_its_test_metrics_once_evaluated(store):

@@ -216,7 +216,7 @@ def test_mlflow_holds_params_epoch_metrics_artifacts_and_a_loadable_model(two_wo
     assert {k: seen[k] for k in made_of} == {k: want[k] for k in made_of}
     assert json.loads(data.dataset.profile)["users"] == json.loads(
         (small_prepared / "manifest.json").read_text())["counts"]["users"]
-    assert "Compare" in client.get_experiment(r.info.experiment_id).tags["mlflow.note.content"]
+    assert "test_ndcg" in client.get_experiment(r.info.experiment_id).tags["mlflow.note.content"]
 
     # the logged model, loaded by URI, scores user rows as the model itself does
     rows = warm_rows(small_prepared).head(20)
@@ -370,7 +370,9 @@ def test_a_closed_form_model_trains_logs_and_scores_like_autorec(closed_form, sm
     client = MlflowClient(mlflow_server.url)
     r = client.get_run(result["mlflow_run_id"])
     assert r.info.status == "FINISHED" and r.data.tags["model"] == "puresvd"
-    assert r.data.params["rank"] == "32" and r.data.params["width"] == "None"
+    # only what PureSVD takes: its rank, not the AutoRec family's width nor Adam's settings
+    assert r.data.params["rank"] == "32" and r.data.params["model"] == "puresvd"
+    assert not {"width", "beta", "margin", "lr", "epochs", "batch_size"} & set(r.data.params)
     assert [m.value for m in client.get_metric_history(r.info.run_id, "valid_ndcg")] == \
         [pytest.approx(ndcg)]
     # the popularity of its lists beside NDCG, as a gradient run logs it: the share of the top 50
