@@ -201,7 +201,14 @@ class RunConfig:
         if MODELS[self.model].kind != "gradient":
             others |= set(GRADIENT_ONLY)
         generic = {k: v for k, v in self.to_dict().items() if k not in others and v is not None}
-        return {**generic, **own}
+        # the model's own training options that apply to it (--loss-path for the AutoRec
+        # family), as given or their default; ``resolved`` fills in those whose None stands
+        # for something
+        cls = MODELS[self.model]
+        hp = {**cls.defaults(), **self.hyperparameters()}
+        taken = {k: v for k, v in self.training_options().items() if v is not None
+                 and k in cls.trainer.options and cls.trainer.takes_option(k, hp)}
+        return {**generic, **taken, **own}
 
     def resolved(self) -> dict:
         """Every hyperparameter of the model, defaults filled in, and the training options that

@@ -435,6 +435,9 @@ def test_a_run_logs_only_the_parameters_its_model_takes():
         assert ("lr" in params and "epochs" in params) == gradient, name
     nce = TrainConfig(data="d", model="nce-autorec", lr=0.01, width=64).logged_params()
     assert (nce["lr"], nce["width"], nce["model"]) == (0.01, 64, "nce-autorec")
+    assert nce["loss_path"] == "auto"  # the family's own training option, at its default
+    limited = TrainConfig(data="d", model="nce-autorec", mode="limited-finetune").logged_params()
+    assert limited["finetune_init"] == "ridge"
     svd = TrainConfig(data="d", model="puresvd").logged_params()
     assert "rank" in svd and not {"width", "margin", "kl_cap", "lr", "batch_size"} & set(svd)
 
