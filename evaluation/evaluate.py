@@ -70,8 +70,6 @@ from runtime.progress import EVERY, info_lines, spark_progress
 
 log = logging.getLogger("evaluation")
 
-POPULARITY_KEYS = ("median_popularity", "mean_popularity", "share_top10pct", "coverage", "gini")
-
 
 @dataclass
 class Recs:

@@ -195,16 +195,15 @@ class RunConfig:
         training options as it uses them (``resolved``), not the other models' (their None), nor
         the settings a closed form does not read (lr, epochs, ...). A setting left unset (None:
         "the ETL's" beta and N) is left out; the run logs the value it stands for beside."""
-        own = self.resolved()
+        cls, own = MODELS[self.model], self.resolved()
         others = {f.name for f in dataclasses.fields(self) if f.metadata.get("group") == HYPER}
         others |= set(declared_options(MODELS))
-        if MODELS[self.model].kind != "gradient":
+        if cls.kind != "gradient":
             others |= set(GRADIENT_ONLY)
         generic = {k: v for k, v in self.to_dict().items() if k not in others and v is not None}
         # the model's own training options that apply to it (--loss-path for the AutoRec
         # family), as given or their default; ``resolved`` fills in those whose None stands
         # for something
-        cls = MODELS[self.model]
         hp = {**cls.defaults(), **self.hyperparameters()}
         taken = {k: v for k, v in self.training_options().items() if v is not None
                  and k in cls.trainer.options and cls.trainer.takes_option(k, hp)}
