@@ -71,6 +71,11 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid, watch=None) -> dict
                       n_users=prep.n_users, data=MODELS[cfg.model].trainer.data_statistics(prep),
                       head_items=head_items(prep.pop_train), popularity=prep.pop_train)
     model, policy = build_model(cfg, prep.n_items, prep.n_users, plan.data)
+    if MODELS[cfg.model].trainer.starts_from_data(cfg):  # e.g. --start-from svd, as train.py
+        from training.closed_form import matrices
+
+        policy.start(*matrices(prep, cfg, rows), cfg.seed)
+        plan = replace(plan, start={k: v.clone() for k, v in model.state_dict().items()})
     state = LoopState(new_progress(),
                       phase_optimizers(policy, policy.phases(), 0, cfg.learning_rate))
     if valid is not None:

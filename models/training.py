@@ -97,6 +97,15 @@ class Training:
         return False
 
     @classmethod
+    def starts_from_data(cls, options: Any) -> bool:
+        """Whether a run with ``options`` (its TrainConfig) starts from weights computed from the
+        training matrices (``start``) rather than from its random initialisation: the driver
+        then builds the model, calls ``start`` once and hands the weights to every worker, and
+        the loop validates them before the first epoch (epoch 0, a candidate for the best).
+        Default: no."""
+        return False
+
+    @classmethod
     def fit_memory(cls, n_items: int) -> int:
         """Bytes a closed-form fit holds at its peak where that is large and known before it
         starts (a dense n_items x n_items state); 0 otherwise. The experiment runs no more such
@@ -118,6 +127,12 @@ class Training:
         return f"raise --lam (now {hp['lam']})" if "lam" in hp else "check the data"
 
     # -- the loop's questions, on every rank -------------------------------------------------------
+
+    def start(self, train, rstar, seed: int) -> str | None:
+        """Set the model's weights from the binary training rows ``train`` (users x items, scipy
+        CSR) and their R* values ``rstar`` (None unless the model needs R*), when
+        ``starts_from_data``; returns a line for the log. Default: nothing."""
+        return None
 
     def phases(self) -> list[list[Any]]:
         """The steps of each training phase; a step is whatever the model's ``forward`` and

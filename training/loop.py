@@ -161,6 +161,9 @@ class WorkerPlan:
     mlflow: dict | None = None  # rank 0's per-epoch logger (runtime.tracking.EpochLogger's kwargs)
     run_dir: str = ""
     epoch_hooks: tuple[str, ...] = ()  # training.hooks specs, called at the start of every epoch
+    # the weights the run starts from (``Training.starts_from_data``): a state dict, or Ray's
+    # reference to one in the object store; None: the model's random initialisation
+    start: object | None = None
 
 
 @dataclass
@@ -246,6 +249,8 @@ def train_loop(config: dict) -> None:
                 best_state = load_weights_only(Path(d) / BEST, f"checkpoint {Path(d) / BEST}")
         if rank == 0:
             say(f"resuming after epoch {progress['epoch']} (phase {progress['phase'] + 1})")
+    elif plan.start is not None:
+        model.load_state_dict(plan.start if isinstance(plan.start, dict) else ray.get(plan.start))
     device = ray.train.torch.get_device()
     # where each rank runs: on a cluster, the first thing to check when placement matters
     say(f"rank {rank}/{world} on node {ray.get_runtime_context().get_node_id()[:12]} "
@@ -309,6 +314,30 @@ def epochs(plan: WorkerPlan, net, policy: Training, state: LoopState, shards: Sh
         """One pass over this rank's training rows in order, for ``between_phases``."""
         for rows in shards.in_order(epoch):
             yield make(rows, epoch).to(device)
+
+    if (plan.start is not None and "start" not in progress and shards.valid is not None
+            and len(all_phases) == 1):
+        # epoch 0: the start is validated like an epoch and is the best until one beats it, so
+        # a run never ends below where it started
+        t0 = time.perf_counter()
+        (ndcg, recall), valid_share, valid_users, diagnostics = evaluate(
+            net, shards.valid, device, batch_size=max(per_worker, 256), head=head,
+            popularity=pop_order)
+        pop = diagnostics.pop("popularity", None)
+        if pop is not None:
+            progress["popularity"] = {"ndcg": pop[0], "recall_at_50": pop[1]}
+        record = {"epoch": 0, "phase": 1, "valid_ndcg": ndcg, "valid_recall_at_50": recall,
+                  "valid_seconds": time.perf_counter() - t0,
+                  "valid_largest_rank_share": valid_share, "valid_users": valid_users,
+                  **diagnostics}
+        record["epoch_seconds"] = time.perf_counter() - t0  # no training: its validation
+        progress.update(start=record, best_ndcg=ndcg, best_epoch=0)
+        if rank == 0:
+            state.best = {k: v.detach().cpu().clone() for k, v in unwrap(net).state_dict().items()}
+            if not quiet:
+                say(f"epoch   0 | the start: valid NDCG {ndcg:.4f} Recall@50 {recall:.4f}")
+        yield record, {**record, "best_epoch": 0, "best_valid_ndcg": ndcg, "done": False,
+                       "diverged_epoch": 0}
 
     while not progress["done"]:
         epoch, phase = progress["epoch"], progress["phase"]

@@ -39,6 +39,7 @@ import os
 import time
 
 from models.registry import MODELS, load_weights_only, payload
+from prepared import schema as S
 from prepared.errors import UsageError
 from prepared.protocol import head_items
 from prepared.reader import Prepared, open_prepared
@@ -52,6 +53,7 @@ from runtime.raycluster import (
     apply_one_node_env,
     apply_ray_env,
     check_fits,
+    checkpoints,
     drop_checkpoints,
     join_address,
     local_cpus,
@@ -259,9 +261,9 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float,
     run_dir = join(cfg.output, cfg.run_name)
     epoch_hooks = hook_specs()
     resolve_hooks(epoch_hooks)  # a bad NCE_TEST_HOOK is one line here, not a worker's traceback
+    data = run_statistics(cfg, prep, None)["values"] if data is None else data
     worker_plan = WorkerPlan(cfg=cfg, feed=plan, n_items=prep.n_items, n_users=prep.n_users,
-                             data=(run_statistics(cfg, prep, None)["values"] if data is None
-                                   else data),
+                             data=data, start=start_weights(cfg, prep, data, run_dir),
                              head_items=head_items(prep.pop_train), popularity=prep.pop_train,
                              threads=max(1, int(cpw)),
                              mlflow=mlflow_cfg, run_dir=run_dir, epoch_hooks=tuple(epoch_hooks))
@@ -279,6 +281,25 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float,
         datasets=datasets, dataset_config=ShardedValidation())
     with watch_run(run_dir, f"run {cfg.run_name}", cfg.num_workers, cpw, cfg.use_gpu):
         return trainer.fit()
+
+
+def start_weights(cfg: TrainConfig, prep: Prepared, data: dict, run_dir: str):
+    """The weights the run starts from when its training policy computes them from the training
+    matrices (``Training.starts_from_data``: e.g. ``--init svd``), put in Ray's object store
+    for the workers; None otherwise, and for a run that resumes from its checkpoint."""
+    import ray
+
+    from training import closed_form
+    from training.loop import build_model
+
+    if not MODELS[cfg.model].trainer.starts_from_data(cfg) or checkpoints(run_dir):
+        return None
+    t0 = time.perf_counter()
+    model, policy = build_model(cfg, prep.n_items, prep.n_users, data)
+    rows = closed_form.read_rows(prep, [S.USER_INDEX, S.TRAIN_ITEMS, S.VALID_ITEMS])
+    line = policy.start(*closed_form.matrices(prep, cfg, rows), cfg.seed)
+    print(f"run {cfg.run_name}: {line} ({time.perf_counter() - t0:.1f}s)", flush=True)
+    return ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
 
 
 def run(cfg: TrainConfig, mlflow_uri: str | None = None, ray_address: str | None = None,
@@ -473,7 +494,8 @@ def train_run(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, ray_addre
             f"--lr (now {cfg.learning_rate:g}) or "
             f"{MODELS[cfg.model].trainer.divergence_hint(cfg.resolved())}; the checkpoints up "
             f"to epoch {progress['diverged'] - 1} are in {join(cfg.output, cfg.run_name)}")
-    valid_hist = [r for r in history if "valid_ndcg" in r]
+    # epoch 0, the start a policy computed (``Training.start``), is validated like an epoch
+    valid_hist = [r for r in [progress.get("start"), *history] if r and "valid_ndcg" in r]
     pop = progress.get("popularity") or {}
     best_rec = next((r for r in valid_hist if r["epoch"] == progress["best_epoch"]), {})
     summary = {"best_epoch": progress["best_epoch"], "epochs_run": progress["epoch"],

@@ -52,6 +52,17 @@ LOSS_PATH = {
                         refused="{model} has one way to compute its loss; only {takers} have a "
                                 "fast and a dense one. Drop the flag"),
 }
+STARTS = ("random", "svd")
+START_FROM = {  # the models whose heads all have a closed form (MSE heads): not the NS head's
+    "start_from": Option("random", "where training starts: random = the paper's initialisation; svd "
+                   "= the linear closed form (extension beyond the paper: the encoder from the "
+                   "top --width singular vectors of R, of R* for NCE-AutoRec, the heads from "
+                   "their ridge solution at --lam, so that epoch 0 is PLRec / NCE-PLRec; the "
+                   "run validates it as epoch 0 and keeps it unless an epoch does better)",
+                   choices=STARTS, searchable=True,
+                   refused="{model} has an NS head, which has no closed form to start from; "
+                           "only {takers} take it. Drop the flag"),
+}
 FINETUNE = {  # the two-headed models' (their modes with a phase 2)
     "finetune_lr": Option(None, "Adam learning rate of fine-tune phase 2 (default: --lr's)",
                           type=float, lo=0, open_lo=True, hi=1, why="a learning rate",
@@ -99,7 +110,7 @@ class AutoRecTraining(Training):
     #: (benchmarks/results/batch_defaults.md, collapse.md). OHNS-AutoRec keeps its own.
     learning_rate = 1e-3
     batch_size = 512
-    options = LOSS_PATH
+    options = {**LOSS_PATH, **START_FROM}
 
     def __init__(self, model: AutoRec, options: Any = None):
         """``options``: the run's TrainConfig (``--loss-path``: auto leaves the model's
@@ -115,6 +126,7 @@ class AutoRecTraining(Training):
         self.finetune_lr = given("finetune_lr")
         self.phase1_lr = given("finetune_phase1_lr")
         self.phase1_epochs = given("finetune_phase1_epochs") or 0
+        self.start_from = given("start_from") or "random"
 
     # -- the driver's questions ------------------------------------------------------------------
 
@@ -158,6 +170,11 @@ class AutoRecTraining(Training):
                 "finetune_phase1_lr": (lr if given("finetune_phase1_lr") is None
                                        else given("finetune_phase1_lr")),
                 "finetune_phase1_epochs": given("finetune_phase1_epochs") or 0}
+
+    @classmethod
+    def starts_from_data(cls, options) -> bool:
+        """``--start-from svd`` (``models.autorec.start``)."""
+        return "start_from" in cls.options and getattr(options, "start_from", None) == "svd"
 
     @classmethod
     def converges_a_phase(cls, hp: dict, options: dict) -> bool:
@@ -211,6 +228,14 @@ class AutoRecTraining(Training):
         e = self.model.embed_head
         return terms[e] if e in terms else sum(terms.values())
 
+    def start(self, train, rstar, seed: int) -> str | None:
+        """``--start-from svd``: the model at its linear closed form (``models.autorec.start``)."""
+        if self.start_from != "svd":
+            return None
+        from models.autorec.start import svd_start
+
+        return svd_start(self.model, train, rstar, seed)
+
     @torch.no_grad()
     def between_phases(self, phase: int, batches, ranks) -> str | None:
         """Fine-tune phase 2's predict head set to the exact minimiser of its loss on phase 1's
@@ -243,10 +268,12 @@ class AutoRecTraining(Training):
 class TwoHeadedTraining(AutoRecTraining):
     """NS- and NCE-AutoRec: the fine-tune flags beside the loss path."""
 
-    options = {**LOSS_PATH, **FINETUNE}
+    options = {**LOSS_PATH, **FINETUNE}  # NS-AutoRec: no --start-from svd (its NS head)
 
 
 class NCETraining(TwoHeadedTraining):
+    options = {**LOSS_PATH, **START_FROM, **FINETUNE}
+
     @classmethod
     def data_statistics(cls, prep, split: str = "train", config=None) -> dict:
         """omega, and with ``--nce-scale`` rms or head-weight (read from ``config``, the run's
@@ -265,7 +292,10 @@ class NCETraining(TwoHeadedTraining):
 # the family's batch 512 at lr 1e-3 kept 0.80 of OHNS-AutoRec's tuned NDCG on ml-latest-small
 # (0.94 at these, the defaults before); its NS head is always dense, so a larger batch saves it
 # little time (benchmarks/results/tune_defaults.md)
-OHNSTraining = AutoRecTraining.tuned(learning_rate=3e-4, batch_size=128)
+class OHNSTraining(AutoRecTraining):
+    learning_rate = 3e-4
+    batch_size = 128
+    options = LOSS_PATH  # no --start-from svd: its one head is the NS head
 
 
 def rstar_mean_square(prep, beta: float | None, train_valid: bool) -> float:

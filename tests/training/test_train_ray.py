@@ -456,8 +456,10 @@ def test_a_failed_run_resumes_when_rerun_with_its_name(small_prepared, ray_head,
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("NCE_TEST_HOOK", "training.faults:kill_a_rank:1")  # rank 1, once
+    # started from the SVD (--start-from svd): the driver's start reaches the workers, is
+    # validated as epoch 0, and a resume continues from the checkpoint, not from a new start
     cfg = config(small_prepared, runs_dir, run_name="resume", model="autorec", epochs=3,
-                 max_failures=0)
+                 max_failures=0, start_from="svd", lr=1e-4)
     with pytest.raises(TrainingError, match="Rerun the same command .*--run-name resume"):
         run(cfg, mlflow_server.url)
     failed = json.loads((runs_dir / "resume" / "run.json").read_text())
@@ -468,7 +470,11 @@ def test_a_failed_run_resumes_when_rerun_with_its_name(small_prepared, ray_head,
     result = run(replace(cfg, max_failures=1), mlflow_server.url)  # killed once only: it finishes
     assert result["mlflow_run_id"] == failed["mlflow_run_id"] and result["epochs_run"] == 3
     history = client.get_metric_history(result["mlflow_run_id"], "valid_ndcg")
-    assert sorted(m.step for m in history) == [1, 2, 3]  # epoch 1 was not trained again
+    assert sorted(m.step for m in history) == [0, 1, 2, 3]  # epoch 1 was not trained again
+    # the start is PLRec at the model's lambda: far above what a few epochs from random reach
+    # (~0.05 here), and never below the run's best
+    start = next(m.value for m in history if m.step == 0)
+    assert start > 0.12 and result["best_valid_ndcg"] >= start
     assert not checkpoints(str(runs_dir / "resume"))  # finished: model.pt stands for them
     assert (runs_dir / "resume" / "model.pt").exists()
 
