@@ -1,6 +1,6 @@
 """Training on the real stack: Ray Train's TorchTrainer on a Ray head started for the session,
 the shipped ml-latest-small prepared by the real ETL, a real MLflow tracking server. One Ray
-session for the module; each ``run`` starts a worker group (~30 s on 2 cores), so the runs are
+session for the module; each ``run`` starts a worker group (~15-30 s on 2 cores), so the runs are
 shared through fixtures."""
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from training.train import TrainingError, run
 
 pytestmark = [pytest.mark.spark, pytest.mark.ray]
 ROOT = Path(__file__).resolve().parents[2]
-# the shared runs (one worker, two, the killed worker's): long enough to beat popularity, so that
-# one run also shows the healthy case
+# the shared two-worker run (also the killed worker's) and its one-process twin: long enough to
+# beat popularity, so that the run also shows the healthy case
 EPOCHS = 10
 SHARED_LR = 3e-3
 
@@ -45,31 +45,36 @@ def runs_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def one_worker(small_prepared, ray_head, mlflow_server, runs_dir) -> dict:
-    """Also the healthy run: it beats popularity, and it keeps its checkpoints when asked.
-    (Its driver output is kept: a module's fixture has no capsys.)"""
-    import contextlib
-    import io
+def one_process(small_prepared, runs_dir) -> dict:
+    """The two workers' configuration trained in one process through the epochs a Ray worker
+    runs (``benchmarks.tune_defaults.train_one``, ``training.loop.epochs``): what one rank alone
+    learns, without a third Ray Train run (one-worker Ray runs: tests/infra/test_faults.py,
+    tests/prepared/test_integrity.py)."""
+    from benchmarks.tune_defaults import load, train_one
 
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        result = run(config(small_prepared, runs_dir, num_workers=1, run_name="one",
-                            lr=SHARED_LR, keep_checkpoints=True), mlflow_server.url)
-    return {**result, "stdout": out.getvalue()}
+    prep, rows, valid = load(str(small_prepared))
+    cfg = config(small_prepared, runs_dir, num_workers=1, run_name="one-process", lr=SHARED_LR)
+    return train_one(cfg, prep, rows, valid)
 
 
 @pytest.fixture(scope="module")
 def two_workers(small_prepared, ray_head, mlflow_server, runs_dir) -> dict:
-    """Also the killed worker's run: rank 1 is killed once at the start of epoch 3 and the run
-    resumes from epoch 2's checkpoint. What the tests below read of a two-worker run (exact
-    validation, every epoch logged once, the ranks' shares) must hold after a resume too, and one
-    run less is ~35 s of the suite."""
+    """Also the killed worker's run and the healthy one: rank 1 is killed once at the start of
+    epoch 3 and the run resumes from epoch 2's checkpoint; it beats popularity, and it keeps its
+    checkpoints when asked. What the tests below read of a two-worker run (exact validation,
+    every epoch logged once, the ranks' shares) must hold after a resume too, and one run less
+    is ~35 s of the suite. (Its driver output is kept: a module's fixture has no capsys.)"""
+    import contextlib
+    import io
+
     from training.hooks import ENV
 
-    with pytest.MonkeyPatch.context() as mp:  # a module's fixture has no monkeypatch
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
         mp.setenv(ENV, "training.faults:kill_a_rank:2")  # rank 1, once
-        return run(config(small_prepared, runs_dir, run_name="two", max_failures=2,
-                          lr=SHARED_LR), mlflow_server.url)
+        result = run(config(small_prepared, runs_dir, run_name="two", max_failures=2,
+                            lr=SHARED_LR, keep_checkpoints=True), mlflow_server.url)
+    return {**result, "stdout": out.getvalue()}
 
 
 def load_model(path: str) -> AutoRec:
@@ -98,34 +103,22 @@ def reference_validation(model: AutoRec, rows: pd.DataFrame, with_recs: bool = F
     return (float(m["NDCG"].mean()), float(m["Recall@50"].mean())) + ((recs,) if with_recs else ())
 
 
-def test_two_workers_learn_as_one_does_and_report_exact_validation(one_worker, two_workers,
-                                                                   small_prepared):
-    for result in (one_worker, two_workers):
-        assert result["epochs_run"] == EPOCHS and 1 <= result["best_epoch"] <= EPOCHS
+def test_two_workers_learn_as_one_process_does_and_report_exact_validation(
+        one_process, two_workers, small_prepared):
+    """Two DDP workers learn what one process running the workers' epochs learns (only the
+    shuffle differs: Ray Data's local shuffle, not a permutation per epoch), and the NDCG the
+    workers computed together equals a one-process recomputation from the returned model."""
+    assert two_workers["epochs_run"] == one_process["epochs"] == EPOCHS
+    assert 1 <= two_workers["best_epoch"] <= EPOCHS and len(one_process["curve"]) == EPOCHS
+    assert [t for t, _ in one_process["curve"]] == sorted(t for t, _ in one_process["curve"])
     # random ranking gives NDCG ~0.02 here; a few epochs of NCE-AutoRec give ~0.1
     assert two_workers["best_valid_ndcg"] > 0.1
-    assert abs(one_worker["best_valid_ndcg"] - two_workers["best_valid_ndcg"]) < 0.02
-    # the NDCG the workers computed together (each a share of users, sums all-reduced) equals a
-    # one-process recomputation from the returned model
+    assert abs(one_process["best_ndcg"] - two_workers["best_valid_ndcg"]) < 0.02
+    # each worker's share of users, sums all-reduced, against the whole in one process
     ndcg, recall = reference_validation(load_model(two_workers["model_path"]),
                                         warm_rows(small_prepared))
     assert two_workers["best_valid_ndcg"] == pytest.approx(ndcg, abs=1e-5)
     assert two_workers["best_valid_recall_at_50"] == pytest.approx(recall, abs=1e-5)
-
-
-def test_one_process_runs_the_workers_epochs(one_worker, small_prepared, runs_dir):
-    """The benchmarks' one-process runs (``benchmarks/tune_defaults.train_one``) go through the
-    epochs a Ray worker runs (``training.loop.epochs``): the same configuration learns what the
-    one-worker Ray run did (only the shuffle differs: a permutation per epoch, not Ray Data's
-    local shuffle), and the records carry the worker's per-epoch diagnostics."""
-    from benchmarks.tune_defaults import load, train_one
-
-    prep, rows, valid = load(str(small_prepared))
-    cfg = config(small_prepared, runs_dir, num_workers=1, run_name="one-process", lr=SHARED_LR)
-    r = train_one(cfg, prep, rows, valid)
-    assert r["epochs"] == one_worker["epochs_run"] == EPOCHS and len(r["curve"]) == EPOCHS
-    assert abs(r["best_ndcg"] - one_worker["best_valid_ndcg"]) < 0.02
-    assert [s for s, _ in r["curve"]] == sorted(s for s, _ in r["curve"])  # cumulative seconds
 
 
 def test_validation_reports_the_popular_share_and_the_codes_effective_rank(
@@ -267,15 +260,15 @@ def test_popularity_is_measured_exactly_beside_validation_and_decides_the_health
     assert r.data.metrics["valid_ndcg_popularity"] == pytest.approx(ndcg, abs=1e-5)
 
 
-def test_a_run_that_beats_popularity_is_healthy(one_worker, mlflow_server, runs_dir):
+def test_a_run_that_beats_popularity_is_healthy(two_workers, mlflow_server, runs_dir):
     from mlflow.tracking import MlflowClient
 
-    result = one_worker
-    assert len(checkpoints(str(runs_dir / "one"))) == 2  # kept when asked: Ray keeps 2
+    result = two_workers
+    assert len(checkpoints(str(runs_dir / "two"))) == 2  # kept when asked: Ray keeps 2
     assert result["best_valid_ndcg"] > result["valid_ndcg_popularity"] > 0.01
     assert result["health"] == "ok" and result["best_code_effective_rank"] >= 2.0
-    assert "WARNING: run one" not in result["stdout"]
-    assert "run one:" in result["stdout"]  # the driver's output was captured
+    assert "WARNING: run two" not in result["stdout"]
+    assert "run two:" in result["stdout"]  # the driver's output was captured
     assert MlflowClient(mlflow_server.url).get_run(
         result["mlflow_run_id"]).data.tags["health"] == "ok"
 
@@ -438,7 +431,7 @@ def test_small_data_read_by_the_driver_is_ray_datas_read(small_prepared, ray_hea
 
 
 def test_a_killed_worker_costs_one_epoch_and_the_run_finishes(runs_dir, two_workers,
-                                                             one_worker, mlflow_server):
+                                                             one_process, mlflow_server):
     from mlflow.tracking import MlflowClient
 
     marker = runs_dir / "two" / "fault-injected.txt"
@@ -448,7 +441,7 @@ def test_a_killed_worker_costs_one_epoch_and_the_run_finishes(runs_dir, two_work
     history = MlflowClient(mlflow_server.url).get_metric_history(two_workers["mlflow_run_id"],
                                                                  "valid_ndcg")
     assert sorted(m.step for m in history) == list(range(1, EPOCHS + 1))
-    assert abs(two_workers["best_valid_ndcg"] - one_worker["best_valid_ndcg"]) < 0.02
+    assert abs(two_workers["best_valid_ndcg"] - one_process["best_ndcg"]) < 0.02
 
 
 def test_a_failed_run_resumes_when_rerun_with_its_name(small_prepared, ray_head, mlflow_server,
