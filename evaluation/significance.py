@@ -116,3 +116,20 @@ def holm(p: list[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * p[i]))
         out[i] = running
     return out
+
+
+def tost_p(diff: float, se: float, df: float, margin: float) -> float:
+    """p-value of the two one-sided tests (Schuirmann's TOST) that the true difference lies
+    within (-margin, margin): the larger of the p-values of H0: d <= -margin and of H0: d >= margin,
+    each a one-sided t-test of ``diff`` with standard error ``se`` on ``df`` degrees of freedom
+    (inf: the normal). Below 0.05 exactly where the 90% interval diff +- t(0.95, df) se lies
+    inside the margin. With se = 0: 0 inside the margin, 1 outside."""
+    from scipy import stats
+
+    if margin <= 0 or math.isnan(diff) or math.isnan(se):
+        return math.nan
+    if se == 0:
+        return 0.0 if abs(diff) < margin else 1.0
+    below = stats.t.sf((diff + margin) / se, df)   # H0: d <= -margin
+    above = stats.t.cdf((diff - margin) / se, df)  # H0: d >= margin
+    return float(max(below, above))

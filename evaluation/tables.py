@@ -31,6 +31,22 @@ def p_pair(p: tuple[float, float] | None) -> str:
     return " / ".join("–" if math.isnan(x) else f"{x:.2g}" for x in p) if p else "–"
 
 
+def verdict(diff: tuple[float, float] | None, tost_p: float | None) -> str:
+    """A paired difference (mean, 95% CI half-width) in words: above / below where the CI excludes
+    0; level where the equivalence test's ``tost_p`` is below 0.05 (its margin in the caption);
+    else not significantly above / below; "–" where there is no difference."""
+    if not diff:
+        return "–"
+    d, ci = diff
+    if d - ci > 0:
+        return "above"
+    if d + ci < 0:
+        return "below"
+    if tost_p is not None and tost_p < 0.05:
+        return "level"
+    return "not significantly " + ("below" if d < 0 else "above")
+
+
 def standard_md(rows: list[dict], seeds: int) -> list[str]:
     """The second table: the common conventions (``STANDARD``) of the same lists and users,
     that a number may be set beside a published table using them. Not the paper's definitions,
@@ -72,7 +88,8 @@ def table_csv(rows: list[dict]) -> str:
                 "median_popularity", "share_top10pct", "chosen",
                 "valid_ndcg", "epochs", "trials", "search_minutes", "final_minutes", "users",
                 "health", "seeds", "ndcg_seed_sd", "ndcg_seed_min", "ndcg_seed_max",
-                "paired_seed_sd", *[f"{m} {x}" for m in STANDARD for x in ("mean", "ci95")]])
+                "paired_seed_sd", *[f"{m} {x}" for m in STANDARD for x in ("mean", "ci95")],
+                "paired_tost_p", "best_tost_p"])
     num = lambda x: "" if x is None or math.isnan(x) else f"{x:.6f}"  # noqa: E731
     for r in rows:
         d, p, b = r.get("paired_ndcg"), r.get("paired_p"), r.get("best")
@@ -89,7 +106,8 @@ def table_csv(rows: list[dict]) -> str:
                     f"{r['final_minutes']:.2f}", r["users"], r.get("health", ""),
                     r.get("seeds", 1), *map(num, r.get("seed_spread") or (None,) * 3),
                     num(r.get("paired_seed_sd")),
-                    *[f"{r[m][i]:.6f}" if m in r else "" for m in STANDARD for i in (0, 1)]])
+                    *[f"{r[m][i]:.6f}" if m in r else "" for m in STANDARD for i in (0, 1)],
+                    num(r.get("paired_tost_p")), num(b["tost_p"] if b else None)])
     return buf.getvalue()
 
 

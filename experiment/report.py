@@ -7,7 +7,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from evaluation.tables import best_of, ci_cell, fmt_point, p_pair, spread, standard_md
+from evaluation.seeds import EQUIVALENCE
+from evaluation.significance import tost_p
+from evaluation.tables import best_of, ci_cell, fmt_point, p_pair, spread, standard_md, verdict
 from experiment.records import trial_results
 from prepared.protocol import STANDARD, TABLE
 from training.validate import COLLAPSED_RANK, HEALTHY
@@ -25,12 +27,18 @@ def table_rows(state: dict, rows: list[dict], pop: dict | None = None,
     # evaluate.py's pairs are reference - other; the table says other - reference
     ndcg = {(p.get("comparison", "first"), p["label"]): p for p in pairs if p["metric"] == "NDCG"
             and p.get("seed", "pooled") == "pooled"}
+    means = {r["label"]: r["mean"] for r in rows if r["metric"] == "NDCG" and r["group"] == "warm"}
 
     def against(comparison: str, label: str) -> dict | None:
         p = ndcg.get((comparison, label))
-        return p and {"reference": p["reference"], "diff": (-p["mean_difference"], p["ci95"]),
-                      "p": (p.get("t_p_holm", math.nan), p.get("wilcoxon_p_holm", math.nan)),
-                      "seed_sd": p.get("seed_sd", math.nan)}
+        if not p:
+            return None
+        margin = EQUIVALENCE * means.get(p["reference"], math.nan)
+        return {"reference": p["reference"], "diff": (-p["mean_difference"], p["ci95"]),
+                "p": (p.get("t_p_holm", math.nan), p.get("wilcoxon_p_holm", math.nan)),
+                "seed_sd": p.get("seed_sd", math.nan),
+                "tost_p": tost_p(-p["mean_difference"], p.get("se", math.nan),
+                                 p.get("df", math.inf), margin)}
 
     out = []
     for model, s in state["models"].items():
@@ -60,6 +68,8 @@ def table_rows(state: dict, rows: list[dict], pop: dict | None = None,
                     "paired_p": (against("first", s["evaluation_label"]) or {}).get("p"),
                     "paired_seed_sd": (against("first", s["evaluation_label"]) or {}).get(
                         "seed_sd", math.nan),
+                    "paired_tost_p": (against("first", s["evaluation_label"]) or {}).get(
+                        "tost_p", math.nan),
                     "best": against("best", s["evaluation_label"]),
                     **{m: (mine[m]["mean"], mine[m]["ci95"]) for m in (*TABLE, *STANDARD)
                        if m in mine}})
@@ -70,8 +80,10 @@ def table_rows(state: dict, rows: list[dict], pop: dict | None = None,
 def table_md(rows: list[dict], title: str) -> str:
     first = rows[0]["model"] if rows else ""
     best = best_of(rows)
-    against_best = [f"NDCG − {best}, paired", f"p vs {best} (t / Wilcoxon)"] if best else []
+    against_best = ([f"NDCG − {best}, paired", f"p vs {best} (t / Wilcoxon)", f"vs {best}"]
+                    if best else [])
     head = ["model", *TABLE, f"NDCG − {first}, paired", f"p vs {first} (t / Wilcoxon)",
+            f"vs {first}",
             *against_best, "median pop.", "top-10% share",
             "chosen (validation)", "valid NDCG", "epochs", "trials", "search min", "final min",
             "health"]
@@ -81,8 +93,9 @@ def table_md(rows: list[dict], title: str) -> str:
     lines = [f"# {title}", "", "Test metrics of warm users, mean ± 95% CI; models chosen by "
              "validation NDCG and retrained on train+valid"
              + (f", each with {seeds} seeds: the mean over seeds, its CI covering users and "
-                "seeds (1.96 √(Var over users of the per-user seed mean / users + Var of the "
-                "per-seed means / seeds): conservative, it counts the seed noise at most twice), "
+                "seeds (t √(Var over users of the per-user seed mean / users + Var of the "
+                "per-seed means / seeds), t Student's 97.5% quantile on Satterthwaite's degrees "
+                "of freedom: conservative, it counts the seed noise at most twice), "
                 "the NDCG's seed spread in its own column; the first seed's model is the "
                 "registered one" if seeds > 1 else "")
              + ". NDCG − first, paired: the mean over "
@@ -90,7 +103,10 @@ def table_md(rows: list[dict], title: str) -> str:
              + (" (seed s of one against seed s of the other, pooled as above; paired.csv has "
                 "each seed's too)" if seeds > 1 else "")
              + "; where the CI excludes 0 the two differ, and only there does one beat the "
-             "other. p: two-sided p-values over users of the paired t-test "
+             "other. vs: above or below where that CI excludes 0; level only where the two one-"
+             f"sided tests (TOST, 5%) put the difference within ±{EQUIVALENCE:.0%} of the "
+             "reference's NDCG; else not significantly above / below (neither shown). "
+             "p: two-sided p-values over users of the paired t-test "
              "and the Wilcoxon signed-rank test on the same per-user NDCG differences"
              + (" (each user's mean over seeds)" if seeds > 1 else "") + ", "
              "Holm-corrected over every NDCG comparison of the table"
@@ -107,11 +123,12 @@ def table_md(rows: list[dict], title: str) -> str:
     for r in rows:
         cells = [ci_cell(r, m) for m in TABLE]
         d = r.get("paired_ndcg")
-        cells += [f"{d[0]:+.4f} ± {d[1]:.4f}" if d else "–", p_pair(r.get("paired_p"))]
+        cells += [f"{d[0]:+.4f} ± {d[1]:.4f}" if d else "–", p_pair(r.get("paired_p")),
+                  verdict(d, r.get("paired_tost_p"))]
         if best:
             b = r.get("best")
             cells += [f"{b['diff'][0]:+.4f} ± {b['diff'][1]:.4f}" if b else "–",
-                      p_pair(b and b["p"])]
+                      p_pair(b and b["p"]), verdict(b and b["diff"], b and b["tost_p"])]
         lines.append(f"| {r['model']} | " + " | ".join(cells) + f" | {r['median_popularity']:,.0f}"
                      f" | {r['share_top10pct']:.3f} | {r['chosen']} | "
                      f"{r['valid_ndcg']:.4f} | {r['epochs']} | {r['trials']} | "

@@ -194,3 +194,40 @@ def test_the_best_other_is_the_highest_warm_ndcg_after_the_first():
                 ("C", "cold", "NDCG", 0.8), ("C", "warm", "Recall@50", 0.9))]
     assert best_other(rows, ["A", "B", "C"]) == "B"  # not A (the first), not by cold or Recall
     assert best_other(rows, ["A", "B"]) is None      # against the best = against the first
+
+
+def test_tost_is_the_larger_of_two_one_sided_t_tests_against_scipy():
+    """tost_p on a sample's mean and standard error equals scipy's two one-sided one-sample
+    t-tests against -margin and +margin (the slow reference), and is below 0.05 exactly where
+    the 90% interval lies inside the margin."""
+    from evaluation.significance import tost_p
+
+    rng = np.random.default_rng(1)
+    for shift in (0.0, 0.004, 0.012, -0.02):
+        d = rng.normal(shift, 0.05, 400)
+        se, df, margin = d.std(ddof=1) / np.sqrt(len(d)), len(d) - 1, 0.01
+        ref = max(stats.ttest_1samp(d, -margin, alternative="greater").pvalue,
+                  stats.ttest_1samp(d, margin, alternative="less").pvalue)
+        got = tost_p(float(d.mean()), float(se), df, margin)
+        assert got == pytest.approx(ref, rel=1e-9)
+        half = stats.t.ppf(0.95, df) * se
+        assert (got < 0.05) == (-margin < d.mean() - half and d.mean() + half < margin)
+
+
+def test_tost_at_the_edges():
+    from evaluation.significance import tost_p
+
+    assert tost_p(0.0, 0.0, 10, 0.01) == 0.0 and tost_p(0.02, 0.0, 10, 0.01) == 1.0
+    assert math.isnan(tost_p(0.0, 0.001, 10, 0.0))
+    # a difference exactly at the margin: one of the two tests has p 0.5
+    assert tost_p(0.01, 0.002, math.inf, 0.01) == pytest.approx(0.5)
+
+
+def test_a_difference_is_called_level_only_inside_the_equivalence_margin():
+    from evaluation.tables import verdict
+
+    assert verdict((0.01, 0.004), 0.9) == "above" and verdict((-0.01, 0.004), 0.9) == "below"
+    assert verdict((-0.001, 0.004), 0.01) == "level"
+    assert verdict((-0.001, 0.004), 0.2) == "not significantly below"
+    assert verdict((0.001, 0.004), math.nan) == "not significantly above"
+    assert verdict(None, None) == "–"

@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from scipy import stats
 
 from evaluation.tables import table_csv
 from experiment import grids
@@ -250,8 +251,8 @@ def test_the_table_holds_every_model_with_cis_and_the_choice():
     assert "NDCG − autorec, paired | p vs autorec (t / Wilcoxon) |" in md
     assert "Holm-corrected over every NDCG comparison" in md and "NDCG − puresvd" not in md
     assert "| autorec | – | 0.3100 ± 0.0200 |" in md and "| – | – | 212 | 0.610 | lam=30 |" in md
-    assert "| 0.2900 ± 0.0200 | – | – | – | – | – | – | -0.0200 ± 0.0050 | 0.0031 / 0.00042 | nan |" \
-        in md
+    assert ("| 0.2900 ± 0.0200 | – | – | – | – | – | – | -0.0200 ± 0.0050 | 0.0031 / 0.00042 | "
+            "below | nan |") in md
     assert "| 2.0 | 0.5 |" in md
     csv_text = table_csv(t)
     assert csv_text.splitlines()[1].startswith("autorec,,,0.310000,0.020000")
@@ -283,8 +284,8 @@ def test_the_common_conventions_get_their_own_table_and_columns():
     assert head.endswith("NDCG@20 (truncated) mean,NDCG@20 (truncated) ci95,Recall@20 mean,"
                          "Recall@20 ci95,HR@20 mean,HR@20 ci95,MRR@20 mean,MRR@20 ci95,"
                          "NDCG@50 (truncated) mean,NDCG@50 (truncated) ci95,HR@50 mean,HR@50 ci95,"
-                         "MRR@50 mean,MRR@50 ci95")
-    assert row.endswith(",0.270000,0.010000,,,0.810000,0.010000,,,,,,,0.440000,0.010000")
+                         "MRR@50 mean,MRR@50 ci95,paired_tost_p,best_tost_p")
+    assert row.endswith(",0.270000,0.010000,,,0.810000,0.010000,,,,,,,0.440000,0.010000,,")
     # without them (an evaluation from before them): no second table
     assert "common conventions" not in table_md(table_rows(state, rows[:1]), "toy")
 
@@ -307,10 +308,12 @@ def test_the_table_compares_each_model_with_the_best_after_the_first_too():
     t = table_rows(state, rows, None, pairs)
     assert [r["best"] and r["best"]["diff"] for r in t] == [None, None, (-0.04, 0.004)]
     md = table_md(t, "toy")
-    assert "| p vs autorec (t / Wilcoxon) | NDCG − ease, paired | p vs ease (t / Wilcoxon) |" in md
+    assert ("| p vs autorec (t / Wilcoxon) | vs autorec | NDCG − ease, paired | "
+            "p vs ease (t / Wilcoxon) | vs ease |") in md
     assert "against autorec and against ease, the best after it by test NDCG" in md
-    assert "| +0.0200 ± 0.0040 | 0.01 / – | – | – |" in md        # ease: against the first only
-    assert "| -0.0200 ± 0.0040 | 0.02 / – | -0.0400 ± 0.0040 | 1e-05 / – |" in md
+    # ease: against the first only
+    assert "| +0.0200 ± 0.0040 | 0.01 / – | above | – | – | – |" in md
+    assert "| -0.0200 ± 0.0040 | 0.02 / – | below | -0.0400 ± 0.0040 | 1e-05 / – | below |" in md
     lines = table_csv(t).splitlines()
     assert ",ease,-0.040000,0.004000,1e-05,nan," in lines[3]
     assert ",ease,,,,," in lines[2] and ",,,ease,,,,," in lines[1]
@@ -524,24 +527,34 @@ def test_the_table_pools_seeds_with_their_spread():
     pair = {"reference": "nce-autorec", "label": "autorec", "metric": "NDCG", "users": 50,
             "comparison": "first", "t_p_holm": 0.2, "wilcoxon_p_holm": 0.3}
     pairs = [{**pair, "seed": "0", "mean_difference": 0.02, "ci95": 0.005},
-             {**pair, "seed": "pooled", "mean_difference": 0.01, "ci95": 0.012, "seed_sd": 0.01},
+             {**pair, "seed": "pooled", "mean_difference": 0.01, "ci95": 0.012, "seed_sd": 0.01,
+              "se": 0.006, "df": 2.5},
              {**pair, "seed": "1", "mean_difference": 0.0, "ci95": 0.005}]
     t = table_rows(state, rows, None, pairs)
     assert t[1]["paired_ndcg"] == (-0.01, 0.012) and t[1]["seeds"] == 2
+    # the equivalence test within 1% of the reference's 0.25 (the pooled row's se and df)
+    margin = 0.0025
+    assert t[1]["paired_tost_p"] == pytest.approx(max(
+        stats.t.sf((-0.01 + margin) / 0.006, 2.5), stats.t.cdf((-0.01 - margin) / 0.006, 2.5)))
     assert t[0]["final_minutes"] == pytest.approx(2.5)  # both seeds' retrainings
     md = table_md(t, "toy")
     assert "each with 2 seeds" in md and "| seeds | NDCG seed sd (min–max) |" in md
-    assert "| -0.0100 ± 0.0120 |" in md and "| 2 | 0.0030 (0.2380–0.2420) |" in md
+    assert "| -0.0100 ± 0.0120 | 0.2 / 0.3 | not significantly below |" in md
+    assert "| 2 | 0.0030 (0.2380–0.2420) |" in md
+    assert "within ±1% of the reference's NDCG" in md and "Satterthwaite" in md
     head, _, second = table_csv(t).splitlines()
     blank = "," * 14  # the common conventions' columns (none in these rows)
     assert ",seeds,ndcg_seed_sd,ndcg_seed_min,ndcg_seed_max,paired_seed_sd,NDCG@20" in head
-    assert second.endswith(",2,0.003000,0.238000,0.242000,0.010000" + blank)
+    assert head.endswith(",paired_tost_p,best_tost_p")
+    assert second.endswith(",2,0.003000,0.238000,0.242000,0.010000" + blank
+                           + f",{t[1]['paired_tost_p']:.6f},")
     # one seed: the table as before --seeds (no seed columns), the csv's seed columns empty
     one = table_rows(state, [{k: v for k, v in r.items() if not k.startswith("seed")}
                              for r in rows], None, pairs[1:2])
     assert "seeds" not in table_md(one, "toy")
-    assert table_csv(one).splitlines()[1].endswith(",1,,,," + blank)  # no pair of its own
-    assert table_csv(one).splitlines()[2].endswith(",1,,,,0.010000" + blank)
+    assert table_csv(one).splitlines()[1].endswith(",1,,,," + blank + ",,")  # no pair
+    assert table_csv(one).splitlines()[2].endswith(
+        ",1,,,,0.010000" + blank + f",{one[1]['paired_tost_p']:.6f},")
 
 
 def test_the_seed_spread_decides_whether_the_two_best_are_rerun():
