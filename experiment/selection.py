@@ -149,7 +149,9 @@ def final_config(cfg: ExperimentConfig, root: Path, model: str, chosen: dict,
     pre = chosen["phase_epochs"][0] if two_phase else 0
     base = trial_config(cfg, str(root), model, chosen["point"])
     return dataclasses.replace(base, train_splits="train,valid", pretrain_epochs=pre,
-                               epochs=max(1, chosen["best_epoch"] - pre), patience=None,
+                               # best epoch 0: the start (--start-from svd) was the best
+                               epochs=0 if chosen["best_epoch"] == 0
+                               else max(1, chosen["best_epoch"] - pre), patience=None,
                                valid_sample=1.0, seed=seed,
                                run_name=final_name(model, seed, cfg.seed),
                                output=str(root / "final"))

@@ -86,7 +86,8 @@ class RunConfig:
                                          f"own, {model_defaults('batch_size')})")
     epochs: int = option(200, group=TRAINING,
                          help="most epochs (of phase 2 for the fine-tune modes); early stopping "
-                              "ends sooner")
+                              "ends sooner; 0 in a final retraining of a model that starts from "
+                              "data: the start is the model")
     pretrain_epochs: int = option(0, group=TRAINING,
                                   help="fine-tune phase 1 epochs; 0 = until its loss converges")
     patience: int | None = option(None, group=TRAINING,
@@ -331,8 +332,12 @@ def check(cfg: TrainConfig) -> None:
             "workers: pass at least one user per worker")
     if not 0 < cfg.valid_sample <= 1:
         bad("valid-sample", cfg.valid_sample, "a fraction of the validation users, in (0, 1]")
-    if not 1 <= cfg.epochs <= 100_000:
-        bad("epochs", cfg.epochs, "must be in 1..100000")
+    # 0 epochs: the start itself, for a final retraining whose chosen epoch was the start's
+    least = 0 if cfg.final_retraining and cls.trainer.starts_from_data(cfg) else 1
+    if not least <= cfg.epochs <= 100_000:
+        bad("epochs", cfg.epochs, "must be in 1..100000 (0 only for a final retraining "
+            "(--train-splits train,valid) of a model that starts from data, such as the "
+            "AutoRec family's SVD start: the start is the model)")
     if cfg.pretrain_epochs < 0:
         bad("pretrain-epochs", cfg.pretrain_epochs, "must be >= 0 (0 = until converged)")
     if cfg.patience is not None and cfg.patience < 1:

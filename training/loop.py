@@ -339,6 +339,19 @@ def epochs(plan: WorkerPlan, net, policy: Training, state: LoopState, shards: Sh
         yield record, {**record, "best_epoch": 0, "best_valid_ndcg": ndcg, "done": False,
                        "diverged_epoch": 0}
 
+    if plan.start is not None and cfg.epochs == 0 and not progress["done"]:
+        # a final retraining whose chosen epoch was the start's: the start is the model; one
+        # record, so that rank 0 checkpoints it as it would any last epoch
+        progress.update(done=True, best_epoch=0)
+        if rank == 0:
+            state.best = {k: v.detach().cpu().clone() for k, v in unwrap(net).state_dict().items()}
+            if not quiet:
+                say("epoch   0 | the start, untrained (--epochs 0)")
+        record = {"epoch": 0, "phase": 1, "epoch_seconds": 0.0}
+        yield record, {**record, "best_epoch": 0, "best_valid_ndcg": progress["best_ndcg"],
+                       "done": True,
+                       "diverged_epoch": 0}
+
     while not progress["done"]:
         epoch, phase = progress["epoch"], progress["phase"]
         steps, last_phase = all_phases[phase], phase == len(all_phases) - 1

@@ -503,7 +503,9 @@ def train_run(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, ray_addre
                "best_valid_ndcg": progress["best_ndcg"] if valid_hist else None,
                "best_valid_recall_at_50": next((r["valid_recall_at_50"] for r in valid_hist
                                                 if r["epoch"] == progress["best_epoch"]), None),
-               "mean_users_per_second": sum(r["users_per_second"] for r in history) / len(history),
+               # none with --epochs 0 (the start is the model)
+               "mean_users_per_second": (sum(r["users_per_second"] for r in history)
+                                         / len(history)) if history else 0.0,
                "wall_seconds": time.perf_counter() - t0,
                # the floor the run must clear, on the same validation users (training.validate)
                "valid_ndcg_popularity": pop.get("ndcg"),

@@ -34,9 +34,12 @@ def test_pool_over_seeds_by_hand(monkeypatch, tmp_path):
     assert read == [str(Path(tmp_path) / "per_user")]
     ndcg = {r["label"]: r for r in metrics if r["metric"] == "NDCG"}
     # a: seed means 0.4, 0.3 (mean 0.35, sample variance 0.005); y_u = 0.3, 0.3, 0.45 (variance
-    # 0.005): 1.96 sqrt(0.005 / 3 + 0.005 / 2) = 0.126517
+    # 0.005): se^2 = 0.005 / 3 + 0.005 / 2 = 0.0041667 on Satterthwaite df
+    # se^4 / ((0.005/3)^2 / 2 + (0.005/2)^2 / 1) = 2.2727, t quantile 3.84385: CI 0.248119
+    # (1.96 would give 0.126517)
     assert ndcg["a"]["mean"] == pytest.approx(0.35) and ndcg["a"]["seeds"] == 2
-    assert ndcg["a"]["ci95"] == pytest.approx(0.126517, abs=1e-6)
+    assert ndcg["a"]["df"] == pytest.approx(2.272727, abs=1e-6)
+    assert ndcg["a"]["ci95"] == pytest.approx(0.248119, abs=1e-6)
     assert ndcg["b"]["mean"] == pytest.approx(0.8 / 3) and ndcg["c"]["mean"] == pytest.approx(1.1 / 3)
     # c has the best pooled NDCG after a: the comparisons are a - b, a - c, c - b
     got = {(p["comparison"], p["reference"], p["label"]): p for p in pairs
@@ -45,16 +48,16 @@ def test_pool_over_seeds_by_hand(monkeypatch, tmp_path):
     ab = got["first", "a", "b"]
     # d seed 0 (0.1, 0, 0.3), seed 1 (0.2, -0.1, 0): seed means 0.1333, 0.0333 (sample variance
     # 0.005); per-user seed means (0.15, -0.05, 0.15): variance 0.0088889;
-    # 1.96 sqrt(0.0088889 / 3 + 0.005 / 2) = 0.144867 (seed 0's variance 0.0155556 would give
-    # 0.171824; dropping the seed count from the mean, 0.1667)
+    # se = sqrt(0.0088889 / 3 + 0.005 / 2) = 0.073912 on df 2.8050 (t 3.31134): CI 0.244748
+    # (1.96 would give 0.144867; seed 0's variance 0.0155556 instead, 0.171824 at 1.96)
     assert ab["mean_difference"] == pytest.approx(0.25 / 3)
-    assert ab["ci95"] == pytest.approx(0.144867, abs=1e-6)
+    assert ab["ci95"] == pytest.approx(0.244748, abs=1e-6)
     cb = got["best", "c", "b"]  # 0.1 for every user and seed: no spread at all
     assert cb["mean_difference"] == pytest.approx(0.1) and cb["ci95"] == pytest.approx(0, abs=1e-7)
     recall = next(p for p in pairs if p["metric"] == "Recall@50" and p["seed"] == "pooled"
                   and p["label"] == "b" and p["comparison"] == "first")
     assert recall["mean_difference"] == pytest.approx(0.125 / 3)
-    assert recall["ci95"] == pytest.approx(0.144867 / 2, abs=1e-6)  # half the values: half the CI
+    assert recall["ci95"] == pytest.approx(0.244748 / 2, abs=1e-6)  # half the values: half the CI
 
 
 def test_pool_popularity_is_the_mean_over_the_seeds_that_have_it():

@@ -1,6 +1,8 @@
 """``--start-from svd`` (models/autorec/start.py): epoch 0 is the linear closed form, and a run that
 starts there never ends below it."""
 
+from dataclasses import replace
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -10,6 +12,7 @@ import torch
 from models.autorec import AutoRec, NCEAutoRec, NSAutoRec
 from models.autorec.start import svd_start
 from models.nce_plrec import NCEPLRec
+from prepared.errors import UsageError
 
 USERS, ITEMS, WIDTH, LAM, OMEGA = 60, 40, 8, 10.0, 1.7
 
@@ -153,3 +156,48 @@ def test_the_start_is_epoch_0_and_a_run_never_ends_below_it(lr, tmp_path):
         assert p["best_epoch"] == 0
         assert all(rec["valid_ndcg"] == pytest.approx(records[0]["valid_ndcg"], abs=1e-9)
                    for rec in records)
+
+
+def test_a_final_retraining_of_epochs_0_is_the_start_itself(tmp_path):
+    """A chosen best epoch of 0 (the start) retrains as ``--epochs 0``: no step is taken, the
+    loop yields one record and its best weights are the start's, bit for bit (the final's
+    model is the validated one, not one epoch of Adam past it)."""
+    from training.config import TrainConfig, check
+    from training.feed import FeedPlan
+    from training.loop import LoopState, WorkerPlan, build_model, epochs, new_progress, table_shards
+    from training.step import phase_optimizers
+
+    r, _ = data(4)
+    rows_t = table(r, [[] for _ in range(USERS)])
+    cfg = TrainConfig(data="d", model="autorec", width=WIDTH, lam=1.0, lr=3e-3, epochs=0,
+                      batch_size=16, start_from="svd", train_splits="train,valid",
+                      output=str(tmp_path))
+    check(cfg)  # 0 is allowed here, and only here
+    for bad in ({"start_from": "random"}, {"train_splits": "train"}):
+        with pytest.raises(UsageError, match="0 only for a final retraining"):
+            check(replace(cfg, **bad))
+    stats = {"overlap": OMEGA}
+    model, policy = build_model(cfg, ITEMS, USERS, stats)
+    policy.start(r, None, cfg.seed)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    plan = WorkerPlan(cfg=cfg, feed=FeedPlan(False, False, False, None, None, 0, 0),
+                      n_items=ITEMS, n_users=USERS, data=stats, head_items=np.arange(4),
+                      popularity=np.asarray(r.sum(0)).ravel(), start=start)
+    state = LoopState(new_progress(), phase_optimizers(policy, policy.phases(), 0, cfg.lr))
+    out = list(epochs(plan, model, policy, state, table_shards(rows_t, 16, 0), torch.device("cpu"),
+                      quiet=True))
+    assert [rec["epoch"] for rec, _ in out] == [0] and out[0][1]["done"]
+    p = state.progress
+    assert p["epoch"] == 0 and p["history"] == [] and p["best_epoch"] == 0
+    assert all(torch.equal(state.best[k], start[k]) for k in start)
+    assert all(torch.equal(model.state_dict()[k], start[k]) for k in start)
+
+
+def test_the_final_of_a_best_epoch_0_trains_0_epochs(tmp_path):
+    from experiment.plan import ExperimentConfig
+    from experiment.selection import final_config
+
+    cfg = ExperimentConfig(data=str(tmp_path), models="autorec", grid="small")
+    chosen = {"point": {"start_from": "svd"}, "best_epoch": 0, "phase_epochs": [10]}
+    assert final_config(cfg, tmp_path, "autorec", chosen).epochs == 0
+    assert final_config(cfg, tmp_path, "autorec", {**chosen, "best_epoch": 4}).epochs == 4
