@@ -94,6 +94,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "experiment-citeulike-a-levers": (*EXPERIMENT, GRIDS + "levers-citeulike-a.yaml",
                                       GRIDS + "levers-citeulike-a-finals.yaml"),
     "experiment-ml-latest-small-levers": (*EXPERIMENT, GRIDS + "levers-ml-latest-small.yaml"),
+    "experiment-ml-100k-start": (*EXPERIMENT, GRIDS + "start.yaml"),
     "local_cluster": ("infra/cluster/local_cluster.py", "infra/cluster", *AUTOREC, "training",
                       "evaluation/score.py", "evaluation/evaluate.py"),
 }
