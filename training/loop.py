@@ -74,6 +74,11 @@ def allreduce_bytes(policy, phases: list) -> int:
                    if p.requires_grad) for steps in phases for s in steps)
 
 
+def snapshot(net: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The best weights so far, copied off the device (training goes on changing ``net``)."""
+    return {k: v.detach().cpu().clone() for k, v in unwrap(net).state_dict().items()}
+
+
 def all_sum(values: list[float], device: torch.device, op=dist.ReduceOp.SUM) -> list[float]:
     """Sum (or ``op``) of each value over the ranks (float64: sums of per-user metrics over
     millions of users)."""
@@ -333,7 +338,7 @@ def epochs(plan: WorkerPlan, net, policy: Training, state: LoopState, shards: Sh
         record["epoch_seconds"] = time.perf_counter() - t0  # no training: its validation
         progress.update(start=record, best_ndcg=ndcg, best_epoch=0)
         if rank == 0:
-            state.best = {k: v.detach().cpu().clone() for k, v in unwrap(net).state_dict().items()}
+            state.best = snapshot(net)
             if not quiet:
                 say(f"epoch   0 | the start: valid NDCG {ndcg:.4f} Recall@50 {recall:.4f}")
         yield record, {**record, "best_epoch": 0, "best_valid_ndcg": ndcg, "done": False,
@@ -344,13 +349,12 @@ def epochs(plan: WorkerPlan, net, policy: Training, state: LoopState, shards: Sh
         # record, so that rank 0 checkpoints it as it would any last epoch
         progress.update(done=True, best_epoch=0)
         if rank == 0:
-            state.best = {k: v.detach().cpu().clone() for k, v in unwrap(net).state_dict().items()}
+            state.best = snapshot(net)
             if not quiet:
                 say("epoch   0 | the start, untrained (--epochs 0)")
         record = {"epoch": 0, "phase": 1, "epoch_seconds": 0.0}
         yield record, {**record, "best_epoch": 0, "best_valid_ndcg": progress["best_ndcg"],
-                       "done": True,
-                       "diverged_epoch": 0}
+                       "done": True, "diverged_epoch": 0}
 
     while not progress["done"]:
         epoch, phase = progress["epoch"], progress["phase"]
@@ -406,7 +410,7 @@ def epochs(plan: WorkerPlan, net, policy: Training, state: LoopState, shards: Sh
         progress["history"].append(record)
         times.append(record["epoch_seconds"])
         if improved and rank == 0:
-            state.best = {k: v.detach().cpu().clone() for k, v in unwrap(net).state_dict().items()}
+            state.best = snapshot(net)
         if switched:
             t_hook = time.perf_counter()
             done = policy.between_phases(phase, partial(in_order, epoch), Ranks)
