@@ -34,6 +34,7 @@ from models.peruser import (
     pair_dots,
     uniform_negatives,
 )
+from models.product import product
 from models.training import Training
 
 
@@ -105,7 +106,7 @@ class BPR(Recommender):
                     ) -> torch.Tensor:
         """(B, n_items) scores of users with these vectors (B, width): ``score`` after its
         fold-in, or a training user's trained vector (benchmarks/fold_in.py compares the two)."""
-        return u @ self.items.weight.T
+        return product(u, self.items.weight.T)
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         return self.score_users(self.fold_in(items, offsets), items, offsets)

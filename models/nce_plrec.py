@@ -22,6 +22,7 @@ import torch
 from models.base import RSTAR
 from models.closed_form import ClosedForm, randomized_svd, row_sums
 from models.hparams import HP, LAM_HELP, PAPER_BETAS, PAPER_LAMBDAS, PAPER_WIDTHS, RANK_HELP
+from models.product import product
 
 
 class NCEPLRec(ClosedForm):
@@ -64,4 +65,4 @@ class NCEPLRec(ClosedForm):
         return {"fit_seconds": time.perf_counter() - t0}
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        return row_sums(self.projection, items, offsets) @ self.regression
+        return product(row_sums(self.projection, items, offsets), self.regression)

@@ -14,6 +14,7 @@ import torch
 
 from models.closed_form import ClosedForm, randomized_svd, row_sums
 from models.hparams import HP, PAPER_WIDTHS, RANK_HELP
+from models.product import product
 
 
 class PureSVD(ClosedForm):
@@ -43,4 +44,4 @@ class PureSVD(ClosedForm):
         return {"svd_seconds": time.perf_counter() - t0}
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        return row_sums(self.items_factors, items, offsets) @ self.items_factors.T
+        return product(row_sums(self.items_factors, items, offsets), self.items_factors.T)

@@ -25,6 +25,7 @@ import torch
 
 from models.closed_form import ClosedForm
 from models.hparams import HP, LAM_HELP, PAPER_LAMBDAS, PAPER_WIDTHS, RANK_HELP
+from models.product import product
 
 FOLD_IN_USERS = 256  # users solved at once: a (users x longest row x rank) gather stays small
 
@@ -103,4 +104,4 @@ class WRMF(ClosedForm):
         return torch.cat(out).float() if out else torch.zeros(0, self.rank)
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        return self.user_factors(items, offsets) @ self.item_factors.T
+        return product(self.user_factors(items, offsets), self.item_factors.T)

@@ -89,6 +89,7 @@ from models.hparams import (
     WIDTH_HELP,
 )
 from models.losses import l2_penalty
+from models.product import linear
 
 LAM_UNITS = ("overlap", "plain")
 NCE_SCALES = ("none", "rms", "head-weight")
@@ -255,8 +256,9 @@ class AutoRec(Recommender):
         return self.encode(items, offsets, dropout)
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        head = self.recommend_head
-        return self.head_scores(items, offsets, (head,))[head]
+        # the head's product on the faster kernel (models.product): scoring's and validation's
+        head = self.heads[self.recommend_head]
+        return linear(self.code(items, offsets), head.weight, head.bias)
 
     # -- fine-tune phase 2's start (AutoRecTraining.between_phases): the exact predict head ------
 

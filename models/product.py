@@ -1,0 +1,123 @@
+"""Scoring's dense product, users' vectors times every item's, on the faster exact float32 kernel
+this process has: torch's (MKL in the x86 wheels) or numpy's (OpenBLAS in its wheels).
+
+Why: MKL takes a generic path on AMD CPUs. At the Yahoo shape (44,865 items, width 200, blocks
+of 93 users, one thread) ``F.linear`` ran at 36 GFLOP/s where ``numpy.matmul`` ran at 69-77 on
+the same AMD EPYC (Zen 3, AVX2) host; on the Intel hosts MKL is the faster one. Which is faster
+depends on the CPU and the libraries installed, not on a vendor string, so the first product
+of each shape (items, width, threads) in a process times both on its own operands and keeps
+numpy's only where it is ``MARGIN`` faster (near-equal kernels keep torch's, so the choice does
+not flip between processes on noise). ``NCE_SCORE_KERNEL=torch|numpy`` pins one; products of
+fewer than ``MIN_CHOSEN`` weights (small catalogues: no time to win) always use torch's.
+
+Exactness: both are float32 GEMMs accumulating in float32, so their scores differ by rounding
+only, and a top-k list can differ only between scores that close (tests/models/test_product.py
+checks the lists of both against a float64 reference). Neither gives a row a result that
+depends on that row alone: OpenBLAS's rounding changes with the block's number of rows, MKL's
+below 7 rows (a GEMV), so ``recommend``'s lists match across blocks up to those near-ties.
+
+Only inference is routed here: with autograd recording (training's forward) it is torch's."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import torch
+
+KERNEL_ENV = "NCE_SCORE_KERNEL"
+KERNELS = ("torch", "numpy")
+MARGIN = 1.15          # numpy's must take under 1 / MARGIN of torch's time to be chosen
+MIN_CHOSEN = 1 << 20   # weights (items x width) below which torch's is used unmeasured
+TRIES = 3              # timed products of each kernel (the least of each is compared)
+
+_chosen: dict[tuple[int, int, int], str] = {}
+_blas_threads: list = []  # [controllers, threads last set] once numpy's BLAS was limited
+
+
+def linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """``F.linear(h, weight, bias)``: h (B, d), weight (n, d) as nn.Linear stores it."""
+    return product(h, weight.T, bias)
+
+
+def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, n) float32 ``a @ b + bias``: a (B, d), b (d, n) (a transposed view is fine), on the
+    kernel ``kernel_for`` chose; torch's where numpy's cannot take part (a GPU, autograd, not
+    float32, not 2-D)."""
+    if not _numpy_can(a, b, bias):
+        return _torch(a, b, bias)
+    kernel = kernel_for(a, b, bias)
+    return _numpy(a, b, bias) if kernel == "numpy" else _torch(a, b, bias)
+
+
+def kernel_for(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> str:
+    """The kernel for ``a @ b`` in this process: pinned by ``NCE_SCORE_KERNEL``, else chosen
+    once per (items, width, threads) by timing both on these operands."""
+    pinned = os.environ.get(KERNEL_ENV, "auto")
+    if pinned in KERNELS:
+        return pinned
+    if pinned != "auto":
+        raise ValueError(f"{KERNEL_ENV}={pinned!r}: use one of {', '.join(KERNELS)} or auto "
+                         "(time both on the first product of each shape)")
+    d, n = b.shape
+    if n * d < MIN_CHOSEN:
+        return "torch"
+    key = (n, d, torch.get_num_threads())
+    if key not in _chosen:
+        _chosen[key] = choose(a, b, bias)
+    return _chosen[key]
+
+
+def choose(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> str:
+    """"numpy" where its least time over ``TRIES`` products is under 1 / MARGIN of torch's
+    (measured alternately, after one untimed product each), else "torch"."""
+    best = {"torch": float("inf"), "numpy": float("inf")}
+    run = {"torch": _torch, "numpy": _numpy}
+    for name in KERNELS:
+        run[name](a, b, bias)  # first-touch pages, library dispatch, BLAS thread set-up
+    for _ in range(TRIES):
+        for name in KERNELS:
+            t0 = time.perf_counter()
+            run[name](a, b, bias)
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return "numpy" if best["numpy"] * MARGIN < best["torch"] else "torch"
+
+
+def chosen() -> dict[tuple[int, int, int], str]:
+    """The choices made so far in this process, (items, width, threads) -> kernel (reports)."""
+    return dict(_chosen)
+
+
+def _numpy_can(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    tensors = (a, b) if bias is None else (a, b, bias)
+    return (a.dim() == 2 and b.dim() == 2
+            and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
+
+
+def _torch(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    # addmm is what F.linear runs for a 2-D input with a bias: the same MKL call, bit for bit
+    return a @ b if bias is None else torch.addmm(bias, a, b)
+
+
+def _numpy(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    limit_blas_threads(torch.get_num_threads())
+    out = np.matmul(a.detach().numpy(), b.detach().numpy())  # views: no copies in
+    if bias is not None:
+        out += bias.detach().numpy()
+    return torch.from_numpy(out)
+
+
+def limit_blas_threads(threads: int) -> None:
+    """numpy's BLAS to the threads torch was given (a Spark task's one core; OpenBLAS would
+    otherwise start one thread per core in every task)."""
+    if not _blas_threads:
+        from threadpoolctl import ThreadpoolController
+        _blas_threads[:] = [ThreadpoolController().select(user_api="blas").lib_controllers, None]
+    controllers, last = _blas_threads
+    if threads != last:
+        for c in controllers:
+            c.set_num_threads(threads)
+        _blas_threads[1] = threads

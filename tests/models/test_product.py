@@ -1,0 +1,146 @@
+"""models.product: scoring's product on torch's or numpy's kernel, the same scores up to float32
+rounding, the same top-k lists up to near-ties (checked against a float64 reference)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models import product
+from models.batch import row_ids, sparse_rows
+from models.registry import build
+
+
+@pytest.fixture
+def pinned(monkeypatch):
+    def pin(kernel: str) -> None:
+        monkeypatch.setenv(product.KERNEL_ENV, kernel)
+    return pin
+
+
+def operands(n=3000, d=48, b=37, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, d, generator=g), torch.randn(n, d, generator=g) * 0.1,
+            torch.randn(n, generator=g) * 0.01)
+
+
+def test_torch_kernel_is_f_linear_bit_for_bit(pinned):
+    pinned("torch")
+    h, w, bias = operands()
+    assert torch.equal(product.linear(h, w, bias), F.linear(h, w, bias))
+    assert torch.equal(product.product(h, w.T), h @ w.T)
+
+
+def test_numpy_kernel_is_the_product_up_to_float32_rounding(pinned):
+    pinned("numpy")
+    h, w, bias = operands()
+    got = product.linear(h, w, bias)
+    exact = h.double() @ w.double().T + bias.double()
+    # a float32 dot product of d terms: |error| <= d eps sum |h_j w_j| (plus the bias's rounding)
+    bound = h.shape[1] * torch.finfo(torch.float32).eps * (h.double().abs() @ w.double().abs().T)
+    assert got.dtype == torch.float32 and got.shape == (37, 3000)
+    assert ((got.double() - exact).abs() <= bound + 1e-7).all()
+    # a strided operand (a column slice) goes through numpy's views, not a wrong layout
+    assert torch.allclose(product.product(h[:, ::2], w.T[::2]), h[:, ::2] @ w.T[::2], atol=1e-5)
+
+
+def test_autograd_keeps_torch_kernel_and_its_gradient(pinned):
+    pinned("numpy")
+    h, w, bias = operands()
+    w.requires_grad_(True)
+    out = product.linear(h, w, bias)
+    assert out.grad_fn is not None  # numpy's kernel would have cut the graph
+    out.sum().backward()
+    assert torch.allclose(w.grad, h.sum(0).expand_as(w))
+
+
+def test_choice_small_shapes_torch_and_a_bad_pin_says_the_fix(pinned, monkeypatch):
+    h, w, bias = operands(n=100, d=16)
+    assert product.kernel_for(h, w.T, bias) == "torch"  # under MIN_CHOSEN weights: unmeasured
+    pinned("mkl")
+    with pytest.raises(ValueError, match="NCE_SCORE_KERNEL='mkl': use one of torch, numpy or auto"):
+        product.kernel_for(h, w.T, bias)
+
+
+def test_auto_measures_once_per_shape_and_keeps_its_choice(monkeypatch):
+    monkeypatch.delenv(product.KERNEL_ENV, raising=False)
+    monkeypatch.setattr(product, "_chosen", {})
+    calls = []
+    monkeypatch.setattr(product, "choose", lambda a, b, bias: calls.append(b.shape) or "numpy")
+    h, w, bias = operands(n=1 << 15, d=32)  # 1M weights: chosen by measurement
+    for _ in range(3):
+        product.linear(h, w, bias)
+    assert calls == [(32, 1 << 15)]
+    assert product.chosen() == {(1 << 15, 32, torch.get_num_threads()): "numpy"}
+
+
+@pytest.mark.parametrize("numpy_cost, want", [(80.0, "numpy"), (95.0, "torch")])
+def test_choose_prefers_numpy_only_by_the_margin(monkeypatch, numpy_cost, want):
+    """A fake clock: each kernel's product advances it by a fixed cost; numpy's is chosen at
+    80% of torch's time, not at 95% (within MARGIN: the choice must not flip on noise)."""
+    h, w, bias = operands()
+    now, costs = [0.0], {"torch": 100.0, "numpy": numpy_cost}
+
+    def kernel(name):
+        def run(a, b, bias):
+            now[0] += costs[name]
+        return run
+
+    monkeypatch.setattr(product.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(product, "_torch", kernel("torch"))
+    monkeypatch.setattr(product, "_numpy", kernel("numpy"))
+    assert product.choose(h, w.T, bias) == want
+
+
+def test_numpy_kernel_runs_on_torch_threads(pinned):
+    from threadpoolctl import threadpool_info
+    pinned("numpy")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        h, w, bias = operands()
+        product.linear(h, w, bias)
+        assert {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"} == {1}
+    finally:
+        torch.set_num_threads(before)
+
+
+def near_tie_only(lists_a, lists_b, exact, tol):
+    """Rows of two top-k lists may differ only where the float64 scores they swap are within
+    ``tol`` of each other, position by position (what float32 rounding can do); returns the
+    number of rows that differ."""
+    differ = 0
+    for row, (a, b) in enumerate(zip(lists_a.tolist(), lists_b.tolist())):
+        if a == b:
+            continue
+        differ += 1
+        for x, y in zip(a, b):
+            assert abs(exact[row, x] - exact[row, y]) <= tol[row], (row, x, y)
+    return differ
+
+
+def test_recommend_lists_match_float64_up_to_near_ties(pinned):
+    """An AutoRec with a catalogue above MIN_CHOSEN: both kernels' top-50 lists against the
+    lists of float64 scores; they may differ from them only by near-ties."""
+    items, width, users = 12_000, 96, 150
+    torch.manual_seed(0)
+    model = build("autorec", {"lam_units": "plain", "n_items": items, "width": width}).eval()
+    rng = np.random.default_rng(0)
+    rows, offsets = sparse_rows([rng.choice(items, 20, replace=False) for _ in range(users)])
+    with torch.no_grad():
+        h = model.code(rows, offsets).double()
+        head = model.heads["predict"]
+        exact = h @ head.weight.double().T + head.bias.double()
+        exact[row_ids(offsets, len(rows)), rows] = -torch.inf  # recommend's mask of the inputs
+        reference = torch.topk(exact, 50, dim=1).indices
+        scale = (h.abs() @ head.weight.double().abs().T).amax(dim=1)
+    tol = (width * torch.finfo(torch.float32).eps * 2 * scale).tolist()
+    exact = exact.numpy()
+    lists = {}
+    for kernel in product.KERNELS:
+        pinned(kernel)
+        lists[kernel] = model.recommend(rows, offsets, 50)[1]
+        assert near_tie_only(lists[kernel], reference, exact, tol) <= users // 10
+    near_tie_only(lists["torch"], lists["numpy"], exact, tol)
