@@ -20,6 +20,7 @@ Only inference is routed here: with autograd recording (training's forward) it i
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -33,7 +34,6 @@ MIN_CHOSEN = 1 << 20   # weights (items x width) below which torch's is used unm
 TRIES = 3              # timed products of each kernel (the least of each is compared)
 
 _chosen: dict[tuple[int, int, int], str] = {}
-_blas_threads: list = []  # [controllers, threads last set] once numpy's BLAS was limited
 
 
 def linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
@@ -112,12 +112,14 @@ def _numpy(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch
 
 def limit_blas_threads(threads: int) -> None:
     """numpy's BLAS to the threads torch was given (a Spark task's one core; OpenBLAS would
-    otherwise start one thread per core in every task)."""
-    if not _blas_threads:
-        from threadpoolctl import ThreadpoolController
-        _blas_threads[:] = [ThreadpoolController().select(user_api="blas").lib_controllers, None]
-    controllers, last = _blas_threads
-    if threads != last:
-        for c in controllers:
-            c.set_num_threads(threads)
-        _blas_threads[1] = threads
+    otherwise start one thread per core in every task). Set on every product (about 1 us), so
+    that whatever else changed them in between (a threadpool_limits block) is undone."""
+    for c in blas_controllers():
+        c.set_num_threads(threads)
+
+
+@functools.cache
+def blas_controllers() -> list:
+    """threadpoolctl's controllers of the BLAS libraries loaded (found once: a scan of them)."""
+    from threadpoolctl import ThreadpoolController
+    return ThreadpoolController().select(user_api="blas").lib_controllers

@@ -245,7 +245,9 @@ class AutoRec(Recommender):
         """(B, n_items) scores of the named heads. ``frozen_encoder`` computes the code without
         autograd (limited fine-tune's phase 2) inside the same forward, so DDP sees every step."""
         h = self.code(items, offsets, frozen_encoder)
-        return {name: self.heads[name](h) for name in heads}
+        # on the faster kernel when nothing is recorded for autograd (models.product): scoring's
+        # and validation's products; training's forward stays nn.Linear's
+        return {name: linear(h, self.heads[name].weight, self.heads[name].bias) for name in heads}
 
     def code(self, items: torch.Tensor, offsets: torch.Tensor, frozen: bool = False,
              dropout: float = 0.0) -> torch.Tensor:
@@ -256,9 +258,8 @@ class AutoRec(Recommender):
         return self.encode(items, offsets, dropout)
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        # the head's product on the faster kernel (models.product): scoring's and validation's
-        head = self.heads[self.recommend_head]
-        return linear(self.code(items, offsets), head.weight, head.bias)
+        head = self.recommend_head
+        return self.head_scores(items, offsets, (head,))[head]
 
     # -- fine-tune phase 2's start (AutoRecTraining.between_phases): the exact predict head ------
 
