@@ -4,8 +4,9 @@ points, on a local stack.
     1. start the stack (MLflow server + Ray head, loopback; reused if already up)
     2. spark-submit etl/prepare.py           -> var/data/ml-latest-small
     3. ray job submit -- python training/train.py, for NCE-AutoRec, AutoRec and PureSVD
+                                                (``--models`` names others, or fewer)
     4. spark-submit evaluation/score.py      -> var/recs/ml-latest-small/RUN   (top 50, test users;
-                                                 the three models in one application)
+                                                 the models in one application)
     5. spark-submit evaluation/evaluate.py   -> var/eval/ml-latest-small       (table, plots, MLflow)
 
 then prints the results table, the popularity plot's path and the MLflow UI link comparing the two
@@ -48,6 +49,22 @@ ROOT = Path(__file__).resolve().parents[1]
 DATASET = ROOT / "data" / "ml-latest-small" / "ratings.csv"
 # the paper's model, its ablation, and a closed-form baseline to compare both with
 MODELS = (("nce-autorec", "NCE-AutoRec"), ("autorec", "AutoRec"), ("puresvd", "PureSVD"))
+LABELS = dict(MODELS)  # a model of --models not among them is labelled by its registry name
+
+
+def chosen_models(text: str) -> tuple[tuple[str, str], ...]:
+    """``--models``' comma list as (model, label) pairs, each a registered model, none twice."""
+    from models.registry import MODELS as REGISTERED
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in REGISTERED]
+    if not names or unknown or len(set(names)) < len(names):
+        what = (f"unknown model(s) {', '.join(unknown)}" if unknown else
+                "a model named twice" if names else "no model named")
+        raise argparse.ArgumentTypeError(
+            f"{what}: give a comma list of {', '.join(REGISTERED)} "
+            f"(default {','.join(m for m, _ in MODELS)})")
+    return tuple((n, LABELS.get(n, n)) for n in names)
 
 
 def step(n: int, text: str) -> None:
@@ -147,7 +164,7 @@ SERVE_PORT = 5001
 SERVE_REQUEST = {"dataframe_records": [{"item_ids": ["1", "260", "608"]}], "params": {"k": 10}}
 
 
-def register_models(summaries: dict, mlflow_url: str) -> dict[str, str]:
+def register_models(models, summaries: dict, mlflow_url: str) -> dict[str, str]:
     """Each model of the demo in MLflow's registry as ``demo-MODEL``, alias ``@champion`` (a
     rerun registers nothing new), so that it can be served by name; returns their URIs."""
     import contextlib
@@ -156,7 +173,7 @@ def register_models(summaries: dict, mlflow_url: str) -> dict[str, str]:
     from experiment.register import register
 
     uris = {}
-    for model, label in MODELS:
+    for model, label in models:
         s = summaries[label]
         chatter = io.StringIO()  # MLflow's "Successfully registered ..." lines
         try:
@@ -237,6 +254,14 @@ def commit(exclude: tuple[str, ...] = ()) -> str:
     return (sha or "unknown") + ("+dirty" if dirty else "")
 
 
+def options_text(args) -> str:
+    """The demo's non-default options as the results file names them: `` (--epochs 2)``."""
+    chosen = [f"--epochs {args.epochs}"] if args.epochs else []
+    if args.models != MODELS:
+        chosen.append("--models " + ",".join(m for m, _ in args.models))
+    return f" ({' '.join(chosen)})" if chosen else ""
+
+
 def write_results(folder: Path, evaluation: Path, summaries: dict, counts: dict,
                   timings: dict, var: Path, args) -> Path:
     """``demo.json`` and ``demo.md``: what this run found and what it took, with paths relative to
@@ -246,7 +271,7 @@ def write_results(folder: Path, evaluation: Path, summaries: dict, counts: dict,
     m = json.loads((evaluation / "manifest.json").read_text())
     local = lambda text: text.replace(str(var), "var").replace(str(ROOT), ".")
     summary = {
-        "command": "make demo" + (f" (--epochs {args.epochs})" if args.epochs else ""),
+        "command": "make demo" + options_text(args),
         "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit(), "machine": machine(),
         "dataset": {"name": "ml-latest-small", "seed": args.seed, **counts},
         "training": {label: {k: s.get(k) for k in ("best_epoch", "epochs_run", "best_valid_ndcg",
@@ -283,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redo", action="store_true", help="redo every step even if its output exists")
     p.add_argument("--input", default=str(DATASET),
                    help="ratings.csv in ml-latest-small's format (default: the shipped one)")
+    p.add_argument("--models", type=chosen_models, default=MODELS, metavar="M1,M2,...",
+                   help="the models to train and compare, by name (default "
+                        + ",".join(m for m, _ in MODELS) + "; any of training/train.py's)")
     p.add_argument("--epochs", type=int, default=None,
                    help="most training epochs per model (default: training's, with early stopping)")
     p.add_argument("--stack-state", default=str(stack.STATE),
@@ -337,7 +365,7 @@ def run_steps(args, state: Path, lap, timings: dict, t0: float) -> int:
 
     step(3, "training on Ray Train (2 workers, ray job submit), tracked in MLflow")
     summaries = {}
-    for model, label in MODELS:
+    for model, label in args.models:
         s = train(model, prepared, var, args.seed, args.redo, running["ray"], mlflow_url,
                   args.epochs)
         summaries[label] = s
@@ -373,7 +401,7 @@ def run_steps(args, state: Path, lap, timings: dict, t0: float) -> int:
     lap("evaluate")
     timings["total"] = round(time.perf_counter() - t0, 1)
 
-    served = register_models(summaries, mlflow_url)
+    served = register_models(args.models, summaries, mlflow_url)
     run_ids = [s["mlflow_run_id"] for s in summaries.values()]
     results = write_results(var / "results", evaluation, summaries, c, timings, var, args)
     print(f"\npopularity plot: {evaluation / 'popularity.png'}")
@@ -384,7 +412,7 @@ def run_steps(args, state: Path, lap, timings: dict, t0: float) -> int:
     print(f"results (metrics, popularity, timings, machine, commit): {results}")
     print("serve a model over REST (another shell, the venv active; a user's item ids in, their "
           "top k out):\n" + "\n".join("  " + line for line in serve_commands(
-              mlflow_url, served["NCE-AutoRec"])))
+              mlflow_url, next(iter(served.values())))))
     print(f"done in {timings['total']:.0f}s; the stack keeps running for the UI "
           "(stop it with: make stop)")
     print(summary_line({"runs": dict(zip(summaries, run_ids)), "evaluation": str(evaluation),

@@ -1,7 +1,8 @@
 """`pip install .`: the project as a package whose stages are console scripts (nce-prepare,
 nce-train, ...) running the same functions as the checkout's `spark-submit etl/prepare.py` and
 `python training/train.py`, from any directory, with their default outputs beside the caller, not
-inside site-packages."""
+inside site-packages. The installed ETL runs once, under a bare `spark-submit` as the README shows
+it (no SPARK_LOCAL_IP, no options of ours): a JVM of its own serves both checks."""
 
 from __future__ import annotations
 
@@ -64,7 +65,12 @@ def test_an_installed_stage_runs_end_to_end_outside_the_checkout(installed, tmp_
                            capture_output=True, text=True, check=True).stdout.split("\n")
     assert where[0].startswith(str(installed))  # the installed copy, not the checkout's
     assert where[1] == str(tmp_path)  # default outputs beside the caller
-    out = subprocess.run([str(installed / "bin" / "nce-prepare"), "--dataset", "csv", "--input",
+    # the installed etl/prepare.py (what nce-prepare's main is) under a bare spark-submit
+    env = {**env, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    env.pop("SPARK_LOCAL_IP", None)
+    spark_submit = Path(sys.executable).parent / "spark-submit"
+    out = subprocess.run([str(spark_submit), "--master", "local[2]", "--driver-memory", "1g",
+                          str(installed / "etl" / "prepare.py"), "--dataset", "csv", "--input",
                           str(csv), "--output", "var/data/shop", "--user-col", "customer",
                           "--item-col", "product", "--rating-col", "", "--time-col", "when",
                           "--negatives", "2", "--cold-users", "0"],
@@ -75,4 +81,11 @@ def test_an_installed_stage_runs_end_to_end_outside_the_checkout(installed, tmp_
     manifest = json.loads((tmp_path / "var" / "data" / "shop" / "manifest.json").read_text())
     assert manifest["dataset"] == "events" and manifest["format"] == "csv"
     assert manifest["counts"]["users"] == 12 and manifest["parameters"]["positive"] == "all"
+    assert manifest["schema_version"] == 2 and manifest["counts"]["rows"] == 72
+    assert manifest["spark"]["master"] == "local[2]"
     assert not any(installed.glob("**/var")) and not (installed / "mlflow").exists()
+    log = out.stdout + out.stderr  # spark-submit merges the Python driver's stderr into stdout
+    for step in ("read", "dedup", "users", "split", "write"):  # a progress line per step
+        assert f"[etl] {step}" in log
+    # its JVM started without SPARK_LOCAL_IP, so the UI would listen on every interface: off
+    assert "Spark UI off" in log and "SPARK_LOCAL_IP=127.0.0.1" in log

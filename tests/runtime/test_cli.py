@@ -1,13 +1,11 @@
 """The ETL's command line, as users run it."""
 
-import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,35 +28,6 @@ def test_usage_error_is_one_line_without_traceback(tmp_path):
     assert out.returncode == 2
     assert "missing.data: no such file; check --input" in out.stderr
     assert "Traceback" not in out.stderr
-
-
-@pytest.mark.spark
-@pytest.mark.spark  # a JVM of its own
-def test_spark_submit_ml_100k(tmp_path):
-    """The issue's acceptance command, through a bare spark-submit itself, on a file in
-    ml-100k's format (the reader on the real ml-100k: tests/etl/test_etl_datasets.py, in the
-    session; here it is the command and its JVM that are tested, so the data is small: 60 users
-    x 40 items, and the test needs no ../shared)."""
-    rng = np.random.default_rng(0)
-    lines = [f"{u}\t{i}\t{rng.integers(1, 6)}\t{880000000 + 1000 * u + i}"
-             for u in range(1, 61) for i in rng.choice(np.arange(1, 41), 15, replace=False)]
-    (tmp_path / "u.data").write_text("\n".join(lines) + "\n")
-    spark_submit = Path(PY).parent / "spark-submit"
-    env = {**os.environ, "PYSPARK_PYTHON": PY, "PYSPARK_DRIVER_PYTHON": PY}
-    env.pop("SPARK_LOCAL_IP", None)  # a bare spark-submit, as the README shows it
-    out = subprocess.run([str(spark_submit), "--master", "local[2]", "--driver-memory", "1g",
-                          "etl/prepare.py", "--dataset", "ml-100k", "--input",
-                          str(tmp_path / "u.data"), "--output", str(tmp_path / "p")],
-                         cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
-    assert manifest["schema_version"] == 2 and manifest["counts"]["rows"] == len(lines)
-    assert manifest["spark"]["master"] == "local[2]"
-    log = out.stdout + out.stderr  # spark-submit merges the Python driver's stderr into stdout
-    for step in ("read", "dedup", "users", "split", "write"):  # a progress line per step
-        assert f"[etl] {step}" in log
-    # its JVM started without SPARK_LOCAL_IP, so the UI would listen on every interface: off
-    assert "Spark UI off" in log and "SPARK_LOCAL_IP=127.0.0.1" in log
 
 
 def listening_addresses(port: int) -> set[str]:
