@@ -35,6 +35,26 @@ def with_lines(spark, tmp_path, changed: dict[int, str], max_bad_rows: float):
     return f, out, out.manifest["counts"]
 
 
+def read_with_lines(spark, tmp_path, changed: dict[int, bytes | str], max_bad_rows: float,
+                    extra: list[bytes] = ()):
+    """``CLEAN`` as u.data with the lines ``changed`` replaced (and ``extra`` appended), through
+    the ETL's reading stage alone (``read_validated``: where bad lines are found and counted; the
+    counts reach the manifest as test_malformed_rows_under_the_limit checks end to end): (the
+    file, the rows it kept as pandas, the counts)."""
+    from etl.pipeline import Progress, read_validated
+
+    f = tmp_path / "u.data"
+    lines = [line.encode() for line in u_data(CLEAN).splitlines()]
+    for i, line in changed.items():
+        lines[i] = line.encode() if isinstance(line, str) else line
+    f.write_bytes(b"\n".join([*lines, *extra]) + b"\n")
+    counts = {}
+    cfg = ETLConfig(dataset="ml-100k", input=(str(f),), output=str(tmp_path / "out"),
+                    max_bad_rows=max_bad_rows)
+    rows = read_validated(spark, cfg, [str(f)], Progress(), counts).toPandas()
+    return f, rows, counts
+
+
 def siblings(path: Path):
     return sorted(p.name for p in path.parent.iterdir())
 
@@ -107,10 +127,11 @@ def test_malformed_rows_under_the_limit_are_skipped_and_counted(spark, tmp_path)
 def test_a_rating_that_is_no_finite_number_is_a_counted_bad_line(spark, tmp_path):
     """inf, 1e999 (inf as a double) and NaN parse as numbers; inf used to become a positive."""
     clean = u_data(CLEAN).splitlines()
-    f, out, c = with_lines(spark, tmp_path, {
+    f, rows, c = read_with_lines(spark, tmp_path, {
         i: "\t".join([*clean[i].split("\t")[:2], bad, clean[i].split("\t")[3]])
         for i, bad in ((1, "inf"), (3, "1e999"), (5, "NaN"))}, max_bad_rows=0.5)
-    assert c["lines"]["bad"] == 3 and c["rows"] == len(CLEAN) - 3
+    assert c["lines"]["bad"] == 3 and c["lines"]["row"] == len(rows) == len(CLEAN) - 3
+    assert rows["rating"].between(1, 5).all()
     assert c["bad_row_examples"][0].startswith(
         f"{f}:2: rating 'inf' in column 3 is not a finite number")
     assert any("rating '1e999' in column 3 is not a finite number" in e
@@ -243,19 +264,14 @@ def test_ids_that_would_merge_or_split_silently_are_counted_bad_lines(spark, tmp
     other control character is invisible; "1.0" beside "1" would be two users. Each is a bad
     line at file:line, counted, with the first examples; "01" stays an id of its own (ids are
     text, as the source wrote them)."""
-    f = tmp_path / "u.data"
-    lines = [line.encode() for line in u_data(CLEAN).splitlines()]
-    lines[1] = b"\xff1\t11\t4\t101"      # Latin-1, not UTF-8
-    lines[3] = b"\xfe1\t13\t5\t103"      # another byte: the same U+FFFD once decoded
-    lines[5] = b"2\t1\x002\t5\t104"      # a NUL inside the item id
-    lines[7] = b"3.0\t11\t5\t99"         # a float export of user 3
-    lines[9] = b"3\t1e1\t5\t97"          # 10 in exponent notation
-    lines.append(b"01\t10\t5\t120")       # text with a leading zero: its own id, kept
-    f.write_bytes(b"\n".join(lines) + b"\n")
-    out = prepare(spark, tmp_path / "out", dataset="ml-100k", input=(str(f),), max_bad_rows=0.5,
-                  negatives=3, cold_users=0.0)
-    c = out.manifest["counts"]
-    assert c["lines"]["bad"] == 5 and c["rows"] == len(CLEAN) + 1 - 5
+    f, rows, c = read_with_lines(spark, tmp_path, {
+        1: b"\xff1\t11\t4\t101",      # Latin-1, not UTF-8
+        3: b"\xfe1\t13\t5\t103",      # another byte: the same U+FFFD once decoded
+        5: b"2\t1\x002\t5\t104",      # a NUL inside the item id
+        7: b"3.0\t11\t5\t99",         # a float export of user 3
+        9: b"3\t1e1\t5\t97"},         # 10 in exponent notation
+        max_bad_rows=0.5, extra=[b"01\t10\t5\t120"])  # a leading zero: its own id, kept
+    assert c["lines"]["bad"] == 5 and c["lines"]["row"] == len(rows) == len(CLEAN) + 1 - 5
     said = c["bad_row_examples"]
     assert said[0].startswith(f"{f}:2: user id '\ufffd1' is not valid UTF-8 (shown with U+FFFD "
                               "for its bad bytes); re-encode the file as UTF-8 (iconv -f LATIN1 "
@@ -266,18 +282,18 @@ def test_ids_that_would_merge_or_split_silently_are_counted_bad_lines(spark, tmp
     assert said[3].startswith(f"{f}:8: user id '3.0' is a number written as a decimal; write ids "
                               "as whole numbers (1, not 1.0) or as text")
     assert said[4].startswith(f"{f}:10: item id '1e1' is a number written as a decimal")
-    users = set(out.split.user_id)
+    users = set(rows.user_id)
     assert "01" in users and "1" in users and not any("\ufffd" in u or "." in u for u in users)
 
 
 def test_a_rating_outside_the_datasets_scale_is_a_counted_bad_line(spark, tmp_path):
     """MovieLens-100K rates 1..5: a 99 (another scale's, or a typo) used to pass '>3' as a
     positive, a 0 to be a negative; both are bad lines naming the scale and the fix."""
-    f, out, c = with_lines(spark, tmp_path, {1: "1\t11\t99\t101", 4: "2\t10\t0\t100"},
-                           max_bad_rows=0.5)
-    assert c["lines"]["bad"] == 2 and c["rows"] == len(CLEAN) - 2
+    f, rows, c = read_with_lines(spark, tmp_path, {1: "1\t11\t99\t101", 4: "2\t10\t0\t100"},
+                                 max_bad_rows=0.5)
+    assert c["lines"]["bad"] == 2 and c["lines"]["row"] == len(rows) == len(CLEAN) - 2
     assert c["bad_row_examples"][0].startswith(
         f"{f}:2: rating 99.0 is outside ml-100k's scale 1..5; fix the line, or read the file as "
         "--dataset csv (no scale)")
     assert c["bad_row_examples"][1].startswith(f"{f}:5: rating 0.0 is outside ml-100k's scale")
-    assert ("1", "11") not in set(zip(out.split.user_id, out.split.item_id))
+    assert (1, 11) not in set(zip(rows.user_id, rows.item_id))  # ids read as numbers
