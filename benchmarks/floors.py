@@ -6,12 +6,20 @@ rates measured in the same run, so that every stage's benchmark can report its r
 Rates, measured here with ``--workers`` processes of one thread each, side by side (the stages
 run that way: Spark local[2] tasks of one core, 2 Ray Train workers x 1 thread), summed over them:
 
-    matmul      torch float32 GFLOP/s at each product shape and layout the stages run (training's
-                Gram W'W, W (h'h), and the batch's h G, h'h); scoring's users x width x items
-                product at several blocks of users (``SCORE_USERS``) and layouts
-                (``SCORE_LAYOUTS``), the best of them taken as its rate: a floor is what the
-                machine can do for that work, not what the code's own kernel does, so a better
-                kernel shows as headroom (every candidate is recorded, and which was best)
+    peak        the physical fp32 peak (and AVX512_BF16's, where the CPU has it): independent
+                FMAs in registers, compiled here for this CPU (benchmarks/peak.py); no kernel
+                can beat it, so each product rate is also reported as a share of it, and each
+                stage's floor also "at peak" (its products at this rate: the physical floor)
+    matmul      float32 GFLOP/s at each product shape and layout the stages run (training's
+                Gram W'W, W (h'h), and the batch's h G, h'h; scoring's users x width x items
+                product at several blocks of users, ``SCORE_USERS``, and layouts,
+                ``SCORE_LAYOUTS``) in each exact kernel the environment has (``EXACT_LIBS``:
+                torch's, which is MKL on x86 and takes a slow generic path on AMD CPUs, and
+                numpy's OpenBLAS, which dispatches on the CPU's features), the best of them taken
+                as its rate: a floor is what the machine can do for that work, not what the
+                code's own kernel does, so a better kernel shows as headroom (every candidate is
+                recorded, and which was best). torch's bf16 product (oneDNN; AMX where the CPU
+                has it) is measured beside scoring's, never a floor: its sums are not float32's
     bandwidth   a triad a = b + s c over arrays far larger than the caches (bytes read + written)
     gather      an EmbeddingBag sum of random rows of an (items, width) matrix (bytes of the rows);
     scatter     index_add_ of rows into one (the backward of a gather)
@@ -39,9 +47,10 @@ its parts (the parts run one after another in the stages; none overlaps another'
     etl         read the positives once (Parquet), shuffle them once (each row written and read
                 at the memory bandwidth), write the split table, the user rows and the users table
 
-The rates belong to one CPU (recorded as ``cpu``): the same host name has been an AVX-512 and an
-AVX2 machine, with float32 products 2-4x apart, so a stage's ratio is read against floors measured
-on its own CPU (yahoo_scale's report says when they are not). The top-k's read of the scores is
+The rates belong to one CPU (recorded as ``cpu``: vendor, model, family/model numbers, vector
+flags): the same host name has been an AVX-512 and an AVX2 machine, with float32 products 2-4x
+apart, so a stage's ratio is read against floors measured on its own CPU (yahoo_scale's report
+says when they are not). The top-k's read of the scores is
 counted at the memory bandwidth though ``recommend``'s blocks may keep them in cache (this part
 may err high; about 2% of scoring's floor).
 
@@ -81,6 +90,11 @@ SCORE_BLOCK_FLOATS = 1 << 22  # models.base's: scores per block of Recommender.r
 # W' stored contiguous, and the items x users product W h')
 SCORE_USERS = (512, 2048, 4096)
 SCORE_LAYOUTS = ("linear", "nt", "nn", "wt")
+# the exact float32 kernels a floor is the best of (torch's is MKL on x86, which takes a slow
+# path on AMD CPUs; numpy's is its OpenBLAS, which dispatches on the CPU's features); bf16 is
+# measured beside them, never a floor: its products are not the float32 ones
+LIBS = ("torch", "numpy", "torch-bf16")
+EXACT_LIBS = ("torch", "numpy")
 
 
 @dataclass(frozen=True)
@@ -280,6 +294,12 @@ def floor_seconds(work: dict, rates: dict) -> dict:
     return out
 
 
+def at_peak(rates: dict, peak_fp32: float) -> dict:
+    """``rates`` with every product at the machine's fp32 peak (the physical floor: what no
+    kernel can beat); memory, sort and Parquet rates are measured rates already."""
+    return {k: (peak_fp32 if k.startswith("matmul") else v) for k, v in rates.items()}
+
+
 def load(path: Path = RESULTS) -> dict:
     """The committed floors (``benchmarks/results/floors.json``)."""
     return json.loads(path.with_suffix(".json").read_text())
@@ -371,18 +391,28 @@ def measure(kind: str, args: dict, workers: int, seconds: float) -> float:
     return measure_many([(kind, args)], workers, seconds)[0]
 
 
-def _matmul(m: int, k: int, n: int, layout: str = "nn"):
+def _matmul(m: int, k: int, n: int, layout: str = "nn", lib: str = "torch"):
     """(m, k) x (k, n) as the stage stores its operands: "linear" = F.linear(x, W, b) with W
     (n, k) (a head's scores), "nt" = x W' with the same W and no bias, "wt" = W x' (the (n, m)
     product of the same operands: items x users), "tn" = A' B with A (k, m) (the Gram W'W),
-    "nn" = A B with B (k, n) contiguous."""
+    "nn" = A B with B (k, n) contiguous. ``lib``: "torch" (float32: MKL on x86), "numpy"
+    (float32: its OpenBLAS), "torch-bf16" (bfloat16 operands, float32 sums: oneDNN, AMX where
+    the CPU has it; not exact, so never a floor)."""
     import torch
     import torch.nn.functional as F
     if layout not in ("linear", "nt", "wt", "tn", "nn"):
         raise ValueError(f"_matmul: unknown layout {layout!r}")
-    a = torch.randn(k, m) if layout == "tn" else torch.randn(m, k)
-    b = torch.randn(n, k) if layout in ("linear", "nt", "wt") else torch.randn(k, n)
-    bias = torch.randn(n)
+    if lib not in LIBS:
+        raise ValueError(f"_matmul: unknown lib {lib!r}")
+    dtype = torch.bfloat16 if lib == "torch-bf16" else torch.float32
+    a = torch.randn(k, m, dtype=dtype) if layout == "tn" else torch.randn(m, k, dtype=dtype)
+    b = (torch.randn(n, k, dtype=dtype) if layout in ("linear", "nt", "wt")
+         else torch.randn(k, n, dtype=dtype))
+    bias = torch.randn(n, dtype=dtype)
+    if lib == "numpy":
+        if layout == "linear":
+            raise ValueError("_matmul: 'linear' is torch's F.linear")
+        a, b = a.numpy(), b.numpy()
 
     def fn() -> float:
         if layout == "linear":
@@ -483,8 +513,14 @@ def _recommend(users: int, items: int, per_user: int, width: int = 200, k: int =
     return fn
 
 
+def _peak(path: str, kind: str):
+    """The physical peak's FMA loop (benchmarks/peak.py), compiled at ``path``."""
+    from benchmarks import peak
+    return peak.kernel(path, kind)
+
+
 KERNELS = {"matmul": _matmul, "recommend": _recommend, "triad": _triad, "gather": _gather, "sort": _sort,
-           "parquet": _parquet}
+           "parquet": _parquet, "peak": _peak}
 
 
 def sample_table(kind: str, rows: int, per_user: float, negatives: float):
@@ -520,12 +556,20 @@ def sample_table(kind: str, rows: int, per_user: float, negatives: float):
                      "neg_counts": lists(negatives, "int32")[0]})
 
 
-def score_candidates(s: Shape) -> list[tuple[str, dict]]:
-    """Scoring's product at ``s``'s shape in every block of users and layout measured: the same
-    work (2 x users x width x items FLOPs), of which the fastest is the floor's rate."""
+def score_candidates(s: Shape, libs: tuple[str, ...] = EXACT_LIBS) -> list[tuple[str, dict]]:
+    """Scoring's product at ``s``'s shape in every block of users, layout and library measured:
+    the same work (2 x users x width x items FLOPs), of which the fastest exact one is the
+    floor's rate (F.linear is torch's alone)."""
     users = sorted({s.score_batch, *SCORE_USERS})
-    return [("matmul", {"m": m, "k": s.width, "n": s.items, "layout": layout})
-            for m in users for layout in SCORE_LAYOUTS]
+    return [("matmul", {"m": m, "k": s.width, "n": s.items, "layout": layout, "lib": lib})
+            for m in users for layout in SCORE_LAYOUTS for lib in libs
+            if not (layout == "linear" and lib == "numpy")]
+
+
+def product_candidates(m: int, k: int, n: int, layout: str = "nn",
+                       libs: tuple[str, ...] = EXACT_LIBS) -> list[tuple[str, dict]]:
+    """One product shape in each library: the floor's rate is the fastest exact one."""
+    return [("matmul", {"m": m, "k": k, "n": n, "layout": layout, "lib": lib}) for lib in libs]
 
 
 def best_of(candidates: list[tuple[str, dict]], rates: list[float]) -> tuple[float, dict]:
@@ -540,11 +584,12 @@ def rate_plan(workers: int) -> dict:
     plan = {}
     for name, s in SHAPES.items():
         plan[f"matmul_score@{name}"] = score_candidates(s)
-        plan[f"matmul_gram@{name}"] = ("matmul", {"m": s.width, "k": s.items, "n": s.width,
-                                                  "layout": "tn"})
-        plan[f"matmul_wgrad@{name}"] = ("matmul", {"m": s.items, "k": s.width, "n": s.width})
-        plan[f"matmul_batch@{name}"] = ("matmul", {"m": s.worker_batch, "k": s.width,
-                                                   "n": s.width})
+        plan[f"matmul_gram@{name}"] = product_candidates(s.width, s.items, s.width, "tn")
+        plan[f"matmul_wgrad@{name}"] = product_candidates(s.items, s.width, s.width)
+        plan[f"matmul_batch@{name}"] = product_candidates(s.worker_batch, s.width, s.width)
+        # beside the floors, not one: the bf16 product at scoring's best fp32 block and layout
+        plan[f"bf16_score@{name}"] = ("matmul", {"m": 2048, "k": s.width, "n": s.items,
+                                                 "layout": "wt", "lib": "torch-bf16"})
     y = SHAPES["yahoo"]
     plan["bandwidth"] = ("triad", {"mib": 256})
     bag = round(y.per_user * TRAIN)  # a user's training items
@@ -566,24 +611,24 @@ SORT_BLOCK = 4_000_000
 
 def rates_for(shape: str, measured: dict) -> dict:
     """The rates a shape's work uses: its own product shapes, the rest shared."""
-    out = {k.split("@")[0]: v for k, v in measured.items() if k.endswith(f"@{shape}")}
+    out = {k.split("@")[0]: v for k, v in measured.items()
+           if k.endswith(f"@{shape}") and k.startswith("matmul_")}
     out.update({k: v for k, v in measured.items() if "@" not in k})
     out["sort_block"] = SORT_BLOCK
     return out
 
 
 def cpu() -> str:
-    """The CPU the rates belong to: model, cores and the vector instructions torch uses (the
-    same 'vm' name has meant an AVX-512 and an AVX2 host: a floor from another CPU is no floor)."""
+    """The CPU the rates belong to: vendor, model, family/model numbers, cores, vector flags and
+    the kernels torch dispatches to (the same 'vm' and 'AMD EPYC' names have meant an AVX-512
+    Zen 4 and an AVX2 Zen 3: a floor from another CPU is no floor)."""
     import torch
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f
-                          if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, {torch.backends.cpu.get_cpu_capability()}"
+
+    from runtime.machine import cpu as cpu_info
+    from runtime.machine import describe_cpu
+    info = cpu_info()
+    return (f"{info.get('vendor') or 'unknown vendor'}: {describe_cpu(info)}; "
+            f"torch {torch.backends.cpu.get_cpu_capability()}")
 
 
 def same_cpu(floors: dict | None = None) -> bool | None:
@@ -595,11 +640,40 @@ def same_cpu(floors: dict | None = None) -> bool | None:
     return floors.get("cpu") == cpu()
 
 
-UNITS = {"matmul": (1e9, "GFLOP/s"), "sort": (1e6, "M keys/s")}
+UNITS = {"matmul": (1e9, "GFLOP/s"), "bf16": (1e9, "GFLOP/s"), "sort": (1e6, "M keys/s")}
 
 
 def unit(kind: str) -> tuple[float, str]:
     return UNITS.get(kind.split("_")[0].split("@")[0], (2**30, "GiB/s"))
+
+
+def peak_lines(peaks: dict, workers: int) -> list[str]:
+    """The report's paragraph on the physical peak."""
+    if not peaks["fp32"]:
+        return [f"Physical peak: not measured ({peaks['compiled']})."]
+    bf16 = (f"; AVX512_BF16 dot products {peaks['bf16'] / 1e9:,.1f} GFLOP/s "
+            f"({peaks['bf16'] / peaks['fp32']:.2f} of the fp32 peak: a bf16 product without AMX "
+            "gains nothing here)" if peaks["bf16"] and peaks["bf16"] < peaks["fp32"] else
+            f"; AVX512_BF16 dot products {peaks['bf16'] / 1e9:,.1f} GFLOP/s" if peaks["bf16"]
+            else "")
+    return [f"Physical peak (benchmarks/peak.py: independent FMAs in registers, `"
+            f"{peaks['compiled']}`, {workers} one-thread processes): fp32 "
+            f"**{peaks['fp32'] / 1e9:,.1f} GFLOP/s** ({peaks['fp32'] / workers / 1e9:,.1f} per "
+            f"core){bf16}. A product's share of it is in the table's third column."]
+
+
+def candidate_table(rows: list[dict]) -> list[str]:
+    """GFLOP/s by (users or rows) x (layout, library), blank where not measured."""
+    columns = sorted({(r.get("layout", "nn"), r.get("lib", "torch")) for r in rows},
+                     key=lambda c: (SCORE_LAYOUTS + ("tn",)).index(c[0]) * 10 + LIBS.index(c[1]))
+    out = ["| m | " + " | ".join(f"{layout} {lib}" for layout, lib in columns) + " |",
+           "|---" * (1 + len(columns)) + "|"]
+    for m in sorted({r["m"] for r in rows}):
+        cells = {(r.get("layout", "nn"), r.get("lib", "torch")): r["rate"]
+                 for r in rows if r["m"] == m}
+        out.append(f"| {m} | " + " | ".join(f"{cells[c] / 1e9:,.1f}" if c in cells else ""
+                                             for c in columns) + " |")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -611,9 +685,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="one-thread processes run side by side (the stages' parallelism)")
     p.add_argument("--out", default=str(RESULTS))
     a = p.parse_args(argv)
-    from benchmarks import report
+    from benchmarks import peak, report
     stamp = {**report.stamp("floors.py", argv), "cpu": cpu()}
     measured, at, candidates = {}, {}, {}
+    # the physical peak first: the FMA loop compiled for this CPU, in the same processes' setup
+    lib, built = peak.build()
+    peaks = {"compiled": built, "fp32": None, "bf16": None}
+    if lib:
+        for kind in ("fp32", "bf16") if peak.has_bf16(lib) else ("fp32",):
+            peaks[kind] = measure("peak", {"path": lib, "kind": kind}, a.workers, a.seconds)
+            print(f"{'peak ' + kind:28s} {peaks[kind] / 1e9:10.2f} GFLOP/s  ({built})", flush=True)
+    else:
+        print(f"peak: not measured: {built}", flush=True)
     for name, planned in rate_plan(a.workers).items():
         if isinstance(planned, list):  # several ways to do the same work: the best is the rate
             rates = measure_many(planned, a.workers, a.seconds)
@@ -631,8 +714,10 @@ def main(argv: list[str] | None = None) -> int:
         for stage, fn in WORK.items():
             work = fn(SHAPES[shape])
             stages.setdefault(shape, {})[stage] = {
-                "work": work, "floor_s": floor_seconds(work, rates)}
-    payload = {**stamp, "workers": a.workers, "seconds_per_rate": a.seconds,
+                "work": work, "floor_s": floor_seconds(work, rates),
+                "peak_floor_s": (floor_seconds(work, at_peak(rates, peaks["fp32"]))
+                                 if peaks["fp32"] else None)}
+    payload = {**stamp, "workers": a.workers, "seconds_per_rate": a.seconds, "peak": peaks,
                "shapes": {k: asdict(v) for k, v in SHAPES.items()},
                "measured": measured, "measured_at": at, "candidates": candidates,
                "rates": rates_for("yahoo", measured),
@@ -644,36 +729,43 @@ def main(argv: list[str] | None = None) -> int:
              f"Rates measured in this run with {a.workers} one-thread processes side by side "
              f"(the stages' parallelism), summed, {a.seconds:g} s each; a stage's floor is the "
              "sum over its parts of work / rate (benchmarks/floors.py says what each part "
-             "counts and leaves out).", "", "| rate | measured | at |", "|---|---|---|"]
+             "counts and leaves out).", ""]
+    lines += peak_lines(peaks, a.workers)
+    lines += ["", "| rate | measured | of the fp32 peak | at |", "|---|---|---|---|"]
     for name, value in measured.items():
         scale, label = unit(name)
         best = " (best of the candidates below)" if name in candidates else ""
-        lines.append(f"| {name} | {value / scale:,.2f} {label} | {at[name]}{best} |")
+        share = (f"{value / peaks['fp32']:.2f}" if peaks["fp32"] and name.startswith(
+            ("matmul", "bf16")) else "")
+        lines.append(f"| {name} | {value / scale:,.2f} {label} | {share} | {at[name]}{best} |")
+    lines += ["", "Each product's candidates below: GFLOP/s of each exact kernel measured for the "
+              "same work, by layout and library (linear = F.linear(h, W, b), W (items, width) as "
+              "nn.Linear stores it, the scoring code's kernel; nt = h W' without the bias; nn = "
+              "h W' with W' stored contiguous; wt = W h', items x users; tn = A' B, the Gram "
+              "W'W; torch is MKL on x86, numpy its OpenBLAS); m is the users (or rows) of the "
+              "product."]
     for name, rows in candidates.items():
-        lines += ["", f"{name}: the same product in each block of users and layout ("
-                  "linear: F.linear(h, W, b), W (items, width) as nn.Linear stores it, the "
-                  "scoring code's kernel; nt: h W' without the bias; nn: h W' with W' stored "
-                  "contiguous; wt: W h', items x users), GFLOP/s:", "",
-                  "| users | " + " | ".join(SCORE_LAYOUTS) + " |",
-                  "|---" * (1 + len(SCORE_LAYOUTS)) + "|"]
-        for m in sorted({r["m"] for r in rows}):
-            cells = {r["layout"]: r["rate"] for r in rows if r["m"] == m}
-            lines.append(f"| {m} | " + " | ".join(f"{cells[x] / 1e9:,.1f}"
-                                                  for x in SCORE_LAYOUTS) + " |")
+        lines += ["", f"{name}:", ""] + candidate_table(rows)
     for shape, s in SHAPES.items():
         lines += ["", f"## {shape}: {s.users:,} users x {s.items:,} items, "
                   f"{s.positives:,} positives, width {s.width}, global batch {s.global_batch} "
                   f"over {s.workers} workers", "",
-                  "| stage | part | work | floor s |", "|---|---|---|---|"]
+                  "Floor s: at the fastest exact kernel measured; at peak s: the products at the "
+                  "fp32 peak instead (the physical floor), the other parts as measured.", "",
+                  "| stage | part | work | floor s | at peak s |", "|---|---|---|---|---|"]
         for stage, r in stages[shape].items():
+            physical = r["peak_floor_s"] or {}
+            cell = lambda part, p=physical: (f"{p[part]:,.1f}" if part == "total" else
+                                             f"{p[part]:,.2f}") if part in p else "–"
             for part, w in r["work"].items():
                 scale, label = unit(w["kind"])
                 amount = (f"{w['amount'] / 1e12:,.2f} TFLOP" if w["kind"].startswith("matmul")
                           else f"{w['amount'] / 1e6:,.1f} M keys" if w["kind"] == "sort"
                           else f"{w['amount'] / 2**30:,.2f} GiB")
                 lines.append(f"| {stage} | {part} ({w['kind']}) | {amount} | "
-                             f"{r['floor_s'][part]:,.2f} |")
-            lines.append(f"| **{stage}** | **floor** | | **{r['floor_s']['total']:,.1f}** |")
+                             f"{r['floor_s'][part]:,.2f} | {cell(part)} |")
+            lines.append(f"| **{stage}** | **floor** | | **{r['floor_s']['total']:,.1f}** | "
+                         f"**{cell('total')}** |")
     report.publish(Path(a.out), payload, lines)
     print("\n".join(lines))
     return 0

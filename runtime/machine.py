@@ -11,17 +11,23 @@ VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
                 "avx512_fp16", "amx_bf16", "amx_tile", "asimd", "sve")
 
 
+VENDORS = {"AuthenticAMD": "AMD", "GenuineIntel": "Intel"}
+
+
 def cpu(cpuinfo: str = "/proc/cpuinfo") -> dict:
-    """{"model", "family", "cores", "flags"} from /proc/cpuinfo (``family``: "cpu family/model"
+    """{"vendor", "model", "family", "cores", "flags"} from /proc/cpuinfo (``vendor``: AMD, Intel
+    or the vendor id as written) (``family``: "cpu family/model"
     numbers, which tell Zen 3 from Zen 4 where a VM names both "AMD EPYC"; the vector flags of
     ``VECTOR_FLAGS`` present, in that order); the model falls back to ``platform.processor()``."""
-    model, family, number, flags = "", "", "", set()
+    vendor, model, family, number, flags = "", "", "", "", set()
     try:
         with open(cpuinfo) as f:
             for line in f:
                 key, _, value = line.partition(":")
                 key = key.strip()
-                if key == "model name" and not model:
+                if key == "vendor_id" and not vendor:
+                    vendor = VENDORS.get(value.strip(), value.strip())
+                elif key == "model name" and not model:
                     model = value.strip()
                 elif key == "cpu family" and not family:
                     family = value.strip()
@@ -31,7 +37,7 @@ def cpu(cpuinfo: str = "/proc/cpuinfo") -> dict:
                     flags = set(value.split())
     except OSError:
         pass
-    return {"model": model or platform.processor() or "unknown",
+    return {"vendor": vendor, "model": model or platform.processor() or "unknown",
             "family": f"{family}/{number}" if family else "", "cores": os.cpu_count(),
             "flags": [f for f in VECTOR_FLAGS if f in flags]}
 

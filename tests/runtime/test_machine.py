@@ -19,7 +19,7 @@ def test_the_first_cpus_model_family_and_vector_flags_in_a_fixed_order(tmp_path)
     f = tmp_path / "cpuinfo"
     f.write_text(ZEN4)
     info = cpu(str(f))
-    assert info["model"] == "AMD EPYC" and info["family"] == "25/17"
+    assert info["model"] == "AMD EPYC" and info["family"] == "25/17" and info["vendor"] == "AMD"
     assert info["flags"] == ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
                              "avx512_bf16"]
     assert describe_cpu(info).startswith("AMD EPYC (family/model 25/17), ")
@@ -29,5 +29,13 @@ def test_the_first_cpus_model_family_and_vector_flags_in_a_fixed_order(tmp_path)
 
 def test_without_cpuinfo_the_model_is_still_named(tmp_path):
     info = cpu(str(tmp_path / "missing"))
-    assert info["model"] and info["flags"] == [] and info["family"] == ""
+    assert info["model"] and info["flags"] == [] and info["family"] == "" and info["vendor"] == ""
     assert "flags none" in describe_cpu(info)
+
+
+def test_an_unknown_vendor_id_is_kept_as_written(tmp_path):
+    f = tmp_path / "cpuinfo"
+    f.write_text(ZEN4.replace("AuthenticAMD", "HygonGenuine").replace("99", "24"))
+    assert cpu(str(f))["vendor"] == "HygonGenuine"
+    f.write_text(ZEN4.replace("AuthenticAMD", "GenuineIntel"))
+    assert cpu(str(f))["vendor"] == "Intel"
