@@ -154,18 +154,26 @@ def finetune_convergence(d: dict) -> list[str]:
 
 
 def floors(d: dict) -> list[str]:
+    peak = (d.get("peak") or {}).get("fp32")
+
     def rate(name: str, v: float) -> str:
-        if name.startswith("matmul"):
-            return f"{v / 1e9:.1f} GFLOP/s"
+        if name.startswith(("matmul", "bf16", "peak")):
+            return f"{v / 1e9:.1f} GFLOP/s" + (f" ({v / peak:.2f} of the peak)"
+                                               if peak and not name.startswith("peak") else "")
         if name == "sort":
             return f"{v / 1e6:.1f} M keys/s"
         return f"{v / GIB:.2f} GiB/s"
 
-    out = table(["rate", "measured"], [[k, rate(k, v)] for k, v in d["measured"].items()])
+    peaks = {f"peak {k}": v for k, v in (d.get("peak") or {}).items()
+             if k in ("fp32", "bf16") and v}
+    out = table(["rate", "measured"], [[k, rate(k, v)] for k, v in
+                                       {**peaks, **d["measured"]}.items()])
     shapes = list(d["stages"])
     stages = list(d["stages"][shapes[0]])
-    return out + table(["stage floor (s)", *shapes],
-                       [[s, *(num(d["stages"][sh][s]["floor_s"]["total"], 1) for sh in shapes)]
+    at_peak = lambda r: num(r["peak_floor_s"]["total"], 1) if r.get("peak_floor_s") else "–"
+    return out + table(["stage floor (s): best exact kernel / products at the peak", *shapes],
+                       [[s, *(f"{num(d['stages'][sh][s]['floor_s']['total'], 1)} / "
+                              f"{at_peak(d['stages'][sh][s])}" for sh in shapes)]
                         for s in stages])
 
 
