@@ -536,6 +536,35 @@ def test_bf16_step_on_cpu_trains_like_float32():
         assert half[k] == pytest.approx(full[k], rel=2e-2), k
 
 
+def test_bf16_changes_nothing_on_the_autorec_familys_fast_loss():
+    """What --bf16's help says: the AutoRec family's fast loss (its MSE heads' default once a
+    batch has 2/3 of --width users or more) runs its products in float32 under autocast too, and
+    its encoder is an embedding bag autocast leaves alone, so a step under --bf16 is the float32
+    step, bit for bit; only the products through the (batch, items) scores (the NS head's, the
+    dense loss's) run in bf16."""
+    from models.batch import Batch
+    from models.registry import build
+    from training.step import make_optimizers, train_batch
+
+    def step(bf16):
+        torch.manual_seed(0)
+        model = build("nce-autorec", {"lam_units": "plain", "n_items": 30, "width": 8})
+        model.dense_loss = False
+        batch = Batch(users=torch.arange(3), train_items=torch.tensor([0, 4, 7, 1, 29]),
+                      train_offsets=torch.tensor([0, 3, 4]), train_rstar=torch.rand(5),
+                      neg_items=torch.zeros(0, dtype=torch.long),
+                      neg_counts=torch.zeros(0, dtype=torch.long),
+                      neg_offsets=torch.zeros(3, dtype=torch.long))
+        plan = model.trainer(model)
+        steps = plan.phases()[0]
+        terms = train_batch(model, batch, steps, make_optimizers(plan, steps, 0.01), bf16=bf16)
+        return {k: float(v) for k, v in terms.items()}, model.state_dict()
+
+    (full, w32), (half, w16) = step(False), step(True)
+    assert half == full and full["predict"] > 0
+    assert all(torch.equal(w32[k], w16[k]) for k in w32)
+
+
 def test_batch_to_cpu_is_not_pinned():
     """Pinning is for host-to-GPU copies; a CPU batch stays as it is (pin_memory needs CUDA)."""
     from models.batch import Batch
