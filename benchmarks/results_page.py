@@ -298,11 +298,14 @@ def quality_ml100k(d: dict) -> list[str]:
 
 def score_throughput(d: dict) -> list[str]:
     return table(["shape", "items", "Spark users/s", "reference users/s", "kernel users/s",
-                  "kernel product ratio", "Spark product ratio", "floor users/s",
+                  "kernel product ratio", "Spark product ratio", "kernel of the fp32 peak",
+                  "Spark of the fp32 peak", "floor users/s",
                   "ratio to floor", "Spark warm call s", "all real users, min"],
                  [[r["shape"], num(r["items"]), num(r["spark_users_per_second"]),
                    num(r["reference_users_per_second"]), num(r["kernel_users_per_second"]),
                    num(r["kernel_matmul_ratio"], 2), num(r["spark_matmul_ratio"], 2),
+                   *(num(r[k], 2) if r.get(k) is not None else "n/a"
+                     for k in ("kernel_peak_ratio", "spark_peak_ratio")),
                    num(r["floor_users_per_second"]), num(r["ratio_to_floor"], 2),
                    num(r["spark_runs"][-1]["seconds"], 2), num(r["real_users_minutes"], 1)]
                   for r in d["results"]])

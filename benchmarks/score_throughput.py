@@ -119,6 +119,16 @@ def matmul_ratio(users_per_second: float, shape: str) -> float | None:
     return users_per_second * 2.0 * WIDTH * SHAPES[shape]["items"] / best
 
 
+def peak_ratio(users_per_second: float, shape: str) -> float | None:
+    """The product rate a scoring rate stands for over the machine's physical fp32 peak
+    (benchmarks/peak.py, as floors.py measured it): issue 56's ">= 0.7 of the fp32 peak"."""
+    try:
+        peak = (floors.load().get("peak") or {}).get("fp32")
+    except FileNotFoundError:
+        return None
+    return None if not peak else users_per_second * 2.0 * WIDTH * SHAPES[shape]["items"] / peak
+
+
 def spark_users_per_second(spark, data: Path, run: Path, work: Path) -> list[dict]:
     from evaluation.score import score
 
@@ -174,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                          "kernel_users_per_second": round(kernel_ups, 1),
                          "kernel_gflops": round(kernel / 1e9, 2),
                          "kernel_matmul_ratio": _round(matmul_ratio(kernel_ups, shape)),
+                         "kernel_peak_ratio": _round(peak_ratio(kernel_ups, shape)),
+                         "spark_peak_ratio": _round(peak_ratio(best, shape)),
                          "ratio": round(best / ref, 3),
                          "real_users_minutes": round(real / best / 60, 1),
                          "floor_users_per_second": roof and round(args.users / roof, 1),
@@ -225,12 +237,15 @@ def write(rows: list[dict], args) -> None:
              "matmul rates), top-k included. Floor: the users/s of "
              "benchmarks/floors.py's roofline (products at the measured matmul rate, one read "
              "of the scores, rows read and lists written; benchmarks/results/floors.md); ratio "
-             "to floor = Spark's seconds over the floor's.", "",
+             "to floor = Spark's seconds over the floor's. Of the fp32 peak: the same product "
+             "GFLOP/s over the machine's physical peak (benchmarks/peak.py, in floors.json; "
+             "issue 56's target: >= 0.7, top-k included).", "",
              "| shape | items | users | Spark users/s | reference users/s (threads) | ratio | "
              "kernel users/s (2 x 1 thread) | kernel GFLOP/s | kernel product ratio | "
              "Spark product ratio | reference product ratio | "
+             "kernel of the fp32 peak | Spark of the fp32 peak | "
              "floor users/s | ratio to floor | Spark cold call s | all real users at this rate |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         floor = r.get("floor_users_per_second")
         lines.append(f"| {r['shape']} | {r['items']:,} | {r['users']:,} | "
@@ -239,7 +254,8 @@ def write(rows: list[dict], args) -> None:
                      + f"{r['kernel_users_per_second']:,.0f} | {r['kernel_gflops']:.1f} | "
                      + "".join(f"{x:.2f} | " if x is not None else "n/a | "
                                for x in (r["kernel_matmul_ratio"], r["spark_matmul_ratio"],
-                                         r["reference_matmul_ratio"]))
+                                         r["reference_matmul_ratio"], r.get("kernel_peak_ratio"),
+                                         r.get("spark_peak_ratio")))
                      + (f"{floor:,.0f} | {r['ratio_to_floor']:.2f} | " if floor else "n/a | n/a | ")
                      + f"{r['spark_runs'][0]['seconds']:.1f} | {r['real_users_minutes']:.0f} min |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
