@@ -202,10 +202,16 @@ def recs_are_current(out: Path, model_uri: str) -> bool:
         return False
 
 
-def evaluation_is_current(out: Path, recs: list[Path]) -> bool:
+def evaluation_is_current(out: Path, recs: dict[str, Path]) -> bool:
+    """Whether ``out`` evaluated exactly these lists (``recs``: label -> folder; a run with other
+    --models evaluates again) after they were last written."""
     marker = out / "manifest.json"
-    return marker.exists() and all(
-        marker.stat().st_mtime > (r / "_manifest.json").stat().st_mtime for r in recs)
+    try:
+        labels = {r["label"] for r in json.loads(marker.read_text())["rows"]}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return False
+    return labels == set(recs) and all(
+        marker.stat().st_mtime > (r / "_manifest.json").stat().st_mtime for r in recs.values())
 
 
 def runs_url(mlflow_url: str, run_id: str, chart: bool = False) -> str:
@@ -391,7 +397,7 @@ def run_steps(args, state: Path, lap, timings: dict, t0: float) -> int:
     step(5, "evaluation on Spark: metrics with 95% CIs, popularity, cold start -> MLflow")
     evaluation = var / "eval" / "ml-latest-small"
     from evaluation.evaluate import report
-    if not args.redo and evaluation_is_current(evaluation, list(recs.values())):
+    if not args.redo and evaluation_is_current(evaluation, recs):
         print(f"   already evaluated ({evaluation})\n")
         print(report(json.loads((evaluation / "manifest.json").read_text()), str(evaluation)))
     else:

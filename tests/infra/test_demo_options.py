@@ -36,3 +36,29 @@ def test_the_results_file_names_the_options_that_are_not_the_default():
     assert options_text(args(epochs=2)) == " (--epochs 2)"
     assert options_text(args(epochs=2, models=chosen_models("puresvd"))) == \
         " (--epochs 2 --models puresvd)"
+
+
+def test_an_evaluation_is_reused_only_for_the_same_models_and_newer_than_their_lists(tmp_path):
+    import json
+    import os
+
+    from infra.demo import evaluation_is_current
+
+    recs = {}
+    for label in ("NCE-AutoRec", "PureSVD"):
+        recs[label] = tmp_path / label
+        recs[label].mkdir()
+        (recs[label] / "_manifest.json").write_text("{}")
+        os.utime(recs[label] / "_manifest.json", (1000, 1000))
+    out = tmp_path / "eval"
+    assert not evaluation_is_current(out, recs)  # nothing evaluated yet
+    out.mkdir()
+    rows = [{"label": label, "metric": "NDCG"} for label in recs]
+    (out / "manifest.json").write_text(json.dumps({"rows": rows}))
+    assert evaluation_is_current(out, recs)
+    # another --models: fewer, or others, evaluate again
+    assert not evaluation_is_current(out, {"PureSVD": recs["PureSVD"]})
+    assert not evaluation_is_current(out, {**recs, "AutoRec": recs["PureSVD"]})
+    os.utime(recs["PureSVD"] / "_manifest.json")  # lists written after the evaluation
+    os.utime(out / "manifest.json", (2000, 2000))
+    assert not evaluation_is_current(out, recs)
