@@ -114,11 +114,11 @@ class RunConfig:
     use_gpu: bool = option(False, group=CLUSTER, help="one GPU per worker (NCCL)")
     bf16: bool = option(False, group=CLUSTER,
                         help="bf16 autocast on the products through the (batch, items) scores "
-                             "(for GPUs): the NS head's, and the MSE heads' on the dense loss "
-                             "(batches under 2/3 of --width users, or --loss-path dense). The "
-                             "AutoRec family's fast loss, its encoder and the optimizer stay "
-                             "float32: at larger batches --bf16 changes nothing for AutoRec and "
-                             "NCE-AutoRec")
+                             "(for GPUs): the NS head's, and the MSE heads' on their dense loss "
+                             "(small batches, or the dense loss path). The AutoRec family's fast "
+                             "loss, its encoder and the optimizer stay float32: at its default "
+                             "batch sizes --bf16 changes nothing for AutoRec and NCE-AutoRec "
+                             "(docs/gpu.md)")
     placement: str = option("PACK", group=CLUSTER, choices=PLACEMENTS,
                             help="PACK fills one node before the next (fast on one machine); "
                                  "SPREAD puts the workers on different nodes first")
