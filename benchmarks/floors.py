@@ -556,20 +556,20 @@ def sample_table(kind: str, rows: int, per_user: float, negatives: float):
                      "neg_counts": lists(negatives, "int32")[0]})
 
 
-def score_candidates(s: Shape, libs: tuple[str, ...] = EXACT_LIBS) -> list[tuple[str, dict]]:
+def score_candidates(s: Shape) -> list[tuple[str, dict]]:
     """Scoring's product at ``s``'s shape in every block of users, layout and library measured:
     the same work (2 x users x width x items FLOPs), of which the fastest exact one is the
     floor's rate (F.linear is torch's alone)."""
     users = sorted({s.score_batch, *SCORE_USERS})
     return [("matmul", {"m": m, "k": s.width, "n": s.items, "layout": layout, "lib": lib})
-            for m in users for layout in SCORE_LAYOUTS for lib in libs
+            for m in users for layout in SCORE_LAYOUTS for lib in EXACT_LIBS
             if not (layout == "linear" and lib == "numpy")]
 
 
-def product_candidates(m: int, k: int, n: int, layout: str = "nn",
-                       libs: tuple[str, ...] = EXACT_LIBS) -> list[tuple[str, dict]]:
+def product_candidates(m: int, k: int, n: int, layout: str = "nn") -> list[tuple[str, dict]]:
     """One product shape in each library: the floor's rate is the fastest exact one."""
-    return [("matmul", {"m": m, "k": k, "n": n, "layout": layout, "lib": lib}) for lib in libs]
+    return [("matmul", {"m": m, "k": k, "n": n, "layout": layout, "lib": lib})
+            for lib in EXACT_LIBS]
 
 
 def best_of(candidates: list[tuple[str, dict]], rates: list[float]) -> tuple[float, dict]:

@@ -116,7 +116,7 @@ def matmul_ratio(users_per_second: float, shape: str) -> float | None:
         best = floors.load()["measured"][f"matmul_score@{shape}"]
     except (FileNotFoundError, KeyError):
         return None
-    return users_per_second * 2.0 * WIDTH * SHAPES[shape]["items"] / best
+    return product_rate(users_per_second, shape) / best
 
 
 def peak_ratio(users_per_second: float, shape: str) -> float | None:
@@ -126,7 +126,13 @@ def peak_ratio(users_per_second: float, shape: str) -> float | None:
         peak = (floors.load().get("peak") or {}).get("fp32")
     except FileNotFoundError:
         return None
-    return None if not peak else users_per_second * 2.0 * WIDTH * SHAPES[shape]["items"] / peak
+    return product_rate(users_per_second, shape) / peak if peak else None
+
+
+def product_rate(users_per_second: float, shape: str) -> float:
+    """FLOP/s of the predict head's product a scoring rate stands for (2 x width x items a
+    user; everything else in the time counted as if it were product)."""
+    return users_per_second * 2.0 * WIDTH * SHAPES[shape]["items"]
 
 
 def spark_users_per_second(spark, data: Path, run: Path, work: Path) -> list[dict]:

@@ -15,10 +15,10 @@ VENDORS = {"AuthenticAMD": "AMD", "GenuineIntel": "Intel"}
 
 
 def cpu(cpuinfo: str = "/proc/cpuinfo") -> dict:
-    """{"vendor", "model", "family", "cores", "flags"} from /proc/cpuinfo (``vendor``: AMD, Intel
-    or the vendor id as written) (``family``: "cpu family/model"
-    numbers, which tell Zen 3 from Zen 4 where a VM names both "AMD EPYC"; the vector flags of
-    ``VECTOR_FLAGS`` present, in that order); the model falls back to ``platform.processor()``."""
+    """{"vendor", "model", "family", "cores", "flags"} from /proc/cpuinfo: ``vendor`` AMD, Intel or
+    the vendor id as written; ``family`` the "cpu family/model" numbers, which tell Zen 3 from
+    Zen 4 where a VM names both "AMD EPYC"; ``flags`` the vector flags of ``VECTOR_FLAGS``
+    present, in that order. The model falls back to ``platform.processor()``."""
     vendor, model, family, number, flags = "", "", "", "", set()
     try:
         with open(cpuinfo) as f:

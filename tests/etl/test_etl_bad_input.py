@@ -22,14 +22,20 @@ def u_data(rows, sep="\t", end="\n"):
     return end.join(sep.join(str(v) for v in r) for r in rows) + end
 
 
-def with_lines(spark, tmp_path, changed: dict[int, str], max_bad_rows: float):
-    """``CLEAN`` as ml-100k's u.data with the lines ``changed`` (0-based) replaced, through the
-    ETL: (the file, the prepared output, its manifest's counts)."""
+def u_data_with(tmp_path, changed: dict[int, bytes | str], extra: list[bytes] = ()):
+    """``CLEAN`` as ml-100k's u.data in ``tmp_path`` with the lines ``changed`` (0-based; text or
+    raw bytes) replaced and ``extra`` appended; returns its path."""
     f = tmp_path / "u.data"
-    lines = u_data(CLEAN).splitlines()
+    lines = [line.encode() for line in u_data(CLEAN).splitlines()]
     for i, line in changed.items():
-        lines[i] = line
-    f.write_text("\n".join(lines) + "\n")
+        lines[i] = line.encode() if isinstance(line, str) else line
+    f.write_bytes(b"\n".join([*lines, *extra]) + b"\n")
+    return f
+
+
+def with_lines(spark, tmp_path, changed: dict[int, str], max_bad_rows: float):
+    """``u_data_with`` through the ETL: (the file, the prepared output, its manifest's counts)."""
+    f = u_data_with(tmp_path, changed)
     out = prepare(spark, tmp_path / "out", dataset="ml-100k", input=(str(f),),
                   max_bad_rows=max_bad_rows, negatives=3, cold_users=0.0)
     return f, out, out.manifest["counts"]
@@ -37,17 +43,12 @@ def with_lines(spark, tmp_path, changed: dict[int, str], max_bad_rows: float):
 
 def read_with_lines(spark, tmp_path, changed: dict[int, bytes | str], max_bad_rows: float,
                     extra: list[bytes] = ()):
-    """``CLEAN`` as u.data with the lines ``changed`` replaced (and ``extra`` appended), through
-    the ETL's reading stage alone (``read_validated``: where bad lines are found and counted; the
-    counts reach the manifest as test_malformed_rows_under_the_limit checks end to end): (the
-    file, the rows it kept as pandas, the counts)."""
+    """``u_data_with`` through the ETL's reading stage alone (``read_validated``: where bad lines
+    are found and counted; the counts reach the manifest as test_malformed_rows_under_the_limit
+    checks end to end): (the file, the rows it kept as pandas, the counts)."""
     from etl.pipeline import Progress, read_validated
 
-    f = tmp_path / "u.data"
-    lines = [line.encode() for line in u_data(CLEAN).splitlines()]
-    for i, line in changed.items():
-        lines[i] = line.encode() if isinstance(line, str) else line
-    f.write_bytes(b"\n".join([*lines, *extra]) + b"\n")
+    f = u_data_with(tmp_path, changed, extra)
     counts = {}
     cfg = ETLConfig(dataset="ml-100k", input=(str(f),), output=str(tmp_path / "out"),
                     max_bad_rows=max_bad_rows)

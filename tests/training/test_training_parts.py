@@ -505,31 +505,39 @@ def test_loss_path_sets_how_the_autorec_family_computes_its_loss(path, dense):
     assert model.dense_for("nce", 4096) is (dense if dense is not None else False)
 
 
-def test_bf16_step_on_cpu_trains_like_float32():
-    """The --bf16 path runs on a CPU (autocast's CPU backend): the loss terms are close to the
-    float32 step's, the parameters stay float32, and they move."""
+def bf16_step(bf16: bool, dense_loss: bool) -> tuple[dict, torch.nn.Module, torch.Tensor]:
+    """One training step of a small NCE-AutoRec on a 3-user batch, under --bf16 or not, on the
+    dense loss (the heads' nn.Linear over the scores) or the fast one: (its loss terms, the
+    model after it, the predict head's weight before it)."""
     from models.batch import Batch
     from models.registry import build
     from training.step import make_optimizers, train_batch
 
-    def step(bf16):
-        torch.manual_seed(0)
-        model = build("nce-autorec", {"lam_units": "plain", "n_items": 30, "width": 8})
-        model.dense_loss = True  # the heads' nn.Linear: what autocast runs in bf16
-        batch = Batch(users=torch.arange(3), train_items=torch.tensor([0, 4, 7, 1, 29]),
-                      train_offsets=torch.tensor([0, 3, 4]), train_rstar=torch.rand(5),
-                      neg_items=torch.zeros(0, dtype=torch.long),
-                      neg_counts=torch.zeros(0, dtype=torch.long),
-                      neg_offsets=torch.zeros(3, dtype=torch.long))
-        before = model.heads["predict"].weight.detach().clone()
-        plan = model.trainer(model)
-        steps = plan.phases()[0]
-        terms = train_batch(model, batch, steps, make_optimizers(plan, steps, 0.01), bf16=bf16)
+    torch.manual_seed(0)
+    model = build("nce-autorec", {"lam_units": "plain", "n_items": 30, "width": 8})
+    model.dense_loss = dense_loss
+    batch = Batch(users=torch.arange(3), train_items=torch.tensor([0, 4, 7, 1, 29]),
+                  train_offsets=torch.tensor([0, 3, 4]), train_rstar=torch.rand(5),
+                  neg_items=torch.zeros(0, dtype=torch.long),
+                  neg_counts=torch.zeros(0, dtype=torch.long),
+                  neg_offsets=torch.zeros(3, dtype=torch.long))
+    before = model.heads["predict"].weight.detach().clone()
+    plan = model.trainer(model)
+    steps = plan.phases()[0]
+    terms = train_batch(model, batch, steps, make_optimizers(plan, steps, 0.01), bf16=bf16)
+    return {k: float(v) for k, v in terms.items()}, model, before
+
+
+def test_bf16_step_on_cpu_trains_like_float32():
+    """The --bf16 path runs on a CPU (autocast's CPU backend): the loss terms are close to the
+    float32 step's, the parameters stay float32, and they move."""
+    terms = {}
+    for bf16 in (False, True):
+        # the heads' nn.Linear on the dense loss: what autocast runs in bf16
+        terms[bf16], model, before = bf16_step(bf16, dense_loss=True)
         w = model.heads["predict"].weight
         assert w.dtype == torch.float32 and not torch.equal(w.detach(), before)
-        return {k: float(v) for k, v in terms.items()}
-
-    full, half = step(False), step(True)
+    full, half = terms[False], terms[True]
     assert full.keys() == half.keys()
     assert half["predict"] != full["predict"]  # the products did run in bf16
     for k in full:
@@ -542,26 +550,10 @@ def test_bf16_changes_nothing_on_the_autorec_familys_fast_loss():
     its encoder is an embedding bag autocast leaves alone, so a step under --bf16 is the float32
     step, bit for bit; only the products through the (batch, items) scores (the NS head's, the
     dense loss's) run in bf16."""
-    from models.batch import Batch
-    from models.registry import build
-    from training.step import make_optimizers, train_batch
-
-    def step(bf16):
-        torch.manual_seed(0)
-        model = build("nce-autorec", {"lam_units": "plain", "n_items": 30, "width": 8})
-        model.dense_loss = False
-        batch = Batch(users=torch.arange(3), train_items=torch.tensor([0, 4, 7, 1, 29]),
-                      train_offsets=torch.tensor([0, 3, 4]), train_rstar=torch.rand(5),
-                      neg_items=torch.zeros(0, dtype=torch.long),
-                      neg_counts=torch.zeros(0, dtype=torch.long),
-                      neg_offsets=torch.zeros(3, dtype=torch.long))
-        plan = model.trainer(model)
-        steps = plan.phases()[0]
-        terms = train_batch(model, batch, steps, make_optimizers(plan, steps, 0.01), bf16=bf16)
-        return {k: float(v) for k, v in terms.items()}, model.state_dict()
-
-    (full, w32), (half, w16) = step(False), step(True)
+    full, m32, _ = bf16_step(False, dense_loss=False)
+    half, m16, _ = bf16_step(True, dense_loss=False)
     assert half == full and full["predict"] > 0
+    w32, w16 = m32.state_dict(), m16.state_dict()
     assert all(torch.equal(w32[k], w16[k]) for k in w32)
 
 
