@@ -26,11 +26,15 @@ from torch import nn
 
 from models.batch import Batch, row_ids, user_slice
 from models.hparams import HP
+from models.product import product, scratch
 from models.topk import top_k
 from models.training import Training
 
 RSTAR, NEGATIVES = "rstar", "negatives"  # what a model's batches may need beyond the input rows
 SCORE_BLOCK_FLOATS = 1 << 22  # scores per block of ``recommend`` on a CPU (16 MiB: measured best)
+# the same for a model with ``score_factors``, whose scores go in a reused buffer (64 MiB:
+# models.product.scratch says why; 374 users at 44,865 items, a Spark batch of scoring's)
+FACTOR_BLOCK_SCORES = 1 << 24
 
 
 class Recommender(nn.Module):
@@ -116,6 +120,14 @@ class Recommender(nn.Module):
         """(B, n_items) float32 scores of every item for users with these input rows."""
         raise NotImplementedError
 
+    def score_factors(self, items: torch.Tensor, offsets: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(a, b, bias) with ``score`` = ``models.product.product(a, b, bias)``: a (B, d) per
+        user, b (d, n_items) and bias (n_items,) or None per item. Overridden by a model whose
+        scores are linear in a user vector; ``recommend`` then scores in larger blocks, into a
+        reused buffer."""
+        raise NotImplementedError(f"{self.name}'s scores are not a product of factors")
+
     def trained_scores(self, users: torch.Tensor, items: torch.Tensor, offsets: torch.Tensor
                        ) -> torch.Tensor:
         """(B, n_items) scores of training users (indices ``users``) from their trained vectors
@@ -139,21 +151,31 @@ class Recommender(nn.Module):
         matrix from memory: 1.45x on the product plus top-k at the Yahoo shape
         (benchmarks/results/validation_speed.md). Per-row results do not depend on the blocks.
         The top-k is ``models.topk.top_k``: torch.topk's answer, ties included, from the scores
-        at or above a per-row threshold instead of a sort of every score."""
+        at or above a per-row threshold instead of a sort of every score. A model with
+        ``score_factors`` computes its scores in blocks of FACTOR_BLOCK_SCORES into a buffer
+        reused from block to block and call to call (``models.product.scratch``)."""
         if exclude is None:
             exclude = (items, offsets) if exclude_seen else (items[:0], offsets[:0])
         blocks = self.score_in_blocks or users is not None  # no fold-in: no per-call cost
+        factored = (users is None and items.device.type == "cpu"
+                    and type(self).score_factors is not Recommender.score_factors)
+        block_scores = FACTOR_BLOCK_SCORES if factored else SCORE_BLOCK_FLOATS
         per_block = (len(offsets) if not blocks or items.device.type != "cpu"
-                     else max(1, SCORE_BLOCK_FLOATS // self.n_items))
+                     else max(1, block_scores // self.n_items))
         values, indices = [], []
         for lo in range(0, len(offsets), per_block):
             hi = min(lo + per_block, len(offsets))
             block_items, block_offsets = user_slice(items, offsets, lo, hi)
-            scores = (self.score(block_items, block_offsets) if users is None
-                      else self.trained_scores(users[lo:hi], block_items, block_offsets))
             ex_items, ex_offsets = user_slice(*exclude, lo, hi) if len(exclude[1]) else exclude
+            ex_rows = row_ids(ex_offsets, len(ex_items))
+            if factored:  # the same product as ``score``'s, into this thread's reused buffer
+                scores = product(*self.score_factors(block_items, block_offsets),
+                                 out=scratch(hi - lo, self.n_items))
+            else:
+                scores = (self.score(block_items, block_offsets) if users is None
+                          else self.trained_scores(users[lo:hi], block_items, block_offsets))
             if len(ex_items):
-                scores[row_ids(ex_offsets, len(ex_items)), ex_items] = -torch.inf
+                scores[ex_rows, ex_items] = -torch.inf
             top = top_k(scores, min(k, self.n_items))
             values.append(top.values)
             indices.append(top.indices)

@@ -111,6 +111,9 @@ class BPR(Recommender):
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         return self.score_users(self.fold_in(items, offsets), items, offsets)
 
+    def score_factors(self, items: torch.Tensor, offsets: torch.Tensor):
+        return self.fold_in(items, offsets), self.items.weight.T, None
+
 
 
 def pair_losses(x_ui: torch.Tensor, x_uj: torch.Tensor) -> torch.Tensor:

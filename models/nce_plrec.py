@@ -65,4 +65,7 @@ class NCEPLRec(ClosedForm):
         return {"fit_seconds": time.perf_counter() - t0}
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        return product(row_sums(self.projection, items, offsets), self.regression)
+        return product(*self.score_factors(items, offsets)[:2])
+
+    def score_factors(self, items: torch.Tensor, offsets: torch.Tensor):
+        return row_sums(self.projection, items, offsets), self.regression, None

@@ -44,4 +44,7 @@ class PureSVD(ClosedForm):
         return {"svd_seconds": time.perf_counter() - t0}
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        return product(row_sums(self.items_factors, items, offsets), self.items_factors.T)
+        return product(*self.score_factors(items, offsets)[:2])
+
+    def score_factors(self, items: torch.Tensor, offsets: torch.Tensor):
+        return row_sums(self.items_factors, items, offsets), self.items_factors.T, None

@@ -104,4 +104,7 @@ class WRMF(ClosedForm):
         return torch.cat(out).float() if out else torch.zeros(0, self.rank)
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        return product(self.user_factors(items, offsets), self.item_factors.T)
+        return product(*self.score_factors(items, offsets)[:2])
+
+    def score_factors(self, items: torch.Tensor, offsets: torch.Tensor):
+        return self.user_factors(items, offsets), self.item_factors.T, None

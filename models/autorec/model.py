@@ -261,6 +261,10 @@ class AutoRec(Recommender):
         head = self.recommend_head
         return self.head_scores(items, offsets, (head,))[head]
 
+    def score_factors(self, items: torch.Tensor, offsets: torch.Tensor):
+        head = self.heads[self.recommend_head]
+        return self.code(items, offsets), head.weight.T, head.bias
+
     # -- fine-tune phase 2's start (AutoRecTraining.between_phases): the exact predict head ------
 
     @torch.no_grad()

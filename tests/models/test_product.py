@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from models import product
-from models.batch import row_ids, sparse_rows
+from models.batch import row_ids, sparse_rows, user_slice
 from models.registry import build
 
 
@@ -144,3 +144,54 @@ def test_recommend_lists_match_float64_up_to_near_ties(pinned):
         lists[kernel] = model.recommend(rows, offsets, 50)[1]
         assert near_tie_only(lists[kernel], reference, exact, tol) <= users // 10
     near_tie_only(lists["torch"], lists["numpy"], exact, tol)
+
+
+@pytest.mark.parametrize("kernel", product.KERNELS)
+def test_out_writes_the_same_bits_into_the_reused_buffer(pinned, kernel):
+    """``product(..., out=scratch(...))`` gives the bits ``product`` gives, with and without a
+    bias, and the buffer is reused from call to call (grown only when asked for more)."""
+    pinned(kernel)
+    h, w, bias = operands()
+    for b in (bias, None):
+        want = product.product(h, w.T, b)
+        got = product.product(h, w.T, b, out=product.scratch(len(h), w.shape[0]))
+        assert torch.equal(got, want)
+    first = product.scratch(10, 100).data_ptr()
+    assert product.scratch(20, 50).data_ptr() == first          # same size: the same memory
+    assert product.scratch(5, 7).shape == (5, 7)
+
+
+def test_each_thread_has_its_own_scratch():
+    """A server's threads scoring at once must not share a buffer."""
+    import threading
+    ptrs = []
+    main = product.scratch(64, 64).data_ptr()
+    t = threading.Thread(target=lambda: ptrs.append(product.scratch(64, 64).data_ptr()))
+    t.start()
+    t.join()
+    assert ptrs and ptrs[0] != main
+
+
+@pytest.mark.parametrize("name", ["autorec", "puresvd", "wrmf"])
+def test_recommend_of_a_factored_model_equals_its_masked_scores_top_k(name, monkeypatch):
+    """A model with ``score_factors`` is scored through the reused buffer in its own blocks:
+    the same values and items as ``score`` + the input mask + top_k, block for block."""
+    from models.topk import top_k
+    items, users = 9000, 60
+    torch.manual_seed(0)
+    hp = {"lam_units": "plain", "width": 32} if name == "autorec" else {"rank": 16}
+    model = build(name, {"n_items": items, **hp}).eval()
+    for buf in model.buffers():
+        torch.nn.init.normal_(buf)
+    rng = np.random.default_rng(1)
+    rows, offsets = sparse_rows([rng.choice(items, 15, replace=False) for _ in range(users)])
+    monkeypatch.setattr("models.base.FACTOR_BLOCK_SCORES", items * 16)  # blocks of 16 users
+    values, top = model.recommend(rows, offsets, 30)
+    for lo in range(0, users, 16):
+        hi = min(lo + 16, users)
+        it, off = user_slice(rows, offsets, lo, hi)
+        with torch.no_grad():
+            s = model.score(it, off)
+        s[row_ids(off, len(it)), it] = -torch.inf
+        want = top_k(s, 30)
+        assert torch.equal(values[lo:hi], want.values) and torch.equal(top[lo:hi], want.indices)
