@@ -99,6 +99,9 @@ DATASETS: dict[str, DatasetSpec] = {
     # `user item item ...` per line, one-class, usually shipped as train.txt + test.txt
     # (LightGCN/NGCF's gowalla, yelp2018, amazon-book): --split given keeps that split
     "user-items": DatasetSpec(_L["user-items"], ("*.txt",), "all", "random"),
+    # LightGCN's Gowalla with LightGCN++'s validation split (train.txt valid.txt test.txt, as
+    # python -m etl.fetch gowalla and ../shared/datasets/gowalla hold it): the published split
+    "gowalla": DatasetSpec(_L["user-items"], ("*.txt",), "all", "given"),
     "csv": DatasetSpec(_L["csv"], (), ">3", "time"),
     "synthetic": DatasetSpec(_L["synthetic"], (), "all", "time"),
 }
@@ -196,6 +199,8 @@ class ETLConfig:
         object.__setattr__(self, "input", tuple(self.input))
         object.__setattr__(self, "name", dataset_label(self.name) if self.name else
                            default_name(self.dataset, self.input))
+        if self.split is None and self.spec.split == "given":  # a benchmark published split
+            object.__setattr__(self, "split", "given")
         if self.cold_users is None:
             object.__setattr__(self, "cold_users", 0.0 if self.split == "given" else 0.05)
         for name in ("test_fraction", "holdout_fraction", "cold_users", "max_bad_rows"):

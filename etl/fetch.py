@@ -5,13 +5,14 @@ r"""Download a public recommender dataset by name, verified, into a cache, in th
         --input $(python -m etl.fetch ml-100k --print-path) --output prepared/ml-100k
 
 Every file comes from its publisher's own address: GroupLens (files.grouplens.org) for MovieLens,
-the authors' GitHub repositories (raw files at a pinned commit) for Goodbooks-10k, citeulike-a and
-LightGCN's gowalla / yelp2018 / amazon-book. The Netflix Prize data is no longer published by
-Netflix: ``netflix`` only says where to get it and where to put it.
+the authors' GitHub repositories (raw files at a pinned commit) for Goodbooks-10k, citeulike-a,
+LightGCN's yelp2018 / amazon-book and gowalla (with LightGCN++'s validation split). The Netflix
+Prize data is no longer published by Netflix: ``netflix`` only says where to get it and where to
+put it.
 
 Integrity: a download is checked against digests written in this file, never only against ones
 served beside it (a mirror that serves a tampered zip can serve its md5 too): the sha256 where the
-file's bytes could be checked when it was pinned (citeulike-a, gowalla's test.txt, ml-latest-small's
+file's bytes could be checked when it was pinned (citeulike-a, gowalla's three files, ml-latest-small's
 ratings.csv inside the zip), the publisher's md5 of each MovieLens zip (GroupLens', as published
 with the zips) and, for GitHub files, the git blob id at the pinned commit (what git itself checks).
 GroupLens' served .md5 is checked as well, as an extra. A file with no digest pinned (none is left
@@ -93,6 +94,7 @@ GROUPLENS = "https://files.grouplens.org/datasets/movielens"
 LIGHTGCN = "https://raw.githubusercontent.com/kuandeng/LightGCN/b067ec05f16a24e0e1efe63cd82385f0c469af20/Data"
 GOODBOOKS = "https://raw.githubusercontent.com/zygmuntz/goodbooks-10k/6dd165b555a7b47b2dd36743a425776e641ff50c"
 CITEULIKE = "https://raw.githubusercontent.com/js05212/citeulike-a/91b603922d7f2d3db18071d4798bf78c9c5d1680"
+LIGHTGCNPP = "https://raw.githubusercontent.com/geon0325/LightGCNpp/a394f79a7aceb8f485f6bcb549b4865fe83f1d49/data"
 
 _GROUPLENS_OLD = ("GroupLens (University of Minnesota): research use only; do not state or imply "
                   "endorsement; acknowledge the data in publications (cite Harper & Konstan, ACM TiiS "
@@ -158,10 +160,23 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in (
             files=(Remote(f"{CITEULIKE}/users.dat", "users.dat",
                           git_blob="01c329a6df4e883f3282421557543a547eada9de",
                           sha256="53211d82c14ff261e595634d285ed9fbf8049cf81dcb751d924d695b9612a02c"),)),
-    _lightgcn("gowalla", "7 MB", "a27782bd7a1d4d0744148dc0460ea94da74763f2",
-              "9ed5af4b5d21511f33740b4e22e3852f45671800", "Gowalla check-ins (SNAP)",
-              "https://snap.stanford.edu/data/loc-gowalla.html",
-              test_sha256="099a2a73924e4b754dc6efd730d764f492321b53c38eb93298850c83acf57be3"),
+    # LightGCN's Gowalla as LightGCN++ (Lee et al., RecSys 2024) publishes it: a validation set
+    # carved out of LightGCN's train.txt (train + valid = it, 810,128 pairs), test.txt unchanged
+    # (the same blob): choices on valid, the final model on train + valid, test read once
+    Dataset("gowalla", "gowalla", ".", "6 MB",
+            _LIGHTGCN.format(origin="Gowalla check-ins (SNAP)",
+                             origin_url="https://snap.stanford.edu/data/loc-gowalla.html")
+            + " The validation split is LightGCN++'s (Lee et al., RecSys 2024; repository "
+              "geon0325/LightGCNpp, which states no licence either): cite it too.",
+            "https://github.com/geon0325/LightGCNpp",
+            files=tuple(Remote(f"{LIGHTGCNPP}/gowalla/{name}.txt", f"{name}.txt", git_blob=blob,
+                               sha256=sha) for name, blob, sha in (
+                ("train", "55340a5eed71a842b63107a089520f486c98d1d4",
+                 "d47e01d060624f389956c0b2f89a1ed8c453ea158631cd2b5320c241f3e1a073"),
+                ("valid", "9d86bd6e70f7975def76899c66d83d548ba4ab61",
+                 "ddc22c1cd9a7d14fd5cd0c98b1473b614f4323038fef74ae0d28cc9c92a08ba2"),
+                ("test", "9ed5af4b5d21511f33740b4e22e3852f45671800",
+                 "099a2a73924e4b754dc6efd730d764f492321b53c38eb93298850c83acf57be3")))),
     _lightgcn("yelp2018", "10 MB", "cda12361055ba448ae4bd1070f6000c16dea8f22",
               "30dfbc3437b27b74cb2970b435a5ec93ad9f2468", "the Yelp Open Dataset (2018 edition), "
               "whose licence allows non-commercial academic use only", "https://www.yelp.com/dataset"),

@@ -140,10 +140,11 @@ def test_a_member_with_a_pinned_sha256_is_checked_when_unpacked(tmp_path, monkey
 
 def test_the_pinned_sha256s_are_those_of_the_real_files():
     """Every sha256 pinned for a file of ../shared/datasets is that file's (the copies there are
-    byte for byte the publishers', their READMEs say); gowalla's train.txt there is LightGCN++'s
-    re-split, so only its test.txt is pinned so."""
+    byte for byte the publishers', their READMEs say): citeulike-a's and LightGCN++'s gowalla
+    train / valid / test, whose test.txt is LightGCN's own."""
     pins = {"citeulike-a/users.dat": F.DATASETS["citeulike-a"].files[0].sha256,
-            "gowalla/test.txt": F.DATASETS["gowalla"].files[1].sha256}
+            **{f"gowalla/{r.name}": r.sha256 for r in F.DATASETS["gowalla"].files}}
+    assert len(pins) == 4
     for rel, pinned in pins.items():
         assert pinned and hashlib.sha256(need_dataset(rel).read_bytes()).hexdigest() == pinned, rel
     # and every download has a digest in the code (ml-latest-small's: its member's)
@@ -251,21 +252,46 @@ def test_ml1m_becomes_a_csv_the_etl_reads(tmp_path, monkeypatch):
 
 def test_lightgcn_split_lands_as_the_etl_reads_a_given_split(tmp_path):
     train, test = b"0 1 2 3\n1 2 4\n", b"0 4\n1 1\n"
-    ds = F.DATASETS["gowalla"]
+    ds = F.DATASETS["yelp2018"]
     mirror = tmp_path / "mirror"
     put(mirror, ds.files[0].url, train)
     put(mirror, ds.files[1].url, test)
     # the pinned blob ids are the real files'; these tiny ones are checked against their own
-    registry = {"gowalla": dataclasses.replace(ds, files=tuple(
+    registry = {"yelp2018": dataclasses.replace(ds, files=tuple(
         dataclasses.replace(r, git_blob=_git_blob(d), sha256=hashlib.sha256(d).hexdigest())
         for r, d in zip(ds.files, (train, test))))}
-    path = F.fetch("gowalla", tmp_path / "cache", registry=registry, mirror=f"file://{mirror}",
+    path = F.fetch("yelp2018", tmp_path / "cache", registry=registry, mirror=f"file://{mirror}",
                    out=io.StringIO())
-    assert path == tmp_path / "cache" / "gowalla"
+    assert path == tmp_path / "cache" / "yelp2018"
     from etl.sources import labelled_inputs
     cfg = ETLConfig(dataset=ds.etl_dataset, input=(str(path),), split="given", output="o")
     assert ds.etl_flags == "--split given"
     assert labelled_inputs(cfg) == [(str(path / "test.txt"), "test"), (str(path / "train.txt"), "train")]
+
+
+def test_gowalla_lands_with_its_validation_split_and_needs_no_flag(tmp_path):
+    """``fetch gowalla`` gets LightGCN++'s train / valid / test (the real files' digests are
+    pinned; tiny stand-ins are checked against their own) and ``--dataset gowalla`` reads them
+    as the given split with no cold users and no flag: the published protocol."""
+    files = (b"0 1 2 3\n1 2 4\n", b"0 5\n1 3\n", b"0 4\n1 1\n")
+    ds = F.DATASETS["gowalla"]
+    assert [r.name for r in ds.files] == ["train.txt", "valid.txt", "test.txt"]
+    assert ds.etl_dataset == "gowalla" and ds.etl_flags == ""
+    assert all(r.url.startswith(F.LIGHTGCNPP) and r.git_blob and r.sha256 for r in ds.files)
+    mirror = tmp_path / "mirror"
+    for r, d in zip(ds.files, files):
+        put(mirror, r.url, d)
+    registry = {"gowalla": dataclasses.replace(ds, files=tuple(
+        dataclasses.replace(r, git_blob=_git_blob(d), sha256=hashlib.sha256(d).hexdigest())
+        for r, d in zip(ds.files, files)))}
+    path = F.fetch("gowalla", tmp_path / "cache", registry=registry, mirror=f"file://{mirror}",
+                   out=io.StringIO())
+    assert path == tmp_path / "cache" / "gowalla"
+    from etl.sources import labelled_inputs
+    cfg = ETLConfig(dataset="gowalla", input=(str(path),), output="o")
+    assert (cfg.split, cfg.split_mode, cfg.cold_users, cfg.positive_rule) == ("given", "given", 0.0, "all")
+    assert labelled_inputs(cfg) == [(str(path / f"{s}.txt"), s) for s in ("test", "train", "valid")]
+    assert F.etl_command(ds, path).startswith(f"spark-submit etl/prepare.py --dataset gowalla --input {path}")
 
 
 def test_netflix_says_where_to_get_it_and_finds_it_once_placed(tmp_path):
