@@ -5,12 +5,14 @@ refused at once, and a run that waits for resources says which, instead of waiti
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from prepared.errors import UsageError
 
@@ -38,6 +40,12 @@ RAY_ENV = {"RAY_DATA_PARQUET_FOOTER_NUM_ACTORS": "2", "RAY_TRAIN_HEALTH_CHECK_IN
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
+# The local stack's record (python -m infra.stack): its Ray head runs in token mode, and a driver
+# joining it with --ray-address needs the token settings the stack prints as exports. Without
+# them Ray retries 'InvalidAuthToken' for 30 s and ends in "Failed to connect".
+STACK_RECORD = Path(__file__).resolve().parents[1] / "var" / "stack" / "stack.json"
+AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
 # A cluster of one node has no other node that could be drained (preempted): Ray Train's watcher
 # of node drains is a Python process per run there (an actor of its own, ~1.5 s of every run on a
 # 2-core machine, measured with `ray job submit` on the local stack) that can never fire.
@@ -60,6 +68,8 @@ def apply_ray_env(address: str | None = None) -> None:
     (the driver), and inherited by a local Ray this process starts; for a Ray on loopback
     (``on_loopback``) also ``LOOPBACK_ENV``, unless the user exported its variable."""
     os.environ.update(ray_env())
+    if address and not any(k in os.environ for k in AUTH_VARS):
+        os.environ.update(stack_auth(address))
     if on_loopback(address):
         for k, v in LOOPBACK_ENV.items():
             os.environ.setdefault(k, v)
@@ -68,6 +78,21 @@ def apply_ray_env(address: str | None = None) -> None:
         constants = sys.modules.get("ray._private.ray_constants")
         if constants is not None and os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0":
             constants.ENABLE_RAY_CLUSTER = False
+
+
+def stack_auth(address: str, record: Path | None = None) -> dict[str, str]:
+    """The local stack's token settings (``AUTH_VARS`` of its record) when ``address`` is its Ray
+    head's GCS address on loopback, else {}: a driver run directly with ``--ray-address
+    127.0.0.1:6379`` joins the stack as one submitted with ``ray job submit`` does."""
+    try:
+        ray = json.loads((record or STACK_RECORD).read_text()).get("ray") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    host, _, port = address.rpartition(":")
+    stack_host, _, stack_port = str(ray.get("address", "")).rpartition(":")
+    if port != stack_port or host not in LOOPBACK_HOSTS or stack_host not in LOOPBACK_HOSTS:
+        return {}
+    return {k: str(v) for k, v in (ray.get("env") or {}).items() if k in AUTH_VARS}
 
 
 def apply_one_node_env(nodes: int) -> None:

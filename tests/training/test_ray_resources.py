@@ -53,6 +53,32 @@ def watchers() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "ray-start-watch"]
 
 
+def test_a_driver_joining_the_local_stack_takes_its_token_settings(monkeypatch, tmp_path):
+    """``--ray-address 127.0.0.1:6379`` of the stack's head gets the stack's token settings (the
+    exports it prints), unless the user set their own; another address or port gets none."""
+    import json
+    import os
+    record = tmp_path / "stack.json"
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(tmp_path / "ray_auth_token"),
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    record.write_text(json.dumps({"ray": {"address": "127.0.0.1:6379", "env": env}}))
+    auth = {k: env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
+    assert rc.stack_auth("127.0.0.1:6379", record) == auth
+    assert rc.stack_auth("localhost:6379", record) == auth
+    assert rc.stack_auth("127.0.0.1:7000", record) == {}
+    assert rc.stack_auth("10.0.0.5:6379", record) == {}
+    assert rc.stack_auth("127.0.0.1:6379", tmp_path / "none.json") == {}
+    monkeypatch.setattr(rc, "STACK_RECORD", record)
+    for k in rc.AUTH_VARS:
+        monkeypatch.delenv(k, raising=False)
+    rc.apply_ray_env("127.0.0.1:6379")
+    assert {k: os.environ[k] for k in auth} == auth
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", "/mine")
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    rc.apply_ray_env("127.0.0.1:6379")
+    assert os.environ["RAY_AUTH_TOKEN_PATH"] == "/mine" and "RAY_AUTH_MODE" not in os.environ
+
+
 def test_a_run_without_progress_says_what_it_waits_for_until_it_progresses():
     """Synchronised on the watch's own calls, not on sleeps: it speaks while nothing progresses,
     and its thread ends at the first progress (so it can say nothing more)."""
