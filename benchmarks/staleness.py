@@ -96,6 +96,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "experiment-ml-latest-small-levers": (*EXPERIMENT, GRIDS + "levers-ml-latest-small.yaml"),
     "experiment-ml-100k-start": (*EXPERIMENT, GRIDS + "start.yaml"),
     "experiment-ml-latest-small-start": (*EXPERIMENT, GRIDS + "start.yaml"),
+    "experiment-gowalla-probe": (*EXPERIMENT, GRIDS + "gowalla-probe.yaml"),
     "local_cluster": ("infra/cluster/local_cluster.py", "infra/cluster", *AUTOREC, "training",
                       "evaluation/score.py", "evaluation/evaluate.py"),
 }
