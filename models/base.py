@@ -39,9 +39,9 @@ FACTOR_BLOCK_SCORES = 1 << 24
 
 class Recommender(nn.Module):
     """The interface. Subclasses set the class attributes and implement ``model_args``, ``score``
-    and either ``forward`` (gradient) or ``fit`` (closed-form). How a model trains (its phases,
-    defaults, options, data statistics) is its ``trainer``'s (``models.training``), not
-    this interface's."""
+    (or ``score_factors``, whose product is the default ``score``) and either ``forward``
+    (gradient) or ``fit`` (closed-form). How a model trains (its phases, defaults, options, data
+    statistics) is its ``trainer``'s (``models.training``), not this interface's."""
 
     #: the name it is registered and selected by (``--model``)
     name: ClassVar[str] = ""
@@ -117,8 +117,9 @@ class Recommender(nn.Module):
         return None
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        """(B, n_items) float32 scores of every item for users with these input rows."""
-        raise NotImplementedError
+        """(B, n_items) float32 scores of every item for users with these input rows: here the
+        product of ``score_factors``, for a model that declares its scores that way."""
+        return product(*self.score_factors(items, offsets))
 
     def score_factors(self, items: torch.Tensor, offsets: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -126,7 +127,7 @@ class Recommender(nn.Module):
         user, b (d, n_items) and bias (n_items,) or None per item. Overridden by a model whose
         scores are linear in a user vector; ``recommend`` then scores in larger blocks, into a
         reused buffer."""
-        raise NotImplementedError(f"{self.name}'s scores are not a product of factors")
+        raise NotImplementedError(f"{self.name} implements neither score nor score_factors")
 
     def trained_scores(self, users: torch.Tensor, items: torch.Tensor, offsets: torch.Tensor
                        ) -> torch.Tensor:
@@ -167,7 +168,6 @@ class Recommender(nn.Module):
             hi = min(lo + per_block, len(offsets))
             block_items, block_offsets = user_slice(items, offsets, lo, hi)
             ex_items, ex_offsets = user_slice(*exclude, lo, hi) if len(exclude[1]) else exclude
-            ex_rows = row_ids(ex_offsets, len(ex_items))
             if factored:  # the same product as ``score``'s, into this thread's reused buffer
                 scores = product(*self.score_factors(block_items, block_offsets),
                                  out=scratch(hi - lo, self.n_items))
@@ -175,7 +175,7 @@ class Recommender(nn.Module):
                 scores = (self.score(block_items, block_offsets) if users is None
                           else self.trained_scores(users[lo:hi], block_items, block_offsets))
             if len(ex_items):
-                scores[ex_rows, ex_items] = -torch.inf
+                scores[row_ids(ex_offsets, len(ex_items)), ex_items] = -torch.inf
             top = top_k(scores, min(k, self.n_items))
             values.append(top.values)
             indices.append(top.indices)

@@ -22,7 +22,6 @@ import torch
 from models.base import RSTAR
 from models.closed_form import ClosedForm, randomized_svd, row_sums
 from models.hparams import HP, LAM_HELP, PAPER_BETAS, PAPER_LAMBDAS, PAPER_WIDTHS, RANK_HELP
-from models.product import product
 
 
 class NCEPLRec(ClosedForm):
@@ -63,9 +62,6 @@ class NCEPLRec(ClosedForm):
         self.projection[:, :k] = torch.from_numpy(v.astype(np.float32))
         self.regression[:k] = torch.from_numpy(y.astype(np.float32))
         return {"fit_seconds": time.perf_counter() - t0}
-
-    def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        return product(*self.score_factors(items, offsets)[:2])
 
     def score_factors(self, items: torch.Tensor, offsets: torch.Tensor):
         return row_sums(self.projection, items, offsets), self.regression, None

@@ -14,7 +14,6 @@ import torch
 
 from models.closed_form import ClosedForm, randomized_svd, row_sums
 from models.hparams import HP, PAPER_WIDTHS, RANK_HELP
-from models.product import product
 
 
 class PureSVD(ClosedForm):
@@ -42,9 +41,6 @@ class PureSVD(ClosedForm):
         v[:, :vt.shape[0]] = vt.T  # a matrix of lower rank than asked leaves zero columns
         self.items_factors.copy_(torch.from_numpy(v))
         return {"svd_seconds": time.perf_counter() - t0}
-
-    def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        return product(*self.score_factors(items, offsets)[:2])
 
     def score_factors(self, items: torch.Tensor, offsets: torch.Tensor):
         return row_sums(self.items_factors, items, offsets), self.items_factors.T, None

@@ -25,7 +25,6 @@ import torch
 
 from models.closed_form import ClosedForm
 from models.hparams import HP, LAM_HELP, PAPER_LAMBDAS, PAPER_WIDTHS, RANK_HELP
-from models.product import product
 
 FOLD_IN_USERS = 256  # users solved at once: a (users x longest row x rank) gather stays small
 
@@ -102,9 +101,6 @@ class WRMF(ClosedForm):
             b = (1.0 + self.alpha) * pad.sum(dim=1)
             out.append(torch.linalg.solve(a, b))
         return torch.cat(out).float() if out else torch.zeros(0, self.rank)
-
-    def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        return product(*self.score_factors(items, offsets)[:2])
 
     def score_factors(self, items: torch.Tensor, offsets: torch.Tensor):
         return self.user_factors(items, offsets), self.item_factors.T, None
