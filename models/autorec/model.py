@@ -32,6 +32,11 @@ loss for loss (tests/models/test_losses.py), each in the fast loss and its dense
                  the run's beta, on the train split, recorded with the model like omega. Why:
                  R*'s mean square on positives is 14-43 on the shared sets, so the NCE loss
                  outweighs the MSE head's and sets the encoder's regularisation.
+    nce_pos_weight  the NCE head's own confidence on positives (NCE-AutoRec; issue 57): its
+                 positives' squared errors weigh 1 + nce_pos_weight, the predict head's keep
+                 1 + pos_weight. None (the default) is pos_weight for both, as before; the two
+                 heads' targets differ in scale (R* is 14-43 in mean square on the shared sets'
+                 positives), so one alpha for both is a compromise the search can undo.
     phase 1      fine-tune phase 1's length and learning rate, searchable (the training
                  policy's options, models/autorec/training.py).
 
@@ -118,6 +123,9 @@ POS_WEIGHT = HP(0.0, "confidence on positives: each positive's squared error wei
                 "pos_weight in the predict and NCE heads (WRMF's alpha; 0 = the paper's "
                 "unweighted MSE)", lo=0, hi=1e6)
 DROPOUT = HP(0.0, DROPOUT_HELP, lo=0, hi=1, open_hi=True)  # --dropout, shared with CDAE and VAE
+NCE_POS_WEIGHT = HP(None, "the NCE head's own confidence on positives: its positives' squared "
+                    "errors weigh 1 + nce_pos_weight, the predict head's 1 + pos_weight "
+                    "(default: --pos-weight)", type=float, lo=0, hi=1e6)
 NCE_SCALE = HP("none", "the NCE head's scale: none = R* as the paper; rms = R* divided by its "
                "root mean square on the training positives; head-weight = the NCE loss "
                "weighted by 1 / mean(R*^2) on them", choices=NCE_SCALES)
@@ -161,8 +169,12 @@ class AutoRec(Recommender):
                  embed_weight: float = 1.0, embed_lam: float | None = None,
                  lam_units: str = "overlap", overlap: float | None = None,
                  pos_weight: float = 0.0, dropout: float = 0.0, nce_scale: str = "none",
-                 rstar_mean_square: float | None = None):
+                 rstar_mean_square: float | None = None, nce_pos_weight: float | None = None):
         super().__init__()
+        if nce_pos_weight is not None and (nce_pos_weight < 0 or "nce" not in self.heads_trained):
+            raise ValueError(f"{self.name}: nce_pos_weight weighs the NCE head's positives: it "
+                             f"must be >= 0, and unset without an NCE head; got {nce_pos_weight}")
+        self.nce_pos_weight = None if nce_pos_weight is None else float(nce_pos_weight)
         if pos_weight < 0 or (pos_weight and "predict" not in self.heads_trained):
             raise ValueError(f"{self.name}: pos_weight weighs the MSE heads' positives: it must "
                              f"be >= 0, and 0 without a predict head; got {pos_weight}")
@@ -224,6 +236,8 @@ class AutoRec(Recommender):
                      if v})
         if self.nce_scale != "none":
             args.update(nce_scale=self.nce_scale, rstar_mean_square=self.rstar_mean_square)
+        if self.nce_pos_weight is not None:
+            args["nce_pos_weight"] = self.nce_pos_weight
         if not self.mode:
             return args
         return {**args, "mode": self.mode, "embed_weight": self.embed_weight,
@@ -294,16 +308,21 @@ class AutoRec(Recommender):
             return self.dense_loss
         return head == "ns" or 3 * batch_size < 2 * self.width
 
+    def levers(self, head: str) -> dict:
+        """The MSE levers of ``head``'s loss: its confidence on positives and R*'s unit."""
+        weight = (self.nce_pos_weight if head == "nce" and self.nce_pos_weight is not None
+                  else self.pos_weight)
+        return {"pos_weight": weight, "rstar_scale": self.rstar_unit}
+
     def forward(self, batch: Batch, step: Step | None = None) -> dict[str, torch.Tensor]:
         """Each trained head's loss, and ``l2`` over the matrices the step trains."""
         step = step or Step(self.heads_trained)  # every head and the encoder: joint
         items, offsets, frozen = batch.train_items, batch.train_offsets, not step.train_encoder
         # input dropout while training only; the targets stay the uncorrupted rows
         h = self.code(items, offsets, frozen, self.dropout if self.training else 0.0)
-        levers = {"pos_weight": self.pos_weight, "rstar_scale": self.rstar_unit}
-        terms = {name: head_loss(name, self.heads[name](h), batch, **levers)
+        terms = {name: head_loss(name, self.heads[name](h), batch, **self.levers(name))
                  if self.dense_for(name, len(offsets))
-                 else linear_head_loss(name, self.heads[name], h, batch, **levers)
+                 else linear_head_loss(name, self.heads[name], h, batch, **self.levers(name))
                  for name in step.heads}
         if "ns" in terms and self.ns_scale != 1.0:  # per (user, item) entry, as the MSE heads
             terms["ns"] = terms["ns"] * self.ns_scale
@@ -394,6 +413,7 @@ class NCEAutoRec(AutoRec):
     heads_trained = ("nce", "predict")
     embed_head = "nce"
     needs = frozenset({RSTAR})
-    hyperparameters = {**AutoRec.hyperparameters, **TWO_HEADED, "nce_scale": NCE_SCALE}
+    hyperparameters = {**AutoRec.hyperparameters, **TWO_HEADED, "nce_scale": NCE_SCALE,
+                       "nce_pos_weight": NCE_POS_WEIGHT}
     trainer = NCETraining
     run_axes = {"paper": {"beta": PAPER_BETAS}, "small": {"beta": [0.8, 1.0]}}

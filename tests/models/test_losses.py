@@ -279,7 +279,9 @@ LEVERED = [(m, mode, levers) for m, levers in (
     ("ohns-autorec", {"dropout": 0.4}),
     ("nce-autorec", {"pos_weight": 3.0, "dropout": 0.4, "nce_scale": "rms",
                      "rstar_mean_square": 2.5}),
-    ("nce-autorec", {"pos_weight": 3.0, "nce_scale": "head-weight", "rstar_mean_square": 2.5}))
+    ("nce-autorec", {"pos_weight": 3.0, "nce_scale": "head-weight", "rstar_mean_square": 2.5}),
+    ("nce-autorec", {"pos_weight": 3.0, "nce_pos_weight": 20.0, "dropout": 0.4}),
+    ("nce-autorec", {"nce_pos_weight": 5.0}))
     for mode in ((None,) if m in ("autorec", "ohns-autorec") else
                  ("joint", "alternating", "limited-finetune", "full-finetune"))]
 
@@ -332,6 +334,43 @@ def test_the_levers_off_reproduce_the_paper_loss_exactly(name):
     assert out[0][0] == out[1][0]
     for k in out[0][1]:
         assert torch.equal(out[0][1][k], out[1][1][k])
+
+
+def test_the_nce_heads_own_confidence_weighs_its_positives_alone():
+    """nce_pos_weight a: the NCE term is the dense reference with weight 1 + a on the positives
+    (by hand: a second model whose pos_weight is a gives that term), the predict term keeps
+    pos_weight's; unset, it is pos_weight, bit for bit, and the model file records it only when
+    set."""
+    from models.autorec.model import head_loss
+
+    batch = lever_batch()
+    args = {"n_items": 11, "width": 3, "lam": 0.5, "lam_units": "plain"}
+    terms = {}
+    for key, levers in (("own", {"pos_weight": 3.0, "nce_pos_weight": 20.0}),
+                        ("same", {"pos_weight": 3.0, "nce_pos_weight": 3.0}),
+                        ("unset", {"pos_weight": 3.0}), ("twenty", {"pos_weight": 20.0})):
+        torch.manual_seed(0)
+        model = build("nce-autorec", {**args, **levers}).double()
+        model.dense_loss = False
+        terms[key] = {k: v.item() for k, v in model(batch).items()}
+        if key == "own":
+            h = model.code(batch.train_items, batch.train_offsets)
+            by_hand = head_loss("nce", model.heads["nce"](h), batch, pos_weight=20.0)
+            assert terms[key]["nce"] == pytest.approx(by_hand.item(), rel=1e-12)
+            assert model.model_args()["nce_pos_weight"] == 20.0
+        if key == "unset":
+            assert "nce_pos_weight" not in model.model_args()
+    assert terms["same"] == terms["unset"]
+    assert terms["own"]["predict"] == terms["unset"]["predict"]
+    assert terms["own"]["nce"] == pytest.approx(terms["twenty"]["nce"], rel=1e-12)
+    assert terms["own"]["nce"] != pytest.approx(terms["unset"]["nce"], rel=1e-3)
+
+
+@pytest.mark.parametrize("name", ["autorec", "ns-autorec", "ohns-autorec"])
+def test_only_a_model_with_an_nce_head_takes_its_confidence(name):
+    with pytest.raises(ValueError, match="nce_pos_weight weighs the NCE head"):
+        build(name, {"n_items": 11, "width": 3, "lam": 0.5, "lam_units": "plain",
+                     "nce_pos_weight": 2.0})
 
 
 def test_dropout_is_the_dense_reference_on_the_corrupted_row_with_the_clean_target():
