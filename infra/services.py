@@ -14,6 +14,7 @@ is gone, however it ended; services started for the user (``make stack``) run un
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import signal
 import socket
@@ -47,17 +48,44 @@ class Service:
     watchdog: int | None = None  # the pid of the watchdog stopping it with its owner, if any
 
 
+# the kernel's own range for ports it picks (a bind to port 0, a client's connect)
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def chosen_range() -> range | None:
+    """Ports below the kernel's ephemeral range (22768-32767 under Linux's default 32768-60999),
+    which the kernel never hands to a socket by itself; None where the range cannot be read.
+
+    Why: a port we pick is released before the server we give it to binds it, and a Ray head
+    starts a dozen processes that bind port 0 meanwhile; a port taken from the ephemeral range
+    can be handed to one of them in that gap. Measured 2026-12-06: ``make stack`` failed after
+    180 s because the dashboard agent's metrics port, free when chosen, was "already in use"
+    (the raylet then exits waiting for the agent)."""
+    try:
+        lo, _ = (int(x) for x in EPHEMERAL_RANGE.read_text().split())
+    except (OSError, ValueError):
+        return None
+    start = max(10_000, lo - 10_000)
+    return range(start, lo) if lo - start >= 1_000 else None
+
+
 def free_ports(n: int, avoid=()) -> list[int]:
-    """``n`` distinct free loopback ports, none in ``avoid``. Each probe socket stays bound until
-    all are chosen: ports picked one at a time and released at once can come back twice (the
-    kernel may hand a just-freed ephemeral port out again), and Ray refuses to start when two of
-    its components get the same port."""
+    """``n`` distinct free loopback ports, none in ``avoid``, from ``chosen_range`` where there is
+    one (in random order: two processes choosing at once rarely meet), else the kernel's choice.
+    Each probe socket stays bound until all are chosen: ports picked one at a time and released
+    at once can come back twice (the kernel may hand a just-freed ephemeral port out again), and
+    Ray refuses to start when two of its components get the same port."""
+    span = chosen_range()
+    candidates = iter(random.sample(span, len(span)) if span else ())
     sockets, ports = [], []
     try:
         while len(ports) < n:
             s = socket.socket()
             sockets.append(s)
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", next(candidates, 0)))  # 0: the kernel's choice
+            except OSError:  # in use (or not ours to bind): the next candidate
+                continue
             port = s.getsockname()[1]
             if port not in avoid and port not in ports:
                 ports.append(port)

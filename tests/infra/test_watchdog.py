@@ -196,6 +196,40 @@ def test_the_session_stack_is_watched_and_a_users_is_not(local_stack):
     assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # SIGTERM stops the stack
 
 
+def test_free_ports_come_from_below_the_kernels_ephemeral_range():
+    """The ports handed to servers are ones the kernel never assigns by itself (a Ray head's
+    processes binding port 0 cannot take them before the server binds), each bindable."""
+    import socket
+
+    span = services.chosen_range()
+    lo = int(services.EPHEMERAL_RANGE.read_text().split()[0])
+    assert span is not None and span.stop == lo and len(span) >= 1000
+    ports = services.free_ports(6)
+    assert len(set(ports)) == 6 and all(p in span for p in ports)
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
+
+
+def test_free_ports_skip_a_taken_candidate_and_fall_back_to_the_kernel(monkeypatch, tmp_path):
+    """A candidate in use is skipped, and once the candidates run out the kernel chooses; where
+    the range cannot be read there are no candidates."""
+    import socket
+
+    with socket.socket() as taken, socket.socket() as spare:
+        taken.bind(("127.0.0.1", 0))
+        spare.bind(("127.0.0.1", 0))
+        p, q = taken.getsockname()[1], spare.getsockname()[1]
+        spare.close()
+        monkeypatch.setattr(services, "chosen_range", lambda: [p, q])
+        ports = services.free_ports(3)
+    assert p not in ports and q in ports and len(set(ports)) == 3
+    monkeypatch.undo()
+    monkeypatch.setattr(services, "EPHEMERAL_RANGE", tmp_path / "absent")
+    assert services.chosen_range() is None
+    assert len(set(services.free_ports(3))) == 3
+
+
 def test_free_ports_are_distinct_and_avoid_the_given_ones(monkeypatch):
     """Ports probed one at a time can come back twice (a Ray head once got the same port for its
     GCS and its metrics exporter, and refused to start): the probe sockets stay bound until all are
