@@ -186,14 +186,16 @@ def connect(cfg: ExperimentConfig, models: list[str], mlflow_uri: str | None,
             ray_address: str | None) -> str:
     """The MLflow tracking URI, checked reachable, and Ray, joined or started here, with every
     trial's workers checked to fit the cluster (``check_trial_fits``)."""
+    address = join_address(ray_address)
+    # before Ray is first imported: it reads its token settings (RAY_AUTH_*) then, so a driver
+    # that imported it first cannot join the stack's token-mode head (InvalidAuthToken)
+    apply_ray_env(address)
     import ray
 
     from runtime import tracking
 
     uri = tracking.tracking_uri(mlflow_uri)
     tracking.check_reachable(uri)
-    address = join_address(ray_address)
-    apply_ray_env(address)
     if not ray.is_initialized():
         # a local Ray keeps a CPU beyond the trial's workers for Ray Data, as train.py's does
         ray.init(address=address, log_to_driver=True) if address else ray.init(

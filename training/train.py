@@ -222,10 +222,12 @@ def statistics_params(stats: dict) -> dict:
 
 def start_ray(cfg: TrainConfig, address: str | None) -> float:
     """Join the cluster (or start a local Ray) and check the workers fit; returns CPUs per worker."""
+    address = join_address(address)
+    # before Ray is first imported: it reads its token settings (RAY_AUTH_*) then, so a driver
+    # that imported it first cannot join the stack's token-mode head (InvalidAuthToken)
+    apply_ray_env(address)
     import ray
 
-    address = join_address(address)
-    apply_ray_env(address)
     if not ray.is_initialized():
         if address:
             ray.init(address=address, log_to_driver=True)

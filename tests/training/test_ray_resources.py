@@ -217,3 +217,37 @@ def test_a_closed_form_fit_on_a_busy_cluster_says_what_it_waits_for(small_prepar
     assert line.startswith("run busy: not started ") and "after it was submitted; it asks for " \
         "2 CPU(s) in one task; the cluster has 0 of " in line
     assert done["out"][0]["best_valid_ndcg"] > 0.1  # then it ran
+
+
+ORDER_PROBE = """
+import sys
+sys.path.insert(0, {root!r})
+import {module} as m
+
+def apply_ray_env(address=None):
+    # Ray reads RAY_AUTH_* when first imported: the settings must be in place before that
+    print("ray imported before the env:", "ray" in sys.modules)
+    raise SystemExit(0)
+
+m.apply_ray_env = apply_ray_env
+{call}
+"""
+
+
+@pytest.mark.parametrize("module,call", [
+    ("training.train", "m.start_ray(None, '127.0.0.1:6379')"),
+    ("experiment.run", "m.connect(None, [], None, '127.0.0.1:6379')")])
+def test_the_drivers_put_the_ray_env_in_place_before_importing_ray(module, call):
+    """A driver that imported Ray before ``apply_ray_env`` could not join the stack's token-mode
+    head (measured: ConnectionError after 30 s of InvalidAuthToken; with the env first it
+    joins). Each driver's join calls ``apply_ray_env`` while Ray is not yet imported."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", ORDER_PROBE.format(root=root, module=module,
+                                                                   call=call)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "ray imported before the env: False" in out.stdout
