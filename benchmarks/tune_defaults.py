@@ -70,7 +70,7 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid, watch=None) -> dict
     plan = WorkerPlan(cfg=cfg, feed=F.plan(MODELS[cfg.model], prep, cfg), n_items=prep.n_items,
                       n_users=prep.n_users, data=MODELS[cfg.model].trainer.data_statistics(prep),
                       head_items=head_items(prep.pop_train), popularity=prep.pop_train)
-    model, policy = build_model(cfg, prep.n_items, prep.n_users, plan.data)
+    model, policy = build_model(cfg, prep.n_items, prep.n_users, plan.data, plan.popularity)
     if MODELS[cfg.model].trainer.starts_from_data(cfg):  # e.g. --start-from svd, as train.py
         from training.closed_form import matrices
 

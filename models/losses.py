@@ -23,9 +23,13 @@ def densify(idx: torch.Tensor, offsets: torch.Tensor, values: torch.Tensor | Non
     return out
 
 
-def l2_penalty(weights: list[torch.Tensor], lam: float) -> torch.Tensor:
-    """lambda * sum over weight matrices of mean(W^2)."""
-    return sum(_MeanSquare.apply(w, lam) for w in weights)
+def l2_penalty(weights: list[torch.Tensor], lam: float, rows: torch.Tensor | None = None
+               ) -> torch.Tensor:
+    """lambda * sum over weight matrices of mean(W^2); with ``rows`` (one weight per row of every
+    matrix, e.g. per item), lambda * sum over matrices of sum_i rows_i |W_i|^2 / numel(W)."""
+    if rows is None:
+        return sum(_MeanSquare.apply(w, lam) for w in weights)
+    return sum(_RowMeanSquare.apply(w, rows, lam) for w in weights)
 
 
 class _MeanSquare(torch.autograd.Function):
@@ -43,3 +47,19 @@ class _MeanSquare(torch.autograd.Function):
     def backward(ctx, grad):
         (w,) = ctx.saved_tensors
         return w * (2 * ctx.lam * grad / w.numel()), None
+
+
+class _RowMeanSquare(torch.autograd.Function):
+    """``lam * sum_i rows_i * |w_i|^2 / numel(w)`` in one pass each way (``_MeanSquare`` with a
+    weight per row; ``rows`` is a constant)."""
+
+    @staticmethod
+    def forward(ctx, w, rows, lam):
+        ctx.save_for_backward(w, rows)
+        ctx.lam = lam
+        return lam * rows.dot(w.pow(2).sum(1)) / w.numel()
+
+    @staticmethod
+    def backward(ctx, grad):
+        w, rows = ctx.saved_tensors
+        return w * (rows * (2 * ctx.lam * grad / w.numel()))[:, None], None, None

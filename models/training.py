@@ -46,6 +46,11 @@ class Training:
     def __init__(self, model: nn.Module, options: Any = None):
         self.model = model
 
+    def prepare(self, popularity: Any) -> None:
+        """What the policy takes from the training data before the first step: ``popularity``,
+        the (n_items,) training positives per item of the train split (also in the final
+        retraining, as ``data_statistics``; None where the caller has none). Default: nothing."""
+
     @classmethod
     def tuned(cls, **defaults) -> type[Training]:
         """This policy with other class defaults (``learning_rate``, ``patience``, ...): a model

@@ -141,12 +141,15 @@ class Ranks:
         return t
 
 
-def build_model(cfg: TrainConfig, n_items: int, n_users: int | None, data: dict | None = None
-                ) -> tuple[Recommender, Training]:
+def build_model(cfg: TrainConfig, n_items: int, n_users: int | None, data: dict | None = None,
+                popularity: np.ndarray | None = None) -> tuple[Recommender, Training]:
     """The model to train and its training policy for this run (``Recommender.trainer``, given
-    the run's flags); ``data``: the policy's ``data_statistics``."""
+    the run's flags); ``data``: the policy's ``data_statistics``; ``popularity``: the train
+    split's positives per item, for the policy's ``prepare``."""
     model = MODELS[cfg.model].from_config(n_items, cfg.hyperparameters(), n_users, data)
-    return model, type(model).trainer(model, cfg)
+    policy = type(model).trainer(model, cfg)
+    policy.prepare(popularity)
+    return model, policy
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,7 @@ def train_loop(config: dict) -> None:
             EpochLogger, **plan.mlflow)
     torch.set_num_threads(max(1, plan.threads))
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model, policy = build_model(cfg, plan.n_items, plan.n_users, plan.data)
+    model, policy = build_model(cfg, plan.n_items, plan.n_users, plan.data, plan.popularity)
     progress, best_state, opt_states = new_progress(), None, None
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:

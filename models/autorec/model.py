@@ -37,6 +37,16 @@ loss for loss (tests/models/test_losses.py), each in the fast loss and its dense
                  1 + pos_weight. None (the default) is pos_weight for both, as before; the two
                  heads' targets differ in scale (R* is 14-43 in mean square on the shared sets'
                  positives), so one alpha for both is a compromise the search can undo.
+    pop_l2       popularity-scaled L2 (issue 57): item i's rows of the encoder and of every head
+                 weigh w_i = ((c_i + 1) / mean(c + 1))^pop_l2 in the L2 term, normalised to
+                 mean 1 (the same total strength, moved toward the popular items), c the train
+                 split's positives per item (the training policy's ``prepare``; the train
+                 split's also in the final retraining, as omega). iALS's frequency-scaled
+                 regularisation (Rendle et al., "Revisiting the Performance of iALS on Item
+                 Recommendation Benchmarks", RecSys 2022) and DLAE's p / (1 - p) diag(X'X)
+                 (Steck, "Autoencoders that don't overfit towards the Identity", NeurIPS 2020)
+                 at pop_l2 = 1. 0 (the default) is the paper's plain L2, bit for bit. The
+                 ridge and SVD starts solve the plain-L2 problem: a start, not the optimum.
     phase 1      fine-tune phase 1's length and learning rate, searchable (the training
                  policy's options, models/autorec/training.py).
 
@@ -129,6 +139,9 @@ NCE_POS_WEIGHT = HP(None, "the NCE head's own confidence on positives: its posit
 NCE_SCALE = HP("none", "the NCE head's scale: none = R* as the paper; rms = R* divided by its "
                "root mean square on the training positives; head-weight = the NCE loss "
                "weighted by 1 / mean(R*^2) on them", choices=NCE_SCALES)
+POP_L2 = HP(0.0, "popularity-scaled L2: item i's rows of the encoder and heads weigh ((c_i + 1) / "
+             "mean(c + 1))^pop_l2 in the L2 term (mean 1), c its training positives (iALS's "
+             "frequency-scaled regularisation; 0 = the paper's plain L2)", lo=0, hi=4)
 TWO_HEADED = {  # what NS- and NCE-AutoRec share beyond AutoRec's (lam: its default and grids)
     "lam": LAM.but(default=10.0, search={"paper": PAPER_LAMBDAS, "small": TWO_HEAD_LAMBDAS}),
     "mode": HP("joint", "how the two heads train", choices=MODES, search={"paper": list(MODES)},
@@ -153,7 +166,7 @@ class AutoRec(Recommender):
     #: 10 on), 10 for the two-headed models, whose encoder fits two heads' losses
     #: (benchmarks/results/tune_defaults.md: on four datasets each within 90% of its own tuned NDCG)
     hyperparameters = {"width": WIDTH, "lam": LAM, "lam_units": LAM_UNITS_HP, "dropout": DROPOUT,
-                       "pos_weight": POS_WEIGHT}
+                       "pos_weight": POS_WEIGHT, "pop_l2": POP_L2}
     trainer = AutoRecTraining
     #: train each head through the dense (B, n_items) scores (True) or its exact fast loss
     #: (False); None: whichever is cheaper. For the predict and NCE heads the dense way costs
@@ -169,8 +182,12 @@ class AutoRec(Recommender):
                  embed_weight: float = 1.0, embed_lam: float | None = None,
                  lam_units: str = "overlap", overlap: float | None = None,
                  pos_weight: float = 0.0, dropout: float = 0.0, nce_scale: str = "none",
-                 rstar_mean_square: float | None = None, nce_pos_weight: float | None = None):
+                 rstar_mean_square: float | None = None, nce_pos_weight: float | None = None,
+                 pop_l2: float = 0.0):
         super().__init__()
+        if not 0 <= pop_l2 <= 4:
+            raise ValueError(f"need 0 <= pop_l2 <= 4; got {pop_l2}")
+        self.pop_l2 = float(pop_l2)
         if nce_pos_weight is not None and (nce_pos_weight < 0 or "nce" not in self.heads_trained):
             raise ValueError(f"{self.name}: nce_pos_weight weighs the NCE head's positives: it "
                              f"must be >= 0, and unset without an NCE head; got {nce_pos_weight}")
@@ -225,6 +242,30 @@ class AutoRec(Recommender):
         # summed over hundreds of items saturates the first steps)
         bound = 1.0 / math.sqrt(n_items)
         nn.init.uniform_(self.encoder.weight, -bound, bound)
+        if self.pop_l2:
+            # the per-item L2 weights; set from the training data by ``set_item_popularity``
+            # before training (not part of the model's state: scoring never reads them)
+            self.register_buffer("item_l2", torch.ones(n_items), persistent=False)
+            self.item_l2_set = False
+
+    def set_item_popularity(self, counts) -> None:
+        """``pop_l2``'s item weights from the training positives per item, ``counts`` (n_items,)."""
+        c = torch.as_tensor(counts, dtype=torch.float64).reshape(-1) + 1.0
+        if len(c) != self.n_items:
+            raise ValueError(f"{self.name}: {len(c)} item counts for {self.n_items} items")
+        w = (c / c.mean()) ** self.pop_l2
+        self.item_l2.copy_(w / w.mean())
+        self.item_l2_set = True
+
+    def l2_rows(self) -> torch.Tensor | None:
+        """The per-item L2 weights under ``pop_l2``, else None (the plain L2)."""
+        if not self.pop_l2:
+            return None
+        if not self.item_l2_set:
+            raise RuntimeError(f"{self.name}: pop_l2 {self.pop_l2:g} needs the training items' "
+                               "popularity: set_item_popularity (the training policy's prepare) "
+                               "before the first step")
+        return self.item_l2
 
     def model_args(self) -> dict:
         args = {"n_items": self.n_items, "width": self.width, "lam": self.lam,
@@ -238,6 +279,8 @@ class AutoRec(Recommender):
             args.update(nce_scale=self.nce_scale, rstar_mean_square=self.rstar_mean_square)
         if self.nce_pos_weight is not None:
             args["nce_pos_weight"] = self.nce_pos_weight
+        if self.pop_l2:
+            args["pop_l2"] = self.pop_l2
         if not self.mode:
             return args
         return {**args, "mode": self.mode, "embed_weight": self.embed_weight,
@@ -334,10 +377,11 @@ class AutoRec(Recommender):
                    if self.mode is None or name != self.embed_head or self.embed_lam is None]
         if step.train_encoder:
             weights.append(self.encoder.weight)
-        terms["l2"] = l2_penalty(weights, self.lam * self.lam_scale)
+        rows = self.l2_rows()  # every matrix here has a row per item
+        terms["l2"] = l2_penalty(weights, self.lam * self.lam_scale, rows)
         if self.mode is not None and self.embed_head in step.heads and self.embed_lam is not None:
             terms["l2"] = terms["l2"] + l2_penalty([self.heads[self.embed_head].weight],
-                                                   self.embed_lam * self.lam_scale)
+                                                   self.embed_lam * self.lam_scale, rows)
         return terms
 
 

@@ -128,6 +128,11 @@ class AutoRecTraining(Training):
         self.phase1_epochs = given("finetune_phase1_epochs") or 0
         self.start_from = given("start_from") or "random"
 
+    def prepare(self, popularity) -> None:
+        """``--pop-l2``'s item weights from the train split's positives per item."""
+        if self.model.pop_l2 and popularity is not None:
+            self.model.set_item_popularity(popularity)
+
     # -- the driver's questions ------------------------------------------------------------------
 
     @classmethod

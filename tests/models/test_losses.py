@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -281,7 +282,9 @@ LEVERED = [(m, mode, levers) for m, levers in (
                      "rstar_mean_square": 2.5}),
     ("nce-autorec", {"pos_weight": 3.0, "nce_scale": "head-weight", "rstar_mean_square": 2.5}),
     ("nce-autorec", {"pos_weight": 3.0, "nce_pos_weight": 20.0, "dropout": 0.4}),
-    ("nce-autorec", {"nce_pos_weight": 5.0}))
+    ("nce-autorec", {"nce_pos_weight": 5.0}),
+    ("autorec", {"pos_weight": 3.0, "pop_l2": 1.0}),
+    ("nce-autorec", {"pos_weight": 3.0, "pop_l2": 0.5, "embed_lam": 2.0}))
     for mode in ((None,) if m in ("autorec", "ohns-autorec") else
                  ("joint", "alternating", "limited-finetune", "full-finetune"))]
 
@@ -304,6 +307,8 @@ def test_the_levers_train_the_same_through_the_fast_losses(name, mode, levers):
     args = {"n_items": 11, "width": 3, "lam": 0.5, "lam_units": "plain",
             **({"mode": mode} if mode else {}), **levers}
     model = build(name, args).double()
+    if model.pop_l2:
+        model.set_item_popularity(torch.arange(11))
     batch = lever_batch()
     for steps in phases_of(model):
         for step in steps:
@@ -322,7 +327,8 @@ def test_the_levers_train_the_same_through_the_fast_losses(name, mode, levers):
 def test_the_levers_off_reproduce_the_paper_loss_exactly(name):
     """pos_weight 0, dropout 0 and nce_scale none give the same terms and gradients, bit for
     bit, as a model built without them (the paper's)."""
-    off = {"pos_weight": 0.0, "dropout": 0.0, **({"nce_scale": "none"} if name != "autorec" else {})}
+    off = {"pos_weight": 0.0, "dropout": 0.0, "pop_l2": 0.0,
+           **({"nce_scale": "none"} if name != "autorec" else {})}
     batch = lever_batch()
     out = []
     for args in ({}, off):
@@ -330,7 +336,7 @@ def test_the_levers_off_reproduce_the_paper_loss_exactly(name):
         model = build(name, {"n_items": 11, "width": 3, "lam": 0.5, "lam_units": "plain",
                              **args}).double()
         out.append(step_terms_and_grads(model, batch, phases_of(model)[0][0], seed=3))
-        assert "pos_weight" not in model.model_args() and "dropout" not in model.model_args()
+        assert not {"pos_weight", "dropout", "pop_l2"} & set(model.model_args())
     assert out[0][0] == out[1][0]
     for k in out[0][1]:
         assert torch.equal(out[0][1][k], out[1][1][k])
@@ -371,6 +377,71 @@ def test_only_a_model_with_an_nce_head_takes_its_confidence(name):
     with pytest.raises(ValueError, match="nce_pos_weight weighs the NCE head"):
         build(name, {"n_items": 11, "width": 3, "lam": 0.5, "lam_units": "plain",
                      "nce_pos_weight": 2.0})
+
+
+@pytest.mark.parametrize("name", ["autorec", "nce-autorec"])
+def test_the_popularity_scaled_l2_by_hand(name):
+    """pop_l2 1 with training counts c = (0, 1, 2, 3, 9): w = (c + 1) / mean(c + 1) = (.25, .5,
+    .75, 1, 2.5), and the L2 term is lam * omega-free scale * sum over the encoder and heads of
+    sum_i w_i |W_i|^2 / numel(W); its gradient is autograd's of that formula (float64)."""
+    torch.manual_seed(0)
+    model = build(name, {"n_items": 5, "width": 2, "lam": 0.7, "lam_units": "plain",
+                         "pop_l2": 1.0}).double()
+    model.set_item_popularity([0, 1, 2, 3, 9])
+    w = torch.tensor([0.25, 0.5, 0.75, 1.0, 2.5], dtype=torch.float64)
+    torch.testing.assert_close(model.item_l2, w)
+    mats = [model.encoder.weight, *(h.weight for h in model.heads.values())]
+    by_hand = sum(0.7 * (w * (m ** 2).sum(1)).sum() / m.numel() for m in mats)
+    expect = torch.autograd.grad(by_hand, mats)
+    terms = model(lever_batch_for(5))
+    assert terms["l2"].item() == pytest.approx(by_hand.item(), rel=1e-12)
+    got = torch.autograd.grad(terms["l2"], mats)
+    for g, e in zip(got, expect):
+        torch.testing.assert_close(g, e)
+    assert model.model_args()["pop_l2"] == 1.0 and "item_l2" not in model.state_dict()
+
+
+def test_the_popularity_scaled_l2_weights_have_mean_one_at_any_exponent():
+    model = build("autorec", {"n_items": 4, "width": 2, "lam": 1.0, "lam_units": "plain",
+                              "pop_l2": 0.5})
+    model.set_item_popularity([0, 3, 8, 15])
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0])  # (c + 1) ** 0.5
+    torch.testing.assert_close(model.item_l2, w / w.mean())
+
+
+def test_the_popularity_scaled_l2_refuses_to_train_without_the_counts():
+    model = build("autorec", {"n_items": 5, "width": 2, "lam": 1.0, "lam_units": "plain",
+                              "pop_l2": 1.0})
+    with pytest.raises(RuntimeError, match="needs the training items' popularity"):
+        model(lever_batch_for(5))
+    with pytest.raises(ValueError, match="3 item counts for 5 items"):
+        model.set_item_popularity([1, 2, 3])
+
+
+def test_the_training_policy_takes_the_counts_from_the_loop():
+    """``build_model`` hands the train split's popularity to the policy's ``prepare``, which
+    sets the weights: what every Ray Train worker does with ``WorkerPlan.popularity``."""
+    from training.config import TrainConfig
+    from training.loop import build_model
+
+    cfg = TrainConfig(data="d", model="nce-autorec", pop_l2=1.0, lam_units="plain")
+    model, _ = build_model(cfg, 5, None, {}, popularity=np.array([0, 1, 2, 3, 9]))
+    torch.testing.assert_close(model.item_l2, torch.tensor([0.25, 0.5, 0.75, 1.0, 2.5]))
+    plain, _ = build_model(TrainConfig(data="d", model="nce-autorec", lam_units="plain"), 5,
+                           None, {}, popularity=np.array([0, 1, 2, 3, 9]))
+    assert not plain.pop_l2 and not hasattr(plain, "item_l2")
+
+
+def lever_batch_for(n_items: int):
+    """Two users' rows over ``n_items`` items with R* values (no negatives)."""
+    from models.batch import Batch
+
+    idx = torch.tensor([0, 2, 1, 3, 4])
+    return Batch(users=torch.arange(2), train_items=idx, train_offsets=torch.tensor([0, 2]),
+                 train_rstar=torch.tensor([1.0, 2.0, 0.5, 1.5, 3.0], dtype=torch.float64),
+                 neg_items=torch.tensor([], dtype=torch.long),
+                 neg_counts=torch.tensor([], dtype=torch.long),
+                 neg_offsets=torch.tensor([0, 0]))
 
 
 def test_dropout_is_the_dense_reference_on_the_corrupted_row_with_the_clean_target():
