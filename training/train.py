@@ -180,11 +180,11 @@ def config_file(cfg: TrainConfig, run_id: str | None = None) -> str:
 def effective(config: dict) -> dict:
     """A recorded configuration with its hyperparameters resolved as this code resolves them:
     a run recorded with None (the model's default) and one recorded with that default spelt out
-    (a config.yaml fed back) ran the same thing."""
+    (a config.yaml fed back) ran the same thing, and so did a run recorded before a hyperparameter
+    existed: its missing key reads as the default it ran with (a lever added off by default)."""
     if config.get("model") not in MODELS:
         return config
-    return {**config, **{k: v for k, v in TrainConfig.from_dict(config).resolved().items()
-                         if k in config}}
+    return {**config, **TrainConfig.from_dict(config).resolved()}
 
 
 def check_resume(cfg: TrainConfig, record: dict | None) -> None:

@@ -596,6 +596,14 @@ def test_a_run_recorded_before_an_option_existed_resumes():
     check_resume(cfg, {"config": old})
     with pytest.raises(UsageError, match="lam was None, now 3.0"):
         check_resume(replace(cfg, lam=3.0), {"config": old})
+    # a hyperparameter added later (a lever, off by default): the record lacks it, the run
+    # resumes at its default and is refused with the lever on (measured: a Gowalla trial
+    # recorded before --pop-l2 existed was refused with "pop_l2 was None, now None")
+    older = {k: v for k, v in cfg.to_dict().items() if k not in ("pop_l2", "nce_pos_weight")}
+    check_resume(cfg, {"config": older})
+    check_resume(replace(cfg, pop_l2=0.0), {"config": older})
+    with pytest.raises(UsageError, match="pop_l2 was None, now 1.0"):
+        check_resume(replace(cfg, pop_l2=1.0), {"config": older})
 
 
 def test_the_experiment_under_ray_job_submit_needs_absolute_paths_and_a_tracking_uri(monkeypatch,
