@@ -1,0 +1,110 @@
+"""One configuration trained in this process, its validation curve and LightGCN's metrics on valid.
+
+    .venv/bin/python benchmarks/probe.py --data DIR model=nce-autorec width=500 pos_weight=10 \
+        epochs=20 patience=3 valid_sample=0.3 [--out probes.jsonl]
+
+A probe sizes a search before it runs (issue 57: which lever moves validation on a new set, and
+what an epoch costs): any ``training/train.py`` field as KEY=VALUE (hyperparameters included),
+trained through the trainer's own epochs in one process without Ray (``tune_defaults.train_one``:
+the maths of a one-worker Ray run). Printed, one JSON line: the configuration, the best
+validation NDCG (the trainer's, on ``valid_sample`` of the users) and its epoch, the seconds, the
+curve, and Recall@20 and NDCG@20 (truncated: LightGCN's, over min(|T|, 20)) of the model as it is
+at the end, on every validation user. Validation only: a probe never reads test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from benchmarks.tune_defaults import load, train_one  # noqa: E402
+from training.config import TrainConfig  # noqa: E402
+
+K = 20
+BLOCK = 2048  # users scored at once
+
+
+def at_k(top: np.ndarray, truth: list[set], k: int = K) -> tuple[float, float]:
+    """Mean Recall@k (hits / |T|) and truncated NDCG@k (ideal over min(|T|, k)) of the ranked
+    lists ``top`` (users, >= k) against each user's non-empty ``truth``."""
+    disc = 1.0 / np.log2(np.arange(2, k + 2))
+    recall = ndcg = 0.0
+    for row, t in zip(top, truth):
+        hit = np.fromiter((i in t for i in row[:k]), bool, k)
+        recall += hit.sum() / len(t)
+        ndcg += (hit * disc).sum() / disc[:min(len(t), k)].sum()
+    return recall / len(truth), ndcg / len(truth)
+
+
+def valid_metrics(net, valid, k: int = K) -> tuple[float, float]:
+    """``at_k`` of ``net``'s top-k (training items left out) on every user of ``valid``
+    (``training.feed.ValidBatch``: offsets are each user's start)."""
+    starts = valid.train_offsets.numpy()
+    ends = np.append(starts[1:], len(valid.train_items))
+    v_starts = valid.valid_offsets.numpy()
+    v_ends = np.append(v_starts[1:], len(valid.valid_items))
+    v_items = valid.valid_items.numpy()
+    tops, truth = [], []
+    for s in range(0, len(starts), BLOCK):
+        e = min(s + BLOCK, len(starts))
+        items = valid.train_items[starts[s]:ends[e - 1]]
+        with torch.no_grad():
+            _, top = net.recommend(items, valid.train_offsets[s:e] - starts[s], k)
+        tops.append(top.numpy())
+        truth += [set(v_items[a:b].tolist()) for a, b in zip(v_starts[s:e], v_ends[s:e])]
+    return at_k(np.concatenate(tops), truth, k)
+
+
+def parse(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"{pair!r}: give settings as KEY=VALUE, e.g. width=500")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value  # a string: model=autorec, mode=joint
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="a prepared directory (etl/prepare.py --output)")
+    p.add_argument("settings", nargs="*", help="training/train.py fields as KEY=VALUE")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    p.add_argument("--out", help="also append the JSON line to this file")
+    args = p.parse_args(argv)
+    settings = parse(args.settings)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prep, rows, valid = load(args.data)
+    first = {k: settings.pop(k) for k in ("model", "batch_size") if k in settings}
+    cfg = replace(TrainConfig(data=args.data, **first), **settings)
+    t0 = time.perf_counter()
+    r = train_one(cfg, prep, rows, valid)
+    recall, ndcg = valid_metrics(r["net"], valid)
+    line = json.dumps({"data": prep.dataset, "settings": {**first, **settings},
+                       "best_valid_ndcg": round(r["best_ndcg"], 4), "best_epoch": r["best_epoch"],
+                       "epochs": r["epochs"], "seconds": round(time.perf_counter() - t0),
+                       "curve": [(round(s), round(x, 4)) for s, x in r["curve"]],
+                       f"valid_recall@{K}": round(recall, 4), f"valid_ndcg@{K}": round(ndcg, 4)})
+    print(line, flush=True)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""benchmarks/probe.py's metrics against values by hand."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks import probe
+from training.feed import ValidBatch
+
+
+def test_recall_and_truncated_ndcg_at_k_by_hand():
+    """User 1: truth {1, 2}, list (1, 9, 2): recall 1, NDCG (1 + 1/log2 4) / (1 + 1/log2 3).
+    User 2: truth {5, 6, 7, 8}, k = 2, list (6, 0): recall 1/4, NDCG 1 / (1 + 1/log2 3)."""
+    ideal2 = 1 + 1 / math.log2(3)
+    recall, ndcg = probe.at_k(np.array([[1, 9, 2], [6, 0, 3]]), [{1, 2}, {5, 6, 7, 8}], k=3)
+    assert recall == pytest.approx((1 + 0.25) / 2)
+    assert ndcg == pytest.approx(((1 + 0.5) / ideal2 + 1 / (ideal2 + 0.5)) / 2)
+    recall, ndcg = probe.at_k(np.array([[1, 9], [6, 0]]), [{1, 2}, {5, 6, 7, 8}], k=2)
+    assert (recall, ndcg) == pytest.approx(((0.5 + 0.25) / 2, (1 / ideal2 + 1 / ideal2) / 2))
+
+
+class ByInput:
+    """A stand-in model whose top-k is each user's first input item + 10, then 0, 1, ...: the
+    lists follow from the rows, so the blocks' offsets are checked too."""
+
+    def recommend(self, items, offsets, k):
+        first = items[offsets] + 10
+        rest = torch.arange(k - 1).expand(len(offsets), k - 1)
+        return None, torch.cat([first[:, None], rest], 1)
+
+
+def test_valid_metrics_score_every_user_across_blocks(monkeypatch):
+    monkeypatch.setattr(probe, "BLOCK", 2)  # three users: two blocks
+    valid = ValidBatch(train_items=torch.tensor([3, 4, 5, 6, 7]),
+                       train_offsets=torch.tensor([0, 2, 3]),
+                       valid_items=torch.tensor([13, 15, 0, 99]),
+                       valid_offsets=torch.tensor([0, 1, 3]))
+    # lists (13, 0), (15, 0), (16, 0); truths {13}, {15, 0}, {99}
+    recall, ndcg = probe.valid_metrics(ByInput(), valid, k=2)
+    assert recall == pytest.approx((1 + 1 + 0) / 3)
+    assert ndcg == pytest.approx((1 + 1 + 0) / 3)
+
+
+def test_settings_are_key_value_pairs():
+    assert probe.parse(["width=500", "model=autorec", "dropout=0.5"]) == {
+        "width": 500, "model": "autorec", "dropout": 0.5}
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        probe.parse(["width"])
