@@ -72,6 +72,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "fresh_clone_alone_loaded": ("benchmarks/fresh_clone.py", "Makefile", "pyproject.toml",
                                  "infra/demo.py", "tests", ".ci"),
     "loss_speed": ("benchmarks/loss_speed.py", *AUTOREC, "training/step.py"),
+    "loss_speed_width": ("benchmarks/loss_speed.py", *AUTOREC, "training/step.py"),
     "nce_report": ("benchmarks/nce_report.py",),
     "negative_draws": ("benchmarks/negative_draws.py", "prepared/protocol.py"),
     "peruser_step_speed": ("benchmarks/peruser_step_speed.py", "models/peruser.py"),
@@ -97,6 +98,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "experiment-ml-100k-start": (*EXPERIMENT, GRIDS + "start.yaml"),
     "experiment-ml-latest-small-start": (*EXPERIMENT, GRIDS + "start.yaml"),
     "experiment-gowalla-probe": (*EXPERIMENT, GRIDS + "gowalla-probe.yaml"),
+    "experiment-gowalla-width": (*EXPERIMENT, GRIDS + "gowalla-width.yaml"),
     "local_cluster": ("infra/cluster/local_cluster.py", "infra/cluster", *AUTOREC, "training",
                       "evaluation/score.py", "evaluation/evaluate.py"),
 }
