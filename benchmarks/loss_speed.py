@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/loss_speed.py [--shapes ml-20m,yahoo] [--batches 128,1024,4096]
                                               [--models autorec,nce-autorec,...] [--steps 4]
+                                              [--widths 200,500,1000,2000]
 
 A training step of the AutoRec family forms, through the dense reference, one (B, n_items) score
 matrix per trained head and its gradient: O(B n d). The default since the fast losses
@@ -23,6 +24,7 @@ Results: ``benchmarks/results/loss_speed.{json,md}``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -36,12 +38,15 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks import report  # noqa: E402
-from benchmarks.train_throughput import SHAPES  # noqa: E402
+from benchmarks.train_throughput import SHAPES as SCALE_SHAPES  # noqa: E402
 from models.batch import Batch  # noqa: E402
 from models.registry import MODELS  # noqa: E402
 from training.step import make_optimizers, train_batch  # noqa: E402
 
 WIDTH, NEGATIVES = 200, 200
+# the throughput benchmark's shapes and Gowalla's (LightGCN's split, issue 57: 1,027,370 positives
+# over train, valid and test): only with --shapes gowalla, so the default run is as before
+SHAPES = {**SCALE_SHAPES, "gowalla": {"items": 40_981, "per_user": 34.4, "real_users": 29_858}}
 ALL_MODELS = ("autorec", "ohns-autorec", "ns-autorec", "nce-autorec")
 
 
@@ -62,9 +67,10 @@ def make_batch(rng: np.random.Generator, n_items: int, per_user: float, b: int) 
                  neg_offsets=off([n[0] for n in negs]))
 
 
-def users_per_second(model_name: str, n_items: int, batches: list[Batch], dense: bool) -> float:
+def users_per_second(model_name: str, n_items: int, batches: list[Batch], dense: bool,
+                     width: int = WIDTH) -> float:
     torch.manual_seed(0)
-    model = MODELS[model_name].from_config(n_items, {"width": WIDTH, "lam_units": "plain"})
+    model = MODELS[model_name].from_config(n_items, {"width": width, "lam_units": "plain"})
     model.dense_loss = dense
     policy = model.trainer(model)
     steps = policy.phases()[0]  # the first phase (joint mode: both heads, the costliest)
@@ -78,10 +84,11 @@ def users_per_second(model_name: str, n_items: int, batches: list[Batch], dense:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--shapes", default=",".join(SCALE_SHAPES))
     p.add_argument("--models", default=",".join(ALL_MODELS))
     p.add_argument("--batches", default="128,1024,4096")
     p.add_argument("--steps", type=int, default=4, help="timed steps per measurement")
+    p.add_argument("--widths", default=str(WIDTH), help="code widths, comma-separated")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "loss_speed"))
     p.add_argument("--note", default="", help="a line on the conditions, kept with the results")
     p.add_argument("--report-only", action="store_true",
@@ -98,44 +105,56 @@ def main(argv: list[str] | None = None) -> int:
         for b in map(int, args.batches.split(",")):
             rng = np.random.default_rng(0)
             batches = [make_batch(rng, s["items"], s["per_user"], b) for _ in range(args.steps + 1)]
-            for model in args.models.split(","):
+            for width, model in itertools.product(map(int, args.widths.split(",")),
+                                                  args.models.split(",")):
                 r = {"shape": shape, "items": s["items"], "model": model, "batch": b,
-                     "dense": users_per_second(model, s["items"], batches, True),
-                     "fast": users_per_second(model, s["items"], batches, False)}
+                     "width": width, "users": s["real_users"],
+                     "dense": users_per_second(model, s["items"], batches, True, width),
+                     "fast": users_per_second(model, s["items"], batches, False, width)}
                 r["ratio"] = r["fast"] / r["dense"]
                 results.append(r)
-                print(f"{shape} {model} batch {b}: dense {r['dense']:,.0f} users/s, fast "
-                      f"{r['fast']:,.0f} users/s ({r['ratio']:.1f}x)", flush=True)
+                print(f"{shape} width {width} {model} batch {b}: dense {r['dense']:,.0f} "
+                      f"users/s, fast {r['fast']:,.0f} users/s ({r['ratio']:.1f}x)", flush=True)
     write(results, args)
     return 0
 
 
-def default_way(model: str, batch: int) -> str:
+def default_way(model: str, batch: int, width: int = WIDTH) -> str:
     """What the model trains with by default at this batch size (``AutoRec.dense_for``)."""
-    net = MODELS[model].from_config(1, {"width": WIDTH, "lam_units": "plain"})
+    net = MODELS[model].from_config(1, {"width": width, "lam_units": "plain"})
     ways = {"dense" if net.dense_for(h, batch) else "fast" for h in net.heads_trained}
     return "/".join(sorted(ways)) if len(ways) > 1 else ways.pop()
 
 
 def write(results: list[dict], args, saved: dict | None = None) -> None:
-    stamp = {**report.stamp("loss_speed.py"), "width": WIDTH, "negatives": NEGATIVES,
+    stamp = {**report.stamp("loss_speed.py"), "negatives": NEGATIVES,
              "steps": args.steps, "note": args.note}
     if saved:  # --report-only: the measured run's stamp, the note as given now (or as saved)
         stamp = {**{k: saved.get(k, v) for k, v in stamp.items()}, "note": args.note or
                  saved.get("note", "")}
     lines = ["# The AutoRec family's training step: exact fast losses against dense scores\n",
              f"Command: `{stamp['command']}`  ", f"Machine: {stamp['machine']}; {stamp['date']}.  ",
-             f"Width {WIDTH}, N = {NEGATIVES} negatives per user, joint mode (both heads); the "
+             f"N = {NEGATIVES} negatives per user, joint mode (both heads); the "
              f"bare step (forward, backward, Adam) on in-memory batches, {stamp['steps']} timed "
              "steps after a warm-up. Users per second; ratio = fast / dense; default: the way "
-             "the model takes at that batch size (the NS head always dense).  ",
+             "the model takes at that batch size and width (the NS head always dense); epoch: "
+             "the shape's real training users at the default way's rate (the best way's where "
+             "they differ: no validation, feed or DDP).  ",
              f"{stamp['note']}\n",
-             "| shape | model | batch | dense users/s | fast users/s | fast / dense | default |",
-             "|---|---|---|---|---|---|---|"]
+             "| shape | width | model | batch | dense users/s | fast users/s | fast / dense | "
+             "default | epoch s (default / best) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| {r['shape']} ({r['items']:,} items) | {r['model']} | {r['batch']:,} | "
-                     f"{r['dense']:,.0f} | {r['fast']:,.0f} | {r['ratio']:.1f}x | "
-                     f"{default_way(r['model'], r['batch'])} |")
+        width = r.get("width", WIDTH)  # runs before --widths measured width 200 only
+        way = default_way(r["model"], r["batch"], width)
+        rate = r["dense"] if way == "dense" else r["fast"] if way == "fast" else None
+        users = SHAPES[r["shape"]]["real_users"] if r["shape"] in SHAPES else None
+        epoch = "–" if not users else (
+            f"{users / rate:,.0f} / {users / max(r['dense'], r['fast']):,.0f}" if rate else
+            f"– / {users / max(r['dense'], r['fast']):,.0f}")
+        lines.append(f"| {r['shape']} ({r['items']:,} items) | {width:,} | {r['model']} | "
+                     f"{r['batch']:,} | {r['dense']:,.0f} | {r['fast']:,.0f} | "
+                     f"{r['ratio']:.1f}x | {way} | {epoch} |")
     report.publish(Path(args.out), {**stamp, "results": results}, lines)
 
 

@@ -224,6 +224,16 @@ def loss_speed(d: dict) -> list[str]:
           num(r["fast"]), f"{r['ratio']:.1f}x"] for r in d["results"] if r["batch"] == big])
 
 
+def loss_speed_width(d: dict) -> list[str]:
+    """Seconds an epoch of the shape's users costs against the code's width, at the faster way."""
+    rows = sorted(d["results"], key=lambda r: (r["shape"], r["model"], r["width"], r["batch"]))
+    return ["Seconds of bare steps an epoch of the shape's real users costs, at the faster of "
+            "the two ways (every batch and both ways in the .md):", ""] + table(
+        ["shape", "model", "width", "batch", "fast / dense", "epoch s (best way)"],
+        [[r["shape"], r["model"], num(r["width"]), num(r["batch"]), f"{r['ratio']:.1f}x",
+          num(r["users"] / max(r["dense"], r["fast"]))] for r in rows])
+
+
 def nce_report(d: dict) -> list[str]:
     out = table(["experiment", "NCE-AutoRec", "AutoRec", "best baseline", "NCE − AutoRec",
                  "NCE − best"],
@@ -380,7 +390,8 @@ HEADLINES: dict[str, Callable[[dict], list[str]]] = {
     "etl_scale": etl_scale, "evaluate_speed": evaluate_speed,
     "finetune_convergence": finetune_convergence, "floors": floors, "fold_in": fold_in,
     "fold_in_speed": fold_in_speed, "fresh_clone": fresh_clone, "fresh_clone_alone": fresh_clone,
-    "loss_speed": loss_speed, "nce_report": nce_report, "negative_draws": negative_draws,
+    "loss_speed": loss_speed, "loss_speed_width": loss_speed_width, "nce_report": nce_report,
+    "negative_draws": negative_draws,
     "peruser_step_speed": peruser_step_speed, "projection": projection,
     "quality_ml100k": quality_ml100k, "score_throughput": score_throughput,
     "train_throughput": train_throughput, "tune_defaults": tune_defaults,
