@@ -96,7 +96,7 @@ from runtime.atomic import write_text
 from runtime.cli import stage_parser, values
 from runtime.logs import no_bars_in_logs
 from runtime.paths import project_root
-from runtime.raycluster import apply_ray_env, join_address, local_cpus
+from runtime.raycluster import join_address, local_cpus, ray_for
 from training.train import check_job_paths
 
 # -- the whole experiment --------------------------------------------------------------------------
@@ -187,10 +187,7 @@ def connect(cfg: ExperimentConfig, models: list[str], mlflow_uri: str | None,
     """The MLflow tracking URI, checked reachable, and Ray, joined or started here, with every
     trial's workers checked to fit the cluster (``check_trial_fits``)."""
     address = join_address(ray_address)
-    # before Ray is first imported: it reads its token settings (RAY_AUTH_*) then, so a driver
-    # that imported it first cannot join the stack's token-mode head (InvalidAuthToken)
-    apply_ray_env(address)
-    import ray
+    ray = ray_for(address)
 
     from runtime import tracking
 

@@ -80,6 +80,16 @@ def apply_ray_env(address: str | None = None) -> None:
             constants.ENABLE_RAY_CLUSTER = False
 
 
+def ray_for(address: str | None):
+    """The ``ray`` module, imported only after ``apply_ray_env(address)``: Ray reads its token
+    settings (RAY_AUTH_*) when first imported, so a driver that imported it before could not
+    join the stack's token-mode head (InvalidAuthToken, then "Failed to connect")."""
+    apply_ray_env(address)
+    import ray
+
+    return ray
+
+
 def stack_auth(address: str, record: Path | None = None) -> dict[str, str]:
     """The local stack's token settings (``AUTH_VARS`` of its record) when ``address`` is its Ray
     head's GCS address on loopback, else {}: a driver run directly with ``--ray-address

@@ -51,12 +51,12 @@ from runtime.logs import no_bars_in_logs
 from runtime.paths import project_root
 from runtime.raycluster import (
     apply_one_node_env,
-    apply_ray_env,
     check_fits,
     checkpoints,
     drop_checkpoints,
     join_address,
     local_cpus,
+    ray_for,
     watch_run,
     worker_cpus,
 )
@@ -223,11 +223,7 @@ def statistics_params(stats: dict) -> dict:
 def start_ray(cfg: TrainConfig, address: str | None) -> float:
     """Join the cluster (or start a local Ray) and check the workers fit; returns CPUs per worker."""
     address = join_address(address)
-    # before Ray is first imported: it reads its token settings (RAY_AUTH_*) then, so a driver
-    # that imported it first cannot join the stack's token-mode head (InvalidAuthToken)
-    apply_ray_env(address)
-    import ray
-
+    ray = ray_for(address)
     if not ray.is_initialized():
         if address:
             ray.init(address=address, log_to_driver=True)

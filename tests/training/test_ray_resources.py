@@ -222,6 +222,7 @@ def test_a_closed_form_fit_on_a_busy_cluster_says_what_it_waits_for(small_prepar
 ORDER_PROBE = """
 import sys
 sys.path.insert(0, {root!r})
+import runtime.raycluster as rc
 import {module} as m
 
 def apply_ray_env(address=None):
@@ -229,7 +230,7 @@ def apply_ray_env(address=None):
     print("ray imported before the env:", "ray" in sys.modules)
     raise SystemExit(0)
 
-m.apply_ray_env = apply_ray_env
+rc.apply_ray_env = apply_ray_env
 {call}
 """
 
