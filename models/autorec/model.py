@@ -243,25 +243,23 @@ class AutoRec(Recommender):
         bound = 1.0 / math.sqrt(n_items)
         nn.init.uniform_(self.encoder.weight, -bound, bound)
         if self.pop_l2:
-            # the per-item L2 weights; set from the training data by ``set_item_popularity``
-            # before training (not part of the model's state: scoring never reads them)
-            self.register_buffer("item_l2", torch.ones(n_items), persistent=False)
-            self.item_l2_set = False
+            # the per-item L2 weights, None until ``set_item_popularity`` sets them from the
+            # training data (not part of the model's state: scoring never reads them)
+            self.register_buffer("item_l2", None, persistent=False)
 
     def set_item_popularity(self, counts) -> None:
         """``pop_l2``'s item weights from the training positives per item, ``counts`` (n_items,)."""
         c = torch.as_tensor(counts, dtype=torch.float64).reshape(-1) + 1.0
         if len(c) != self.n_items:
             raise ValueError(f"{self.name}: {len(c)} item counts for {self.n_items} items")
-        w = (c / c.mean()) ** self.pop_l2
-        self.item_l2.copy_(w / w.mean())
-        self.item_l2_set = True
+        w = c ** self.pop_l2
+        self.item_l2 = (w / w.mean()).to(self.encoder.weight)
 
     def l2_rows(self) -> torch.Tensor | None:
         """The per-item L2 weights under ``pop_l2``, else None (the plain L2)."""
         if not self.pop_l2:
             return None
-        if not self.item_l2_set:
+        if self.item_l2 is None:
             raise RuntimeError(f"{self.name}: pop_l2 {self.pop_l2:g} needs the training items' "
                                "popularity: set_item_popularity (the training policy's prepare) "
                                "before the first step")
