@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.tune_defaults import load, train_one  # noqa: E402
+from evaluation.spark_metrics import metric_arrays  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 
 K = 20
@@ -35,15 +36,13 @@ BLOCK = 2048  # users scored at once
 
 
 def at_k(top: np.ndarray, truth: list[set], k: int = K) -> tuple[float, float]:
-    """Mean Recall@k (hits / |T|) and truncated NDCG@k (ideal over min(|T|, k)) of the ranked
-    lists ``top`` (users, >= k) against each user's non-empty ``truth``."""
-    disc = 1.0 / np.log2(np.arange(2, k + 2))
-    recall = ndcg = 0.0
-    for row, t in zip(top, truth):
-        hit = np.fromiter((i in t for i in row[:k]), bool, k)
-        recall += hit.sum() / len(t)
-        ndcg += (hit * disc).sum() / disc[:min(len(t), k)].sum()
-    return recall / len(truth), ndcg / len(truth)
+    """Mean Recall@k and truncated NDCG@k of the ranked lists ``top`` (users, k) against each
+    user's non-empty ``truth``, by evaluation's own per-user metrics (``metric_arrays``; k one
+    of ``prepared.protocol.KS``)."""
+    hits = np.array([[i in t for i in row[:k]] for row, t in zip(top, truth)], dtype=np.float64)
+    with np.errstate(divide="ignore"):  # its 1 / log2(1) at rank 0, never read
+        m = metric_arrays(hits, np.array([len(t) for t in truth], dtype=np.float64), k)
+    return float(m[f"Recall@{k}"].mean()), float(m[f"NDCG@{k} (truncated)"].mean())
 
 
 def valid_metrics(net, valid, k: int = K) -> tuple[float, float]:

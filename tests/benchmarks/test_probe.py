@@ -11,14 +11,14 @@ from training.feed import ValidBatch
 
 
 def test_recall_and_truncated_ndcg_at_k_by_hand():
-    """User 1: truth {1, 2}, list (1, 9, 2): recall 1, NDCG (1 + 1/log2 4) / (1 + 1/log2 3).
-    User 2: truth {5, 6, 7, 8}, k = 2, list (6, 0): recall 1/4, NDCG 1 / (1 + 1/log2 3)."""
-    ideal2 = 1 + 1 / math.log2(3)
-    recall, ndcg = probe.at_k(np.array([[1, 9, 2], [6, 0, 3]]), [{1, 2}, {5, 6, 7, 8}], k=3)
-    assert recall == pytest.approx((1 + 0.25) / 2)
-    assert ndcg == pytest.approx(((1 + 0.5) / ideal2 + 1 / (ideal2 + 0.5)) / 2)
-    recall, ndcg = probe.at_k(np.array([[1, 9], [6, 0]]), [{1, 2}, {5, 6, 7, 8}], k=2)
-    assert (recall, ndcg) == pytest.approx(((0.5 + 0.25) / 2, (1 / ideal2 + 1 / ideal2) / 2))
+    """k = 5. User 1: truth {1, 2}, list (1, 9, 2, 7, 8): recall 1, NDCG (1 + 1/log2 4) /
+    (1 + 1/log2 3). User 2: truth of 6 items, list (6, 0, 3, 4, 12): recall 1/6, NDCG 1 / the
+    ideal over min(6, 5) = 5 ranks."""
+    ideal = lambda n: sum(1 / math.log2(j + 1) for j in range(1, n + 1))
+    recall, ndcg = probe.at_k(np.array([[1, 9, 2, 7, 8], [6, 0, 3, 4, 12]]),
+                              [{1, 2}, {5, 6, 7, 8, 10, 11}], k=5)
+    assert recall == pytest.approx((1 + 1 / 6) / 2)
+    assert ndcg == pytest.approx(((1 + 0.5) / ideal(2) + 1 / ideal(5)) / 2)
 
 
 class ByInput:
@@ -37,8 +37,8 @@ def test_valid_metrics_score_every_user_across_blocks(monkeypatch):
                        train_offsets=torch.tensor([0, 2, 3]),
                        valid_items=torch.tensor([13, 15, 0, 99]),
                        valid_offsets=torch.tensor([0, 1, 3]))
-    # lists (13, 0), (15, 0), (16, 0); truths {13}, {15, 0}, {99}
-    recall, ndcg = probe.valid_metrics(ByInput(), valid, k=2)
+    # lists (13, 0, 1, 2, 3), (15, 0, 1, 2, 3), (16, 0, 1, 2, 3); truths {13}, {15, 0}, {99}
+    recall, ndcg = probe.valid_metrics(ByInput(), valid, k=5)
     assert recall == pytest.approx((1 + 1 + 0) / 3)
     assert ndcg == pytest.approx((1 + 1 + 0) / 3)
 
