@@ -83,12 +83,15 @@ class ExperimentConfig:
 
 
 def trial_config(cfg: ExperimentConfig, root: str, model: str, point: dict) -> TrainConfig:
+    """A grid point's training run; a run setting the grid searches (``batch_size``, say: a
+    wider code wants a larger batch) overrides the experiment's value for that point."""
+    run = {"batch_size": cfg.batch_size, **point}
     return TrainConfig(data=cfg.data, model=model, epochs=cfg.epochs, patience=cfg.patience,
-                       batch_size=cfg.batch_size, valid_sample=cfg.valid_sample, seed=cfg.seed,
+                       valid_sample=cfg.valid_sample, seed=cfg.seed,
                        valid_by=cfg.valid_by if MODELS[model].per_user else "fold-in",
                        num_workers=cfg.num_workers, cpus_per_worker=cfg.cpus_per_worker,
                        run_name=grids.point_name(model, point), output=f"{root}/trials",
-                       experiment=cfg.name, **point)
+                       experiment=cfg.name, **run)
 
 
 def plan(cfg: ExperimentConfig, prep: Prepared, root: str) -> dict[str, list[dict]]:

@@ -224,6 +224,13 @@ def test_trials_are_training_runs_of_the_experiment(tmp_path):
     assert t.output == f"{tmp_path}/trials"
 
 
+def test_a_grid_searching_the_batch_size_overrides_the_experiments(tmp_path):
+    cfg = exp(tmp_path, batch_size=512)
+    assert trial_config(cfg, str(tmp_path), "autorec", {"lam": 3.0}).batch_size == 512
+    t = trial_config(cfg, str(tmp_path), "autorec", {"batch_size": 2048, "lr": 0.002})
+    assert (t.batch_size, t.lr, t.run_name) == (2048, 0.002, "autorec-batchsize2048-lr0.002")
+
+
 def test_the_table_holds_every_model_with_cis_and_the_choice():
     state = {"models": {"autorec": {
         "evaluation_label": "autorec",
