@@ -26,7 +26,8 @@ one plus
 
 an O(nnz d) term over the positives (t = 1 for the predict head, R* for the NCE head, whose
 positives are the same entries, R* = 0 included); alpha = 0 is the paper's loss, computed as
-before. Rows hold each item at most once (the ETL's rows do).
+before. Rows hold each item at most once (the ETL's rows do). alpha may also be a (nnz,) tensor,
+one weight per positive: emphasized denoising (``AutoRec.levers``) raises the dropped ones'.
 """
 
 from __future__ import annotations
@@ -39,12 +40,17 @@ from models.losses import densify
 
 
 def mse_loss(scores: torch.Tensor, idx: torch.Tensor, offsets: torch.Tensor,
-             values: torch.Tensor | None = None, pos_weight: float = 0.0) -> torch.Tensor:
+             values: torch.Tensor | None = None, pos_weight: float | torch.Tensor = 0.0
+             ) -> torch.Tensor:
     """Mean over all B * n entries of c (t - y)^2, t dense from the sparse target (r, or R*), and
-    c = 1 + ``pos_weight`` at the sparse positions, 1 elsewhere (the dense reference)."""
+    c = 1 + ``pos_weight`` at the sparse positions (a number, or one per position), 1 elsewhere
+    (the dense reference)."""
     # float32, or float64 for float64 scores (the tests' reference: R* scaled is not float32-exact)
     wide = torch.promote_types(scores.dtype, torch.float32)
     target = densify(idx, offsets, values, scores.shape[1], wide)
+    if torch.is_tensor(pos_weight):
+        weight = 1 + densify(idx, offsets, pos_weight.to(wide), scores.shape[1], wide)
+        return (weight * (scores - target) ** 2).mean()
     if not pos_weight:
         return F.mse_loss(scores, target, reduction="mean")
     weight = 1 + pos_weight * densify(idx, offsets, None, scores.shape[1], wide)
@@ -92,10 +98,10 @@ def linear_at(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, rows: t
 
 def linear_mse(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, idx: torch.Tensor,
                offsets: torch.Tensor, values: torch.Tensor | None = None,
-               pos_weight: float = 0.0) -> torch.Tensor:
+               pos_weight: float | torch.Tensor = 0.0) -> torch.Tensor:
     """``mse_loss(F.linear(h, weight, bias), idx, offsets, values, pos_weight)`` exactly, without
     the (B, n) scores (the expansion in the module docstring; ``pos_weight``'s term gathered at
-    the positives). ``h`` (B, d), ``weight`` (n, d), ``bias`` (n,).
+    the positives, a number or one per positive). ``h`` (B, d), ``weight`` (n, d), ``bias`` (n,).
 
     Always computed in float32 or wider, autocast or not: the expansion subtracts large terms
     (h'W'Wh against the target's), which bf16 would not resolve."""
@@ -104,12 +110,14 @@ def linear_mse(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, idx: t
     with torch.autocast(h.device.type, enabled=False):
         h, weight, bias, t = h.to(wide), weight.to(wide), bias.to(wide), t.to(wide)
         loss = _LinearMSE.apply(h, weight, bias, idx, offsets, t)
-        if not pos_weight:
+        per_positive = torch.is_tensor(pos_weight)
+        if not per_positive and not pos_weight:
             return loss
         # alpha sum over the positives of (t - y)^2: autograd's index_select backward is an
         # index_add into the touched rows of W and b, O(nnz d)
         err = t - linear_at(h, weight, bias, row_ids(offsets, len(idx)), idx)
-        return loss + pos_weight * err.dot(err) / (h.shape[0] * weight.shape[0])
+        weighted = (pos_weight.to(wide) * err).dot(err) if per_positive else pos_weight * err.dot(err)
+        return loss + weighted / (h.shape[0] * weight.shape[0])
 
 
 class _LinearMSE(torch.autograd.Function):

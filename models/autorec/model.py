@@ -37,6 +37,14 @@ loss for loss (tests/models/test_losses.py), each in the fast loss and its dense
                  1 + pos_weight. None (the default) is pos_weight for both, as before; the two
                  heads' targets differ in scale (R* is 14-43 in mean square on the shared sets'
                  positives), so one alpha for both is a compromise the search can undo.
+    emphasis     emphasized denoising (issue 57; EDLAE, Steck, "Autoencoders that don't overfit
+                 towards the Identity", NeurIPS 2020): with --dropout, each positive dropped from
+                 the input has its squared error in the MSE heads weigh an extra ``emphasis`` (on
+                 top of 1 + pos_weight), so the code learns to predict an item from the others
+                 rather than copy it. The sparse form: only a dropped positive changes the input
+                 (a dropped zero is still zero), and weighting random zeros up would only rescale
+                 the zeros' loss in expectation, which pos_weight already searches. A per-positive
+                 weight in the same O(nnz d) term as pos_weight. Needs dropout > 0; 0 is off.
     pop_l2       popularity-scaled L2 (issue 57): item i's rows of the encoder and of every head
                  weigh w_i = ((c_i + 1) / mean(c + 1))^pop_l2 in the L2 term, normalised to
                  mean 1 (the same total strength, moved toward the popular items), c the train
@@ -139,6 +147,9 @@ NCE_POS_WEIGHT = HP(None, "the NCE head's own confidence on positives: its posit
 NCE_SCALE = HP("none", "the NCE head's scale: none = R* as the paper; rms = R* divided by its "
                "root mean square on the training positives; head-weight = the NCE loss "
                "weighted by 1 / mean(R*^2) on them", choices=NCE_SCALES)
+EMPHASIS = HP(0.0, "emphasized denoising (EDLAE): each positive --dropout drops from the input "
+               "weighs an extra emphasis in the MSE heads' squared error, on top of 1 + "
+               "pos_weight (0 = off; needs --dropout > 0)", lo=0, hi=1e6)
 POP_L2 = HP(0.0, "popularity-scaled L2: item i's rows of the encoder and heads weigh ((c_i + 1) / "
              "mean(c + 1))^pop_l2 in the L2 term (mean 1), c its training positives (iALS's "
              "frequency-scaled regularisation; 0 = the paper's plain L2)", lo=0, hi=4)
@@ -166,7 +177,7 @@ class AutoRec(Recommender):
     #: 10 on), 10 for the two-headed models, whose encoder fits two heads' losses
     #: (benchmarks/results/tune_defaults.md: on four datasets each within 90% of its own tuned NDCG)
     hyperparameters = {"width": WIDTH, "lam": LAM, "lam_units": LAM_UNITS_HP, "dropout": DROPOUT,
-                       "pos_weight": POS_WEIGHT, "pop_l2": POP_L2}
+                       "pos_weight": POS_WEIGHT, "emphasis": EMPHASIS, "pop_l2": POP_L2}
     trainer = AutoRecTraining
     #: train each head through the dense (B, n_items) scores (True) or its exact fast loss
     #: (False); None: whichever is cheaper. For the predict and NCE heads the dense way costs
@@ -183,8 +194,13 @@ class AutoRec(Recommender):
                  lam_units: str = "overlap", overlap: float | None = None,
                  pos_weight: float = 0.0, dropout: float = 0.0, nce_scale: str = "none",
                  rstar_mean_square: float | None = None, nce_pos_weight: float | None = None,
-                 pop_l2: float = 0.0):
+                 pop_l2: float = 0.0, emphasis: float = 0.0):
         super().__init__()
+        if emphasis < 0 or (emphasis and not (dropout > 0 and "predict" in self.heads_trained)):
+            raise ValueError(f"{self.name}: emphasis weighs the positives --dropout drops from the "
+                             "MSE heads' input: it must be >= 0, and 0 without dropout > 0 or "
+                             f"without a predict head; got emphasis {emphasis}, dropout {dropout}")
+        self.emphasis = float(emphasis)
         if not 0 <= pop_l2 <= 4:
             raise ValueError(f"need 0 <= pop_l2 <= 4; got {pop_l2}")
         self.pop_l2 = float(pop_l2)
@@ -271,8 +287,8 @@ class AutoRec(Recommender):
         if self.lam_units == "overlap":
             args["overlap"] = self.overlap
         # the levers only where on (absent: off, as in a model saved before they existed)
-        args.update({k: v for k, v in (("pos_weight", self.pos_weight), ("dropout", self.dropout))
-                     if v})
+        args.update({k: v for k, v in (("pos_weight", self.pos_weight), ("dropout", self.dropout),
+                                       ("emphasis", self.emphasis)) if v})
         if self.nce_scale != "none":
             args.update(nce_scale=self.nce_scale, rstar_mean_square=self.rstar_mean_square)
         if self.nce_pos_weight is not None:
@@ -284,11 +300,10 @@ class AutoRec(Recommender):
         return {**args, "mode": self.mode, "embed_weight": self.embed_weight,
                 "embed_lam": self.embed_lam}
 
-    def encode(self, items: torch.Tensor, offsets: torch.Tensor, dropout: float = 0.0
-               ) -> torch.Tensor:
-        """(B, width) user codes from sparse binary rows; ``dropout``: of the input row
-        (``dropout_weights``), for training only."""
-        weights = dropout_weights(len(items), dropout, self.encoder.weight) if dropout else None
+    def encode(self, items: torch.Tensor, offsets: torch.Tensor,
+               weights: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, width) user codes from sparse binary rows; ``weights``: one per input entry (the
+        training dropout's ``dropout_weights``), None for the row as it is."""
         return torch.relu(self.encoder(items, offsets, per_sample_weights=weights)
                           + self.encoder_bias)
 
@@ -305,12 +320,12 @@ class AutoRec(Recommender):
         return {name: linear(h, self.heads[name].weight, self.heads[name].bias) for name in heads}
 
     def code(self, items: torch.Tensor, offsets: torch.Tensor, frozen: bool = False,
-             dropout: float = 0.0) -> torch.Tensor:
+             weights: torch.Tensor | None = None) -> torch.Tensor:
         """``encode``, without autograd when ``frozen``."""
         if frozen:
             with torch.no_grad():
-                return self.encode(items, offsets, dropout)
-        return self.encode(items, offsets, dropout)
+                return self.encode(items, offsets, weights)
+        return self.encode(items, offsets, weights)
 
     def score(self, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         head = self.recommend_head
@@ -349,10 +364,14 @@ class AutoRec(Recommender):
             return self.dense_loss
         return head == "ns" or 3 * batch_size < 2 * self.width
 
-    def levers(self, head: str) -> dict:
-        """The MSE levers of ``head``'s loss: its confidence on positives and R*'s unit."""
+    def levers(self, head: str, keep: torch.Tensor | None = None) -> dict:
+        """The MSE levers of ``head``'s loss: its confidence on positives (one per positive
+        under ``emphasis``: ``keep`` is the step's dropout weights, 0 where dropped) and R*'s
+        unit."""
         weight = (self.nce_pos_weight if head == "nce" and self.nce_pos_weight is not None
                   else self.pos_weight)
+        if self.emphasis and keep is not None and head != "ns":
+            weight = weight + self.emphasis * (keep == 0).to(keep.dtype)
         return {"pos_weight": weight, "rstar_scale": self.rstar_unit}
 
     def forward(self, batch: Batch, step: Step | None = None) -> dict[str, torch.Tensor]:
@@ -360,10 +379,13 @@ class AutoRec(Recommender):
         step = step or Step(self.heads_trained)  # every head and the encoder: joint
         items, offsets, frozen = batch.train_items, batch.train_offsets, not step.train_encoder
         # input dropout while training only; the targets stay the uncorrupted rows
-        h = self.code(items, offsets, frozen, self.dropout if self.training else 0.0)
-        terms = {name: head_loss(name, self.heads[name](h), batch, **self.levers(name))
+        keep = (dropout_weights(len(items), self.dropout, self.encoder.weight)
+                if self.training and self.dropout else None)
+        h = self.code(items, offsets, frozen, keep)
+        terms = {name: head_loss(name, self.heads[name](h), batch, **self.levers(name, keep))
                  if self.dense_for(name, len(offsets))
-                 else linear_head_loss(name, self.heads[name], h, batch, **self.levers(name))
+                 else linear_head_loss(name, self.heads[name], h, batch,
+                                       **self.levers(name, keep))
                  for name in step.heads}
         if "ns" in terms and self.ns_scale != 1.0:  # per (user, item) entry, as the MSE heads
             terms["ns"] = terms["ns"] * self.ns_scale
@@ -396,8 +418,8 @@ def rstar_target(batch: Batch, rstar_scale: float) -> torch.Tensor:
     return batch.train_rstar if rstar_scale == 1.0 else batch.train_rstar * rstar_scale
 
 
-def head_loss(name: str, scores: torch.Tensor, batch: Batch, pos_weight: float = 0.0,
-              rstar_scale: float = 1.0) -> torch.Tensor:
+def head_loss(name: str, scores: torch.Tensor, batch: Batch,
+              pos_weight: float | torch.Tensor = 0.0, rstar_scale: float = 1.0) -> torch.Tensor:
     """A head's loss from its dense (B, n_items) scores (the reference); ``pos_weight`` and
     ``rstar_scale``: the levers of the MSE heads (the module docstring)."""
     if name == "predict":
@@ -412,7 +434,8 @@ def head_loss(name: str, scores: torch.Tensor, batch: Batch, pos_weight: float =
 
 
 def linear_head_loss(name: str, head: nn.Linear, h: torch.Tensor, batch: Batch,
-                     pos_weight: float = 0.0, rstar_scale: float = 1.0) -> torch.Tensor:
+                     pos_weight: float | torch.Tensor = 0.0, rstar_scale: float = 1.0
+                     ) -> torch.Tensor:
     """``head_loss(name, head(h), batch, ...)`` without the (B, n_items) scores
     (models/autorec/losses.py)."""
     w, b = head.weight, head.bias
@@ -433,8 +456,10 @@ class OHNSAutoRec(AutoRec):
     embed_head = "ns"
     recommend_head = "ns"
     needs = frozenset({NEGATIVES})
-    # no predict head: nothing for --pos-weight to weigh (its NS loss has no confidence form here)
-    hyperparameters = {**{k: v for k, v in AutoRec.hyperparameters.items() if k != "pos_weight"},
+    # no predict head: nothing for --pos-weight or --emphasis to weigh (its NS loss has no
+    # confidence form here)
+    hyperparameters = {**{k: v for k, v in AutoRec.hyperparameters.items()
+                          if k not in ("pos_weight", "emphasis")},
                        "lam": LAM.but(default=2.0)}
     run_axes = {"paper": {"num_negatives": PAPER_NEGATIVES}}
     trainer = OHNSTraining  # its own learning rate and batch size

@@ -283,6 +283,9 @@ LEVERED = [(m, mode, levers) for m, levers in (
     ("nce-autorec", {"pos_weight": 3.0, "nce_scale": "head-weight", "rstar_mean_square": 2.5}),
     ("nce-autorec", {"pos_weight": 3.0, "nce_pos_weight": 20.0, "dropout": 0.4}),
     ("nce-autorec", {"nce_pos_weight": 5.0}),
+    ("autorec", {"dropout": 0.5, "emphasis": 4.0}),
+    ("nce-autorec", {"pos_weight": 3.0, "nce_pos_weight": 20.0, "dropout": 0.5,
+                     "emphasis": 4.0}),
     ("autorec", {"pos_weight": 3.0, "pop_l2": 1.0}),
     ("nce-autorec", {"pos_weight": 3.0, "pop_l2": 0.5, "embed_lam": 2.0}))
     for mode in ((None,) if m in ("autorec", "ohns-autorec") else
@@ -327,7 +330,7 @@ def test_the_levers_train_the_same_through_the_fast_losses(name, mode, levers):
 def test_the_levers_off_reproduce_the_paper_loss_exactly(name):
     """pos_weight 0, dropout 0 and nce_scale none give the same terms and gradients, bit for
     bit, as a model built without them (the paper's)."""
-    off = {"pos_weight": 0.0, "dropout": 0.0, "pop_l2": 0.0,
+    off = {"pos_weight": 0.0, "dropout": 0.0, "pop_l2": 0.0, "emphasis": 0.0,
            **({"nce_scale": "none"} if name != "autorec" else {})}
     batch = lever_batch()
     out = []
@@ -336,7 +339,7 @@ def test_the_levers_off_reproduce_the_paper_loss_exactly(name):
         model = build(name, {"n_items": 11, "width": 3, "lam": 0.5, "lam_units": "plain",
                              **args}).double()
         out.append(step_terms_and_grads(model, batch, phases_of(model)[0][0], seed=3))
-        assert not {"pos_weight", "dropout", "pop_l2"} & set(model.model_args())
+        assert not {"pos_weight", "dropout", "pop_l2", "emphasis"} & set(model.model_args())
     assert out[0][0] == out[1][0]
     for k in out[0][1]:
         assert torch.equal(out[0][1][k], out[1][1][k])
@@ -466,6 +469,70 @@ def test_dropout_is_the_dense_reference_on_the_corrupted_row_with_the_clean_targ
     want = mse_loss(model.heads["predict"](h), idx, offsets)  # against the uncorrupted row
     assert got.item() == pytest.approx(want.item(), rel=1e-12)
     assert got.item() != pytest.approx(model.eval()(batch)["predict"].item(), rel=1e-6)
+
+
+def test_per_positive_weights_fast_equal_dense_and_by_hand():
+    """A (nnz,) pos_weight: the fast loss equals the dense one with gradients (float64), a
+    constant tensor equals the number, and the dense value is checked by hand."""
+    from models.autorec.losses import linear_mse
+
+    h, w, bias, idx, offsets = random_head(seed=5)
+    per = torch.rand(len(idx), generator=torch.Generator().manual_seed(2)).double() * 5
+    dense = mse_loss(torch.nn.functional.linear(h, w, bias), idx, offsets, pos_weight=per)
+    fast = linear_mse(h, w, bias, idx, offsets, pos_weight=per)
+    assert fast.item() == pytest.approx(dense.item(), rel=1e-10)
+    for a, b in zip(grads(fast, (h, w, bias)), grads(dense, (h, w, bias))):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-12)
+    same = torch.full((len(idx),), 4.0, dtype=torch.float64)
+    assert linear_mse(h, w, bias, idx, offsets, pos_weight=same).item() == pytest.approx(
+        linear_mse(h, w, bias, idx, offsets, pos_weight=4.0).item(), rel=1e-12)
+    # SCORES' positives (0.5, 1 and 2 against 1) weigh 1 + 2, 1 + 5 and 1 + 6:
+    # 3 (0.5-1)^2 + 6 (1-1)^2 + 7 (2-1)^2 = 7.75 over 6 entries
+    assert mse_loss(SCORES, POS, POS_OFF, pos_weight=torch.tensor([2.0, 5.0, 6.0])).item() == \
+        pytest.approx(7.75 / 6)
+
+
+def test_emphasis_weighs_the_dropped_positives_alone():
+    """emphasis e: a positive dropped from the input weighs 1 + pos_weight + e, a kept one
+    1 + pos_weight: the predict term is the dense reference with those weights, on the code of
+    the same draw."""
+    from models.autorec.model import dropout_weights
+
+    p, e, a = 0.5, 4.0, 2.0
+    torch.manual_seed(0)
+    model = build("autorec", {"lam_units": "plain", "n_items": 11, "width": 3, "lam": 0.0,
+                              "dropout": p, "pos_weight": a, "emphasis": e}).double()
+    model.dense_loss = False
+    batch = lever_batch()
+    idx, offsets = batch.train_items, batch.train_offsets
+    torch.manual_seed(11)
+    got = model(batch)["predict"]
+    torch.manual_seed(11)
+    keep = dropout_weights(len(idx), p, model.encoder.weight)
+    dropped = keep == 0
+    assert dropped.any() and not dropped.all()
+    x = densify(idx, offsets, keep, 11, torch.float64)
+    h = torch.relu(x @ model.encoder.weight + model.encoder_bias)
+    scores = model.heads["predict"](h)
+    want = mse_loss(scores, idx, offsets, pos_weight=a + e * dropped.double())
+    assert got.item() == pytest.approx(want.item(), rel=1e-10)
+    assert got.item() > mse_loss(scores, idx, offsets, pos_weight=a).item()
+    assert model.model_args()["emphasis"] == e
+    # in eval mode nothing is dropped, so nothing is emphasised: 1 + pos_weight on the clean code
+    model.eval()
+    clean = model.heads["predict"](model.encode(idx, offsets))
+    assert model(batch)["predict"].item() == pytest.approx(
+        mse_loss(clean, idx, offsets, pos_weight=a).item(), rel=1e-10)
+
+
+@pytest.mark.parametrize("name,args", [("autorec", {"emphasis": 2.0}),
+                                       ("ns-autorec", {"emphasis": -1.0, "dropout": 0.5})])
+def test_emphasis_needs_dropout_and_a_predict_head(name, args):
+    with pytest.raises(ValueError, match="emphasis weighs the positives --dropout drops"):
+        build(name, {"lam_units": "plain", "n_items": 11, "width": 3, "lam": 0.0, **args})
+    from models.registry import MODELS
+
+    assert "emphasis" not in MODELS["ohns-autorec"].hyperparameters
 
 
 def test_dropout_is_off_in_eval_and_when_scoring():
