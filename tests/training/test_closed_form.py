@@ -78,16 +78,63 @@ def test_ease_refuses_a_catalogue_it_cannot_hold(monkeypatch):
 
 
 def test_ease_serves_a_model_it_could_not_fit_here(monkeypatch):
-    """Scoring builds the model to load B (4 n^2 bytes); only a fit needs the float64 matrices
-    (28 n^2): an executor with room for B but not for a fit must still serve it."""
+    """Scoring builds the model to load B (4 n^2 bytes); only a fit needs its n x n matrix and
+    the sparse Gram: an executor with room for B but not for a fit must still serve it."""
     from models import closed_form
 
     n = 2000
-    monkeypatch.setattr(closed_form, "available_memory", lambda: 20 * n * n)
+    monkeypatch.setattr(closed_form, "available_memory", lambda: 5 * n * n)
     model = build("ease", {"n_items": n, "lam": 100.0})  # holding B fits
+    full = sp.csr_matrix(np.ones((3, n), dtype=np.float32))  # X'X dense: 12 n^2 bytes sparse
     with pytest.raises(UsageError, match=r"ease on 2,000 items needs 0\.1 GiB for fitting its n x n "
-                                         r"matrices"):
-        model.fit(sp.csr_matrix((3, n), dtype=np.float32))
+                                         r"matrix in place \(float32"):
+        model.fit(full)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_ease_solves_in_place_in_either_precision(data, dtype):
+    """``ease_weights`` returns the one dense array it solved in, B to within float32's rounding
+    of the float64 inverse, with a zero diagonal."""
+    from models.ease import ease_weights
+
+    r, _, _ = data
+    lam = 3.0
+    want = np.eye(N) - (p := np.linalg.inv(r.T @ r + lam * np.eye(N))) / np.diag(p)
+    b = ease_weights(sp.csr_matrix(r.astype(np.float32)), lam, dtype)
+    assert b.dtype == dtype and b.shape == (N, N) and b.flags.c_contiguous
+    assert not np.diagonal(b).any()
+    np.testing.assert_allclose(b, want, rtol=1e-4 if dtype == np.float32 else 1e-10,
+                               atol=1e-5 if dtype == np.float32 else 1e-12)
+
+
+def test_ease_falls_back_to_float32_when_float64_does_not_fit(monkeypatch, data):
+    """The same fit with memory for float64 and with memory for float32 only: the same top-10
+    lists for every user, and the precision recorded."""
+    from models import closed_form
+    from models.ease import fit_bytes, sparse_gram_bytes
+
+    r, _, _ = data
+    train = sp.csr_matrix(r.astype(np.float32))
+    # between a float32 fit (4 n^2 + the sparse Gram) and a float64 one (12 n^2 + it)
+    between = sparse_gram_bytes(train) + (fit_bytes(N, np.float32) + fit_bytes(N)) / 2
+    out = {}
+    for have in (10**9, int(between / closed_form.USABLE_MEMORY)):
+        monkeypatch.setattr(closed_form, "available_memory", lambda have=have: have)
+        model = build("ease", {"n_items": N, "lam": 3.0})
+        info = model.fit(train)
+        out[info["fit_dtype"]] = (r @ model.weights.numpy().astype(np.float64))
+    assert set(out) == {"float64", "float32"}
+    np.testing.assert_array_equal(np.argsort(-out["float64"], 1)[:, :10],
+                                  np.argsort(-out["float32"], 1)[:, :10])
+
+
+def test_mirror_lower_copies_the_lower_triangle_in_bands():
+    from models.ease import mirror_lower
+
+    a = np.arange(49.0).reshape(7, 7)
+    want = np.tril(a) + np.tril(a, -1).T
+    mirror_lower(a, block=3)  # bands that do not divide n
+    np.testing.assert_array_equal(a, want)
 
 
 def test_nce_plrec_needs_rstar():
