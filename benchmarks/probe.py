@@ -6,10 +6,12 @@
 A probe sizes a search before it runs (issue 57: which lever moves validation on a new set, and
 what an epoch costs): any ``training/train.py`` field as KEY=VALUE (hyperparameters included),
 trained through the trainer's own epochs in one process without Ray (``tune_defaults.train_one``:
-the maths of a one-worker Ray run). Printed, one JSON line: the configuration, the best
-validation NDCG (the trainer's, on ``valid_sample`` of the users) and its epoch, the seconds, the
-curve, and Recall@20 and NDCG@20 (truncated: LightGCN's, over min(|T|, 20)) of the model as it is
-at the end, on every validation user. Validation only: a probe never reads test.
+the maths of a one-worker Ray run); a closed form (nce-plrec, ease, puresvd, popularity) is
+fitted in this process on the train split, as its Ray task would. Printed, one JSON line: the
+configuration, the best validation NDCG (the trainer's, on ``valid_sample`` of the users) and
+its epoch, the seconds, the curve, and Recall@20 and NDCG@20 (truncated: LightGCN's, over
+min(|T|, 20)) of the model as it is at the end, on every validation user. Validation only: a
+probe never reads test.
 """
 
 from __future__ import annotations
@@ -64,6 +66,26 @@ def valid_metrics(net, valid, k: int = K) -> tuple[float, float]:
     return at_k(np.concatenate(tops), truth, k)
 
 
+def fit_one(cfg: TrainConfig, prep, rows) -> dict:
+    """A closed form fitted in this process on the train split (``training.closed_form``'s own
+    matrices and validation), in ``train_one``'s shape."""
+    from models.registry import MODELS
+    from training.closed_form import matrices, validate
+
+    cls = MODELS[cfg.model]
+    if getattr(cls, "engine", None) == "spark":
+        raise SystemExit(f"model={cfg.model}: it fits on Spark, not in this process; search it with "
+                         "experiment/run.py")
+    torch.manual_seed(cfg.seed)
+    t0 = time.perf_counter()
+    model = cls.from_config(prep.n_items, cfg.hyperparameters())
+    info = model.fit(*matrices(prep, cfg, rows), seed=cfg.seed)
+    fit_s = time.perf_counter() - t0
+    ndcg, _, _ = validate(model.eval(), rows, cfg.valid_sample)
+    return {"net": model, "best_ndcg": ndcg, "best_epoch": 1, "epochs": 1,
+            "curve": [(fit_s, ndcg)], "info": info}
+
+
 def parse(pairs: list[str]) -> dict:
     out = {}
     for pair in pairs:
@@ -91,7 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     first = {k: settings.pop(k) for k in ("model", "batch_size") if k in settings}
     cfg = replace(TrainConfig(data=args.data, **first), **settings)
     t0 = time.perf_counter()
-    r = train_one(cfg, prep, rows, valid)
+    from models.registry import MODELS
+
+    closed = MODELS[cfg.model].kind == "closed-form"
+    r = fit_one(cfg, prep, rows) if closed else train_one(cfg, prep, rows, valid)
     recall, ndcg = valid_metrics(r["net"], valid)
     line = json.dumps({"data": prep.dataset, "settings": {**first, **settings},
                        "best_valid_ndcg": round(r["best_ndcg"], 4), "best_epoch": r["best_epoch"],

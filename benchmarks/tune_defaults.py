@@ -49,6 +49,7 @@ from training.loop import (  # noqa: E402
     table_shards,
 )
 from training.step import phase_optimizers  # noqa: E402
+from training.train import STATISTICS_SPLIT  # noqa: E402
 
 # lambda in overlap units (models/autorec/): lambda * omega multiplies mean(W^2). The plain
 # form's best values, 10-30 on ml-100k and ml-latest-small and about 0.3 on citeulike-a, are
@@ -68,7 +69,8 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid, watch=None) -> dict
     beside NDCG, e.g. the code's rank)."""
     torch.manual_seed(cfg.seed)
     plan = WorkerPlan(cfg=cfg, feed=F.plan(MODELS[cfg.model], prep, cfg), n_items=prep.n_items,
-                      n_users=prep.n_users, data=MODELS[cfg.model].trainer.data_statistics(prep),
+                      n_users=prep.n_users,
+                      data=MODELS[cfg.model].trainer.data_statistics(prep, STATISTICS_SPLIT, cfg),
                       head_items=head_items(prep.pop_train), popularity=prep.pop_train)
     model, policy = build_model(cfg, prep.n_items, prep.n_users, plan.data, plan.popularity)
     if MODELS[cfg.model].trainer.starts_from_data(cfg):  # e.g. --start-from svd, as train.py

@@ -48,3 +48,49 @@ def test_settings_are_key_value_pairs():
         "width": 500, "model": "autorec", "dropout": 0.5}
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         probe.parse(["width"])
+
+
+def test_a_closed_form_is_fitted_in_process_and_validated_as_its_run_would(small_prepared, tmp_path,
+                                                                           capsys):
+    """model=ease: fitted here on the train split; the line's validation NDCG is
+    training.closed_form's on the same model, and its Recall@20 probe's own metric of it."""
+    import json
+
+    from benchmarks.tune_defaults import load
+    from models.registry import build
+    from training.closed_form import matrices, validate
+    from training.config import TrainConfig
+
+    out = tmp_path / "probes.jsonl"
+    assert probe.main(["--data", str(small_prepared), "model=ease", "lam=200",
+                       "--out", str(out)]) == 0
+    line = json.loads(out.read_text())
+    assert line["settings"] == {"model": "ease", "lam": 200} and line["epochs"] == 1
+    prep, rows, valid = load(str(small_prepared))
+    cfg = TrainConfig(data=str(small_prepared), model="ease", lam=200.0)
+    model = build("ease", {"n_items": prep.n_items, "lam": 200.0})
+    model.fit(*matrices(prep, cfg, rows))
+    ndcg, _, _ = validate(model.eval(), rows, cfg.valid_sample)
+    assert line["best_valid_ndcg"] == round(ndcg, 4) > 0
+    recall, ndcg20 = probe.valid_metrics(model, valid)
+    assert (line["valid_recall@20"], line["valid_ndcg@20"]) == (round(recall, 4), round(ndcg20, 4))
+    with pytest.raises(SystemExit, match="wrmf.*fits on Spark.*experiment/run.py"):
+        probe.main(["--data", str(small_prepared), "model=wrmf"])
+
+
+def test_a_probe_takes_the_statistics_its_settings_need(small_prepared):
+    """--nce-scale rms needs mean(R*^2) at the run's beta: train_one asks the training policy
+    with the run's config, as train.py does (it once asked without, and the model refused)."""
+    from benchmarks.tune_defaults import load, train_one
+    from models.autorec.training import NCETraining
+    from training.config import TrainConfig
+
+    prep, rows, valid = load(str(small_prepared))
+    cfg = TrainConfig(data=str(small_prepared), model="nce-autorec", width=16, epochs=1,
+                      nce_scale="rms", beta=0.8)
+    net = train_one(cfg, prep, rows, valid)["net"]
+    want = NCETraining.data_statistics(prep, "train", cfg)["rstar_mean_square"]
+    assert net.rstar_mean_square == pytest.approx(want) and want > 0
+    other = NCETraining.data_statistics(prep, "train", TrainConfig(
+        data=str(small_prepared), model="nce-autorec", nce_scale="rms", beta=1.0))
+    assert other["rstar_mean_square"] != pytest.approx(want)  # the run's beta, not a default
