@@ -45,6 +45,7 @@ loss for loss (tests/models/test_losses.py), each in the fast loss and its dense
                  (a dropped zero is still zero), and weighting random zeros up would only rescale
                  the zeros' loss in expectation, which pos_weight already searches. A per-positive
                  weight in the same O(nnz d) term as pos_weight. Needs dropout > 0; 0 is off.
+                 Fine-tune phase 2 starts as-is, as with pos_weight.
     pop_l2       popularity-scaled L2 (issue 57): item i's rows of the encoder and of every head
                  weigh w_i = ((c_i + 1) / mean(c + 1))^pop_l2 in the L2 term, normalised to
                  mean 1 (the same total strength, moved toward the popular items), c the train

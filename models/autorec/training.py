@@ -121,7 +121,8 @@ class AutoRecTraining(Training):
         path = given("loss_path") or "auto"
         if path != "auto":
             model.dense_loss = path == "dense"
-        init = given("finetune_init") or self.default_finetune_init({"pos_weight": model.pos_weight})
+        init = given("finetune_init") or self.default_finetune_init(
+            {"pos_weight": model.pos_weight, "emphasis": model.emphasis})
         self.start_from_ridge = init == "ridge"
         self.finetune_lr = given("finetune_lr")
         self.phase1_lr = given("finetune_phase1_lr")
@@ -143,20 +144,22 @@ class AutoRecTraining(Training):
 
     @classmethod
     def combination_problem(cls, hp: dict, options: dict) -> str | None:
-        """A confidence weight with the ridge start of fine-tune phase 2: the start solves the
-        unweighted normal equations (one (d+1)^2 system for every item); the weighted ones
-        differ per item (WRMF's), which ``ridge`` does not solve."""
-        if hp.get("pos_weight") and hp.get("mode") in FINETUNE_MODES \
-                and options.get("finetune_init") == "ridge":
-            return (f"--finetune-init ridge with --pos-weight {hp['pos_weight']:g}: the ridge "
-                    "start solves the unweighted loss, not the weighted one; pass "
-                    "--finetune-init as-is (the default with --pos-weight) or --pos-weight 0")
+        """A weight on positives (``--pos-weight``, ``--emphasis``) with the ridge start of
+        fine-tune phase 2: the start solves the unweighted normal equations (one (d+1)^2 system
+        for every item); the weighted ones differ per item (WRMF's), which ``ridge`` does not
+        solve."""
+        flag = weighting(hp)
+        if flag and hp.get("mode") in FINETUNE_MODES and options.get("finetune_init") == "ridge":
+            return (f"--finetune-init ridge with --{flag.replace('_', '-')} {hp[flag]:g}: the "
+                    "ridge start solves the unweighted loss, not the weighted one; pass "
+                    f"--finetune-init as-is (the default with --{flag.replace('_', '-')}) or "
+                    f"--{flag.replace('_', '-')} 0")
         return None
 
     @classmethod
     def default_finetune_init(cls, hp: dict) -> str:
-        """ridge, or as-is with a confidence weight (``combination_problem``)."""
-        return "as-is" if hp.get("pos_weight") else "ridge"
+        """ridge, or as-is with a weight on positives (``combination_problem``)."""
+        return "as-is" if weighting(hp) else "ridge"
 
     @classmethod
     def takes_option(cls, name: str, hp: dict) -> bool:
@@ -309,3 +312,8 @@ def rstar_mean_square(prep, beta: float | None, train_valid: bool) -> float:
     pop = (prep.pop_train_valid if train_valid else prep.pop_train).astype(np.float64)
     table = prep.rstar_table(prep.beta() if beta is None else beta, train_valid).astype(np.float64)
     return float(pop.dot(table ** 2) / max(pop.sum(), 1.0))
+
+
+def weighting(hp: dict) -> str | None:
+    """The first lever of ``hp`` that weighs positives up in the MSE heads, if any."""
+    return next((k for k in ("pos_weight", "emphasis") if hp.get(k)), None)

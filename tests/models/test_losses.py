@@ -612,3 +612,8 @@ def test_a_weighted_model_starts_fine_tune_phase_two_as_is():
     plan = model.trainer(model, SimpleNamespace(loss_path="auto", finetune_init=None,
                                                  finetune_lr=None))
     assert not plan.start_from_ridge
+    emphasised = build("nce-autorec", {"lam_units": "plain", "n_items": 11, "width": 3,
+                                       "mode": "full-finetune", "dropout": 0.5, "emphasis": 4.0})
+    plan = emphasised.trainer(emphasised, SimpleNamespace(loss_path="auto", finetune_init=None,
+                                                          finetune_lr=None))
+    assert not plan.start_from_ridge

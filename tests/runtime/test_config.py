@@ -92,6 +92,9 @@ def test_a_final_retraining_needs_phase_ones_length_where_the_model_converges_it
      "--finetune-phase1-lr 0.001: sets phase 1 of --mode"),
     ({"model": "nce-autorec", "mode": "limited-finetune", "pos_weight": 2.0,
       "finetune_init": "ridge"}, "--finetune-init ridge with --pos-weight 2: the ridge start"),
+    ({"model": "nce-autorec", "mode": "full-finetune", "dropout": 0.5, "emphasis": 4.0,
+      "finetune_init": "ridge"}, "--finetune-init ridge with --emphasis 4: the ridge start"),
+    ({"model": "ohns-autorec", "emphasis": 4.0}, "--emphasis 4.0: ohns-autorec does not take"),
 ])
 def test_a_lever_a_model_does_not_take_is_refused_in_one_line(flags, said):
     from prepared.errors import UsageError
