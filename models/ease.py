@@ -4,12 +4,13 @@ paper; the strongest simple baseline in recent comparisons, so a comparison with
     P = (X^T X + lambda I)^-1,   B = I - P diag(1 / diag(P))   (so diag(B) = 0),   scores = x B
 
 X is the binary training matrix. The state is the dense n_items x n_items matrix B. The fit works
-in place on one dense matrix: the Gram matrix becomes its Cholesky factor, then P (LAPACK potrf,
-potri), then B, so its peak is one n x n matrix plus the sparse Gram. It solves in float64 where
-that and B's float32 copy fit in memory (every result before issue 57 was fitted so), else in
-float32 (Gowalla's 40,981 items: 6.3 GiB instead of 19; float32 keeps B to about 1e-5 of its
-float64 value, tests/training/test_closed_form.py). A catalogue that fits neither way is refused
-before allocating, with the size it would need. Unseen users fold in (x B).
+in one dense matrix: the Gram matrix becomes its Cholesky factor, then P, then B
+(``ease_weights``), so its peak is two n x n matrices (LAPACK's column-major copy inside each
+call) plus the sparse Gram. It solves in float64 where that and B's float32 copy fit in memory
+(every result before issue 57 was fitted so), else in float32 (Gowalla's 40,981 items: 12.5 GiB
+instead of 31; float32 keeps B to about 1e-5 of its float64 value,
+tests/training/test_closed_form.py). A catalogue that fits neither way is refused before
+allocating, with the size it would need. Unseen users fold in (x B).
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ class EASE(ClosedForm):
         dtype = fit_dtype(self.n_items, sparse_gram_bytes(train))
         if dtype is None:
             check_memory(self, fit_bytes(self.n_items, np.float32) + sparse_gram_bytes(train),
-                         "fitting its n x n matrix in place (float32: the Gram matrix, then P, "
-                         "then B) and the sparse Gram matrix", INSTEAD)
+                         "fitting its n x n matrix (float32: the Gram matrix, then P, then B, "
+                         "and LAPACK's copy) and the sparse Gram matrix", INSTEAD)
         t0 = time.perf_counter()
         b = ease_weights(train, self.lam, dtype)
         # the float32 solve's array becomes the state as it is: no second n x n copy
@@ -76,10 +77,10 @@ class EASE(ClosedForm):
 
 
 def fit_bytes(n_items: int, dtype=np.float64) -> int:
-    """Peak bytes of a fit's dense matrices: the n x n matrix solved in place, and in float64
-    B's float32 copy beside it."""
+    """Peak bytes of a fit's dense matrices: the n x n matrix solved in place, the column-major
+    copy LAPACK's Cholesky and inverse each make of it, and in float64 B's float32 copy."""
     size = np.dtype(dtype).itemsize
-    return n_items * n_items * (size + (4 if size != 4 else 0))
+    return n_items * n_items * (2 * size + (4 if size != 4 else 0))
 
 
 def sparse_gram_bytes(train) -> int:
@@ -102,37 +103,20 @@ def fit_dtype(n_items: int, sparse_bytes: int):
 
 
 def ease_weights(train, lam: float, dtype=np.float64) -> np.ndarray:
-    """B = I - P diag(1 / diag(P)), P = (X'X + lam I)^-1, in ``dtype``, computed in place in one
-    dense (n, n) array, which is returned."""
-    from scipy.linalg import lapack
-
+    """B = I - P diag(1 / diag(P)), P = (X'X + lam I)^-1, in ``dtype``, computed in one dense
+    (n, n) array, which is returned: the Gram matrix becomes its Cholesky factor, then P
+    (torch's LAPACK calls with ``out=`` the same array). scipy's LAPACK wrappers would overwrite
+    without a copy, but its bundled OpenBLAS's spotrf crashed (SIGSEGV) at Gowalla's 40,981
+    items; torch's (MKL) took 107 s and 242 s there on 2 cores, peaking at 14 GiB."""
     gram = (train.T @ train).astype(dtype).toarray(order="C")  # X'X symmetric
     gram[np.diag_indices_from(gram)] += lam
-    potrf, potri = ((lapack.spotrf, lapack.spotri) if np.dtype(dtype) == np.float32
-                    else (lapack.dpotrf, lapack.dpotri))
-    # the transpose of a C-ordered symmetric matrix is itself in Fortran order, which LAPACK
-    # overwrites without a copy; its upper triangle is the C array's lower one
-    factor, info = potrf(gram.T, lower=0, clean=0, overwrite_a=1)
-    if info != 0:
-        raise ValueError(f"ease: X'X + lam I is not positive definite (LAPACK potrf info {info}); "
+    a = torch.from_numpy(gram)
+    _, info = torch.linalg.cholesky_ex(a, out=(a, torch.empty((), dtype=torch.int32)))
+    if int(info) != 0:
+        raise ValueError(f"ease: X'X + lam I is not positive definite (Cholesky info {int(info)}); "
                          f"lam {lam:g} must be > 0")
-    inverse, info = potri(factor, lower=0, overwrite_c=1)
-    if info != 0 or not np.shares_memory(inverse, gram):
-        raise RuntimeError(f"ease: LAPACK potri failed in place (info {info})")
-    mirror_lower(gram)
+    torch.cholesky_inverse(a, out=a)  # the whole symmetric inverse, into the same array
     diag = gram.diagonal().copy()
     np.divide(gram, -diag, out=gram)  # column j over -P_jj
     gram[np.diag_indices_from(gram)] = 0.0
     return gram
-
-
-def mirror_lower(a: np.ndarray, block: int = 2048) -> None:
-    """Copy the lower triangle of the square C-ordered ``a`` onto its upper one, a band of rows
-    at a time (the transposed copy of a whole triangle would need another n x n array)."""
-    n = a.shape[0]
-    for r0 in range(0, n, block):
-        r1 = min(r0 + block, n)
-        a[r0:r1, r1:] = a[r1:, r0:r1].T
-        sq = a[r0:r1, r0:r1]
-        upper = np.triu_indices(r1 - r0, 1)
-        sq[upper] = sq.T[upper]

@@ -83,11 +83,11 @@ def test_ease_serves_a_model_it_could_not_fit_here(monkeypatch):
     from models import closed_form
 
     n = 2000
-    monkeypatch.setattr(closed_form, "available_memory", lambda: 5 * n * n)
+    monkeypatch.setattr(closed_form, "available_memory", lambda: 6 * n * n)
     model = build("ease", {"n_items": n, "lam": 100.0})  # holding B fits
     full = sp.csr_matrix(np.ones((3, n), dtype=np.float32))  # X'X dense: 12 n^2 bytes sparse
     with pytest.raises(UsageError, match=r"ease on 2,000 items needs 0\.1 GiB for fitting its n x n "
-                                         r"matrix in place \(float32"):
+                                         r"matrix \(float32"):
         model.fit(full)
 
 
@@ -115,7 +115,7 @@ def test_ease_falls_back_to_float32_when_float64_does_not_fit(monkeypatch, data)
 
     r, _, _ = data
     train = sp.csr_matrix(r.astype(np.float32))
-    # between a float32 fit (4 n^2 + the sparse Gram) and a float64 one (12 n^2 + it)
+    # between a float32 fit (8 n^2 + the sparse Gram) and a float64 one (20 n^2 + it)
     between = sparse_gram_bytes(train) + (fit_bytes(N, np.float32) + fit_bytes(N)) / 2
     out = {}
     for have in (10**9, int(between / closed_form.USABLE_MEMORY)):
@@ -126,15 +126,6 @@ def test_ease_falls_back_to_float32_when_float64_does_not_fit(monkeypatch, data)
     assert set(out) == {"float64", "float32"}
     np.testing.assert_array_equal(np.argsort(-out["float64"], 1)[:, :10],
                                   np.argsort(-out["float32"], 1)[:, :10])
-
-
-def test_mirror_lower_copies_the_lower_triangle_in_bands():
-    from models.ease import mirror_lower
-
-    a = np.arange(49.0).reshape(7, 7)
-    want = np.tril(a) + np.tril(a, -1).T
-    mirror_lower(a, block=3)  # bands that do not divide n
-    np.testing.assert_array_equal(a, want)
 
 
 def test_nce_plrec_needs_rstar():
