@@ -24,6 +24,7 @@ OUT (published atomically; manifest.json is written last):
 
 Every file whose scoring manifest names its MLflow training run gets its metrics (with _ci95) and
 the plots logged into that run; a file without one gets a new run in the experiment 'evaluation'.
+The paired comparisons are ``evaluation.paired``'s, the logging ``evaluation.mlflow_log``'s.
 """
 
 from __future__ import annotations
@@ -43,13 +44,14 @@ import io
 import json
 import logging
 import math
-import tempfile
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from evaluation import plots
+from evaluation.mlflow_log import log_to_mlflow
+from evaluation.paired import PAIRED, best_other, compared_labels, paired, paired_csv, paired_table
 from evaluation.popularity import summary_from_counts
 from evaluation.score import MARKER as RECS_MARKER
 from evaluation.score import read_user_ids
@@ -248,156 +250,6 @@ def cold_start(users_df, labels: list[str], values=None):
     return users, points, tallies
 
 
-PAIRED = ("NDCG", "Recall@50")
-COMPARISONS = ("first", "best")  # paired.csv's comparison column: against the first label, or
-# against the best of the others
-
-
-def compared_labels(compare: tuple[str, ...] | None, labels: list[str]) -> list[str]:
-    """The labels ``--compare`` names (every label without it), checked against the files'."""
-    if not compare:
-        return labels
-    unknown = [c for c in compare if c not in labels]
-    if unknown:
-        raise UsageError(f"--compare {' '.join(compare)}: no file is labelled "
-                         f"{', '.join(unknown)}; the labels are {', '.join(labels)} (--labels)")
-    return list(compare)
-
-
-def best_other(rows: list[dict], labels: list[str]) -> str | None:
-    """The label other than the first with the highest mean NDCG of the warm users in ``rows``
-    (``summary_rows``'), the reference of the "best" comparisons; None with fewer than 3 labels,
-    where against the best would repeat against the first."""
-    ndcg = {r["label"]: r["mean"] for r in rows if r["group"] == "warm" and r["metric"] == "NDCG"}
-    others = [label for label in labels[1:] if label in ndcg]
-    return max(others, key=lambda label: ndcg[label]) if len(labels) > 2 and others else None
-
-
-def side_by_side(warm, labels: list[str]):
-    """(one row per user with each label's PAIRED values side by side, {(label, key): column})
-    from the long per-user rows ``warm`` (label, user_id, the metric keys): one shuffle by
-    user."""
-    from pyspark.sql import functions as F
-
-    keys = [metric_key(m) for m in PAIRED]
-    column_of = {(label, k): f"_v{i}_{j}" for i, label in enumerate(labels)
-                 for j, k in enumerate(keys)}
-    wide = (warm.filter(F.col("label").isin(labels)).groupBy("user_id")
-            .agg(*[F.max(F.when(F.col("label") == label, F.col(k))).alias(column_of[label, k])
-                   for label in labels for k in keys]))
-    return wide, column_of
-
-
-def differences(wide, column_of: dict, plan: list[tuple[str, str, list[str]]]):
-    """Long DataFrame (comparison, reference, label, metric, d) of the per-user differences of
-    each ``plan`` entry (comparison, reference, others): ``reference`` minus each of ``others``,
-    over the users both evaluated, for each of PAIRED. ``wide``: one row per user, each label's
-    values in the columns ``column_of[label, metric key]`` (null: not evaluated); no shuffle."""
-    from pyspark.sql import functions as F
-
-    keys = [metric_key(m) for m in PAIRED]
-    entries = F.array(*[F.struct(F.lit(comparison).alias("comparison"),
-                                 F.lit(reference).alias("reference"), F.lit(label).alias("label"),
-                                 F.lit(m).alias("metric"),
-                                 (F.col(column_of[reference, k])
-                                  - F.col(column_of[label, k])).alias("d"))
-                        for comparison, reference, rest in plan for label in rest
-                        for m, k in zip(PAIRED, keys)])
-    return (wide.select(F.explode(entries).alias("_x"))
-            .select("_x.comparison", "_x.reference", "_x.label", "_x.metric", "_x.d")
-            .filter(F.col("d").isNotNull()))  # a user one of them lacks, or lists too short
-
-
-def paired(users_df, labels: list[str], best: str | None = None, side=None) -> list[dict]:
-    """Per-user paired differences over the warm users both evaluated: the first label minus each
-    other one (comparison "first") and, given ``best`` (``best_other``), the best minus each label
-    that is neither the first nor the best (comparison "best").
-
-    Each: mean and 95% CI half-width (1.96 std / sqrt(n), ddof 0, as every CI here; a
-    t-interval's 1.96 holds from a few hundred users on), n, the share of users the reference wins
-    or loses, and two-sided p-values of the paired t-test (``t_p``) and the Wilcoxon signed-rank
-    test (``wilcoxon_p``), as scipy.stats computes them (evaluation/significance.py). Holm's
-    correction (``t_p_holm``, ``wilcoxon_p_holm``) runs over one family per test and per metric:
-    every comparison of that metric in the list, against the first and against the best alike.
-    Two models' CIs that overlap can still differ with a CI on their difference that excludes
-    zero: the users are the same, and much of each user's variance is shared.
-
-    ``side``: (wide, column_of) as ``side_by_side`` gives them, over the warm users, where the
-    caller has them (evaluate.py: its per-user table); else built from ``users_df``'s warm rows."""
-    from pyspark.sql import functions as F
-
-    from evaluation.significance import holm, paired_moments, t_test_p
-
-    if len(labels) < 2:
-        return []
-    plan = [("first", labels[0], labels[1:])]
-    others = [label for label in labels[1:] if label != best]
-    if best is not None and others:
-        plan.append(("best", best, others))
-    if side is None:
-        side = side_by_side(users_df.filter(F.col("group") == "warm"), labels)
-    diffs = differences(*side, plan)
-    keys = ["comparison", "reference", "label", "metric"]
-    moments, signed_rank = paired_moments(diffs, keys)
-    out = []
-    for comparison, reference, rest in plan:
-        for label in rest:
-            for m in PAIRED:
-                r = moments.get((comparison, reference, label, m))
-                if r is None:  # no shared user, or lists too short
-                    continue
-                n = int(r["n"])
-                w = signed_rank.get((comparison, reference, label, m))
-                out.append({"reference": reference, "label": label, "metric": m,
-                            "comparison": comparison, "mean_difference": float(r["mean"]),
-                            "ci95": float(1.96 * math.sqrt(r["var"] or 0.0) / n ** 0.5), "users": n,
-                            "reference_better": float(r["wins"]),
-                            "reference_worse": float(r["losses"]),
-                            "t_p": t_test_p(n, float(r["mean"]), r["sd"]),
-                            "wilcoxon_p": w["p"] if w else math.nan})  # w None: all d are 0
-    for m in PAIRED:  # one Holm family per test and metric
-        mine = [r for r in out if r["metric"] == m]
-        for test in ("t_p", "wilcoxon_p"):
-            for r, p in zip(mine, holm([r[test] for r in mine])):
-                r[f"{test}_holm"] = p
-    return out
-
-
-def p_value(p: float) -> str:
-    """Two significant digits (0.0031, 1.2e-08); "–" where the test is undefined."""
-    return "–" if math.isnan(p) else f"{p:.2g}"
-
-
-def paired_table(rows: list[dict]) -> str:
-    """``A − B  NDCG  +0.0031 ± 0.0024 (excludes 0; ...) p = 0.003 (t), 0.004 (Wilcoxon), Holm``
-    lines."""
-    width = max(len(f"{r['reference']} − {r['label']}") for r in rows)
-    lines = []
-    for r in rows:
-        d, ci = r["mean_difference"], r["ci95"]
-        verdict = ("excludes 0" if abs(d) > ci else "includes 0")
-        lines.append(f"{r['reference'] + ' − ' + r['label']:<{width}}  {r['metric']:<10} "
-                     f"{d:+.4f} ± {ci:.4f} ({verdict}; better for {r['reference_better']:.0%} "
-                     f"of {r['users']:,} users, worse for {r['reference_worse']:.0%}); "
-                     f"p = {p_value(r['t_p_holm'])} (t), {p_value(r['wilcoxon_p_holm'])} "
-                     "(Wilcoxon), Holm-corrected")
-    return "\n".join(lines)
-
-
-def paired_csv(rows: list[dict]) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(["reference", "label", "metric", "mean_difference", "ci95", "users",
-                "reference_better", "reference_worse", "comparison", "t_p", "wilcoxon_p",
-                "t_p_holm", "wilcoxon_p_holm"])
-    for r in rows:
-        w.writerow([r["reference"], r["label"], r["metric"], f"{r['mean_difference']:.6f}",
-                    f"{r['ci95']:.6f}", r["users"], f"{r['reference_better']:.4f}",
-                    f"{r['reference_worse']:.4f}", r["comparison"],
-                    *[f"{r[k]:.6g}" for k in ("t_p", "wilcoxon_p", "t_p_holm", "wilcoxon_p_holm")]])
-    return buf.getvalue()
-
-
 def table(rows: list[dict], labels: list[str], group: str) -> str:
     """The paper's table (mean ± 95% CI) for one user group."""
     by = {(r["label"], r["metric"]): r for r in rows if r["group"] == group}
@@ -424,109 +276,6 @@ def metrics_csv(rows: list[dict]) -> str:
         w.writerow([r["label"], r["group"], r["target"], name, "" if k is None else k,
                     f"{r['mean']:.6f}", f"{r['ci95']:.6f}", r["users"]])
     return buf.getvalue()
-
-
-# what each run shows as metrics in MLflow: the paper's headline pair, the popularity share, the
-# paired differences; every metric at every K and group goes into the run's metrics table instead
-# (``evaluation-TARGET/metrics_table.json``), so the UI's metric list is a dozen names, not 150
-KEY_METRICS = PAIRED
-KEY_POPULARITY = ("share_top10pct", "median_popularity", "coverage")
-KEY_PAIRED_TESTS = ("t_p_holm", "wilcoxon_p_holm")
-
-
-def key_metrics(label: str, rows: list[dict], pop: dict, pairs: list[dict], target: str
-                ) -> dict[str, float]:
-    """The MLflow metrics of ``label``'s run: ``TARGET_ndcg``, ``TARGET_recall_at_50`` with
-    ``_ci95`` and ``TARGET_users`` for warm users, the same as ``cold_*`` for cold users, three
-    popularity numbers, and (in the reference's run) ``TARGET_paired_M_minus_LABEL`` with
-    ``_ci95`` and the Holm-adjusted p-values."""
-    out = {}
-    for row in rows:
-        if row["label"] != label or row["metric"] not in KEY_METRICS:
-            continue
-        prefix = target if row["group"] == "warm" else "cold"
-        key = f"{prefix}_{metric_key(row['metric'])}"
-        out[key], out[key + "_ci95"] = row["mean"], row["ci95"]
-        out[f"{prefix}_users"] = row["users"]
-    out.update({f"{target}_popularity_{k}": pop[label][k] for k in KEY_POPULARITY
-                if label in pop})
-    for p in pairs:
-        if p["reference"] == label:
-            key = f"{target}_paired_{metric_key(p['metric'])}_minus_{metric_key(p['label'])}"
-            out[key], out[key + "_ci95"] = p["mean_difference"], p["ci95"]
-            # an undefined test (every difference 0) has no p-value: logged as none, not NaN
-            out.update({f"{key}_{t}": p[t] for t in KEY_PAIRED_TESTS if not math.isnan(p[t])})
-    return out
-
-
-def metrics_table(label: str, rows: list[dict]) -> dict:
-    """``label``'s every metric (each K, warm and cold) as an MLflow table artifact: one row per
-    metric, shown by the UI's artifact viewer and read back by ``MlflowClient.load_table``."""
-    mine = [r for r in rows if r["label"] == label]
-    columns = ["group", "metric", "K", "mean", "ci95", "users"]
-    data = [[r["group"], *split_name(r["metric"]), r["mean"], r["ci95"], r["users"]] for r in mine]
-    return {"columns": columns, "data": data}
-
-
-def mark_table(client, run_id: str, path: str) -> None:
-    """Tell the UI that ``path`` is a table (the tag ``MlflowClient.log_table`` sets; that call
-    would append to a table logged before, and a re-evaluation must replace it)."""
-    from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
-
-    tagged = json.loads(client.get_run(run_id).data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
-    if {"path": path, "type": "table"} not in tagged:
-        client.set_tag(run_id, MLFLOW_LOGGED_ARTIFACTS,
-                       json.dumps([*tagged, {"path": path, "type": "table"}]))
-
-
-def log_to_mlflow(recs: list[Recs], rows: list[dict], pop: dict, files: dict[str, bytes],
-                  target: str, output: str, uri_flag: str | None,
-                  pairs: list[dict] = ()) -> dict[str, str]:
-    """Each file's key metrics (``key_metrics``), its metrics table and the files into its
-    training run; returns label -> run id."""
-    from mlflow.entities import Metric
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    from runtime.tracking import add_test_description, check_reachable, experiment_id, tracking_uri
-
-    out = {}
-    ts = int(time.time() * 1000)
-    for r in recs:
-        uri = tracking_uri(uri_flag or r.manifest.get("mlflow_uri"))
-        check_reachable(uri)
-        client = MlflowClient(uri)
-        run_id = r.manifest.get("mlflow_run_id")
-        try:
-            if run_id:
-                client.get_run(run_id)
-        except MlflowException:
-            log.warning("MLflow run %s of %s is not in %s; logging into a new run", run_id,
-                        r.label, uri)
-            run_id = None
-        if not run_id:
-            run_id = client.create_run(experiment_id(client, uri, "evaluation"),
-                                       run_name=f"evaluate {r.label}").info.run_id
-            client.set_terminated(run_id)
-        metrics = [Metric(k, float(v), ts, 0)
-                   for k, v in key_metrics(r.label, rows, pop, pairs, target).items()]
-        for i in range(0, len(metrics), 500):
-            client.log_batch(run_id, metrics=metrics[i:i + 500])
-        client.set_tag(run_id, f"evaluation.{target}.output", output)
-        heads = [row for row in rows if row["label"] == r.label and row["group"] == "warm"
-                 and row["metric"] in PAIRED]  # the headline pair: NDCG, Recall@50
-        if heads:
-            add_test_description(client, run_id, target, (
-                f"({heads[0]['users']:,} warm users, mean ± 95% CI): " + ", ".join(
-                    f"{row['metric']} {row['mean']:.4f} ± {row['ci95']:.4f}" for row in heads)))
-        with tempfile.TemporaryDirectory() as d:
-            for name, data in files.items():
-                Path(d, name).write_bytes(data)
-            Path(d, "metrics_table.json").write_text(json.dumps(metrics_table(r.label, rows)))
-            client.log_artifacts(run_id, d, f"evaluation-{target}")
-        mark_table(client, run_id, f"evaluation-{target}/metrics_table.json")
-        out[r.label] = run_id
-    return out
 
 
 @dataclass(frozen=True)

@@ -172,7 +172,7 @@ def pool_over_seeds(spark, evaluation: Path, labels: dict[str, list[str]],
     evaluation's per-user values: the same comparisons as evaluate.py makes of one seed each,
     the first model minus each other and, with three or more, the best after the first (by the
     pooled test NDCG) minus each remaining one."""
-    from evaluation.evaluate import PAIRED, best_other
+    from evaluation.paired import PAIRED, best_other
     from evaluation.seeds import pooled_metrics, pooled_pairs
 
     users = spark.read.parquet(str(evaluation / "per_user"))

@@ -202,7 +202,7 @@ def test_a_user_missing_from_a_seed_is_left_out_of_every_seed(spark):
 @pytest.mark.spark
 def test_with_one_seed_the_pooled_numbers_are_evaluates(spark):
     """``--seeds 1``: the pooled mean, CI and paired tests are evaluate.py's own."""
-    from evaluation.evaluate import paired
+    from evaluation.paired import paired
     from evaluation.seeds import pooled_metrics, pooled_pairs
     from tests.spark_reference import summarise
 
@@ -226,7 +226,7 @@ def test_with_one_seed_the_pooled_numbers_are_evaluates(spark):
 
 
 def test_evaluate_compares_the_labels_compare_names_in_its_order():
-    from evaluation.evaluate import compared_labels
+    from evaluation.paired import compared_labels
     from prepared.errors import UsageError
 
     labels = ["a seed 0", "a seed 1", "b seed 0", "b seed 1"]

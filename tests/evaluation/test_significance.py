@@ -1,5 +1,5 @@
 """The paired tests of evaluation/significance.py against scipy.stats on the same differences, Holm
-against hand-computed values, and evaluate.paired's comparisons (against the first and against the
+against hand-computed values, and evaluation.paired's comparisons (against the first and against the
 best of the others) on a small Spark DataFrame against scipy and pandas."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from evaluation.evaluate import best_other, paired, paired_csv, paired_table
+from evaluation.paired import best_other, paired, paired_csv, paired_table
 from evaluation.significance import holm, t_test_p, wilcoxon_p, wilcoxon_spark
 
 
