@@ -53,7 +53,7 @@ from evaluation import plots
 from evaluation.mlflow_log import log_to_mlflow
 from evaluation.paired import PAIRED, best_other, compared_labels, paired, paired_csv, paired_table
 from evaluation.popularity import summary_from_counts
-from evaluation.score import MARKER as RECS_MARKER
+from evaluation.recs import Recs, check_recs, check_users, read_recs
 from evaluation.score import read_user_ids
 from evaluation.spark_metrics import METRICS, encode_lists, inverse_logs, metric_key, metrics_for, split_name
 from evaluation.user_table import (
@@ -66,128 +66,11 @@ from evaluation.user_table import (
 )
 from prepared import schema as S
 from prepared.errors import UsageError
-from prepared.protocol import KS, TABLE, TOP_K
+from prepared.protocol import TABLE, TOP_K
 from runtime.cli import add_options, option, strict_parser, values
 from runtime.progress import EVERY, info_lines, spark_progress
 
 log = logging.getLogger("evaluation")
-
-
-@dataclass
-class Recs:
-    path: str
-    label: str
-    manifest: dict      # the scoring manifest ({} for a file written elsewhere)
-    df: object          # Spark DataFrame: user_id string, item_ids array<string>
-    k: int              # list length evaluated: the file's k (its manifest's, else its longest
-                        # list), at most TOP_K; metrics beyond it are not computed
-
-
-def read_recs(spark, path: str, label: str | None) -> Recs:
-    """A recommendation file, its columns checked (user_id, item_ids best first)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, StringType
-
-    from prepared.files import FILES
-    from runtime.publish import Publisher, qualify, read_text
-
-    path = qualify(path)
-    jvm = spark.sparkContext._jvm
-    hpath = jvm.org.apache.hadoop.fs.Path(path)
-    fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    if not fs.exists(hpath):
-        raise UsageError(f"--recs {path}: no such file or directory; write one with "
-                         "spark-submit evaluation/score.py --model MODEL --data DIR --output RECS")
-    text = read_text(spark, f"{path}/{RECS_MARKER}")
-    manifest = json.loads(text) if text else {}
-    if manifest:  # written by evaluation/score.py: exactly the files it lists, or incomplete
-        if FILES not in manifest:
-            raise UsageError(f"--recs {path}: written by an older version (its {RECS_MARKER} lists "
-                             "no files); score it again with evaluation/score.py")
-        Publisher(spark, path, marker=RECS_MARKER).verify(path, manifest, f"--recs {path}")
-    try:
-        df = spark.read.parquet(path)
-    except Exception as e:
-        raise UsageError(f"--recs {path}: not a Parquet file or directory "
-                         f"({str(e).splitlines()[0][:200]})") from None
-    missing = [c for c in ("user_id", "item_ids") if c not in df.columns]
-    if missing:
-        raise UsageError(f"--recs {path}: missing column(s) {', '.join(missing)} (found: "
-                         f"{', '.join(df.columns)}); a recommendation file has user_id (string) and "
-                         "item_ids (list of item ids, best first), as evaluation/score.py writes")
-    t = df.schema["item_ids"].dataType
-    if not isinstance(t, ArrayType):
-        raise UsageError(f"--recs {path}: column item_ids is {t.simpleString()}, expected a list "
-                         "of item ids (best first)")
-    df = df.select(F.col("user_id").cast("string").alias("user_id"),
-                   F.col("item_ids").cast(ArrayType(StringType())).alias("item_ids"))
-    name = label or manifest.get("model_name") or path.rstrip("/").rsplit("/", 1)[-1]
-    k = manifest.get("k") or df.agg(F.max(F.size("item_ids"))).first()[0] or 0
-    if k < min(KS):
-        raise UsageError(f"--recs {path}: its lists hold {k} item(s); the smallest cut-off of the "
-                         f"metrics is {min(KS)}: score it again with --k {TOP_K}")
-    if k < TOP_K:
-        log.warning("%s: top-%d lists (%s): metrics at cut-offs above %d, and NDCG and "
-                    "R-Precision (defined on the top %d), are not computed; score with --k %d "
-                    "for all of them", name, k, "its manifest's k" if manifest.get("k") else
-                    "its longest list", k, TOP_K, TOP_K)
-    if k > TOP_K:  # the protocol's metrics are defined on the top-50 list
-        df = df.withColumn("item_ids", F.slice("item_ids", 1, TOP_K))
-    return Recs(path=path, label=name, manifest=manifest, df=df, k=min(k, TOP_K))
-
-
-def check_recs(wide, files: list[Recs], prep) -> None:
-    """Refuse lists whose metrics would be wrong without showing it, naming the first offending
-    user (in user_id order) and the fix: a user not in ``prep`` (lists for another dataset), an
-    item outside its catalogue, a user on more than one row (counted once per row in every mean),
-    a list that repeats an item (a repeated true item is a hit at each of its positions: one can
-    give NDCG and Recall@50 far above 1). The files in order, each's checks in that order.
-    ``wide``: the per-user table (evaluation/user_table.py), which holds each user's row count,
-    smallest stray id and repeat per file. One aggregation for every file: one row of counts and
-    first offenders reaches the driver, whatever the number of users."""
-    from pyspark.sql import functions as F
-
-    none = F.lit(None).cast("string")
-    aggs = []
-    for i, _ in enumerate(files):
-        rows, stray, repeat = (F.col(column(i, c)) for c in ("rows", "stray", "repeat"))
-        checks = {"unknown": ((rows > 0) & ~F.col("known"), none),
-                  "stray": (stray.isNotNull(), stray),
-                  "twice": (rows > 1, none),
-                  "repeat": (repeat.isNotNull(), repeat)}
-        for name, (bad, item) in checks.items():
-            aggs += [F.count(F.when(bad, 1)).alias(f"{name}_n_{i}"),
-                     F.min(F.when(bad, F.struct(F.col("user_id").alias("user"),
-                                                item.alias("item")))).alias(f"{name}_{i}")]
-    r = wide.agg(*aggs).first()
-
-    def shown(v) -> str:
-        return "null" if v is None else str(v)
-
-    for i, recs in enumerate(files):
-        where = f"--recs {recs.path}"
-        n = {name: r[f"{name}_n_{i}"] for name in ("unknown", "stray", "twice", "repeat")}
-        first = {name: r[f"{name}_{i}"] for name in n}
-        if n["unknown"]:
-            raise UsageError(f"{where}: {n['unknown']:,} user(s) are not users of --data "
-                             f"{prep.uri}, e.g. {shown(first['unknown']['user'])} (the first by "
-                             "user_id); score the dataset these recommendations are meant for")
-        if n["stray"]:
-            raise UsageError(f"{where}: {n['stray']:,} user(s) have items outside the catalogue "
-                             f"of --data {prep.uri}, first user {shown(first['stray']['user'])} "
-                             f"with item {shown(first['stray']['item'])}; re-run "
-                             "evaluation/score.py on that --data, or drop the unknown items")
-        if n["twice"]:
-            raise UsageError(f"{where}: {n['twice']:,} user(s) have more than one row (each row "
-                             f"would count in every mean), first user "
-                             f"{shown(first['twice']['user'])}; re-run evaluation/score.py, or "
-                             "keep one list per user")
-        if n["repeat"]:
-            raise UsageError(f"{where}: {n['repeat']:,} user(s) have a list that repeats an item "
-                             "(a repeated true item would count as a hit at each position), first "
-                             f"user {shown(first['repeat']['user'])} repeats item "
-                             f"{shown(first['repeat']['item'])}; re-run evaluation/score.py, or "
-                             "deduplicate the lists")
 
 
 def popularity_counts(wide, labels: list[str], items) -> dict[str, tuple[np.ndarray,
@@ -348,23 +231,120 @@ class PhaseTimes:
         return self.seconds
 
 
-def uncovered(f: Recs, missing: dict[str, int], example: str, users: str, target: str) -> str:
-    """The refusal of a file that lists only some of the evaluated users: its means would be
-    over other users than another file's (a table's rows not comparable), or than the dataset's."""
-    said = " and ".join(f"{n:,} {g}" for g, n in sorted(missing.items(), reverse=True))
-    scored = f.manifest.get("users")
-    hint = (f" (it was scored with --users {scored})" if scored and scored != users else "")
-    return (f"--recs {f.path}: {said} users with a truth set ({target} for the warm ones) have no "
-            f"list in it, e.g. user {example}{hint}; evaluate the users it covers with --users "
-            f"(warm, cold, @FILE or a list of ids; now {users}), or score every user of the "
-            "dataset (evaluation/score.py --users all)")
+def read_inputs(spark, cfg: EvaluateConfig, prep):
+    """(the recommendation files, each label distinct; the labels ``--compare`` names; the
+    dataset's items by index, with their train+valid popularity), checked against the data."""
+    labels = cfg.labels
+    files = [read_recs(spark, p, labels[i] if labels else None) for i, p in enumerate(cfg.recs)]
+    seen: dict[str, int] = {}
+    for f in files:  # labels name table rows, plot lines and MLflow runs: keep them distinct
+        seen[f.label] = seen.get(f.label, 0) + 1
+        if seen[f.label] > 1:
+            f.label = f"{f.label} #{seen[f.label]}"
+    compared = compared_labels(cfg.compare, [f.label for f in files])  # before any Spark job
+    items = spark.read.parquet(f"{prep.uri}/{prep.manifest['layout']['items']}") \
+        .select(S.ITEM_INDEX, S.ITEM_ID, S.POP_TRAIN_VALID).toPandas().sort_values(S.ITEM_INDEX)
+    for f in files:  # the manifest's word first: it explains unknown users and items at once
+        if f.manifest.get("data") and f.manifest.get("dataset") != prep.dataset:
+            raise UsageError(f"--recs {f.path} was scored on dataset {f.manifest['dataset']}, "
+                             f"but --data {cfg.data} is {prep.dataset}")
+    return files, compared, items
+
+
+def output_files(wide, users_df, files: list[Recs], rows: list[dict], pairs: list[dict], items,
+                 compared: list[str], dataset: str, target: str, progress: PhaseTimes
+                 ) -> tuple[dict, dict[str, bytes]]:
+    """(the popularity summary per label, the evaluation's files by name): the metrics, the
+    popularity analysis and its plot, paired.csv, and the cold-start plot of the ``compared``
+    labels (their NDCG: files of lists shorter than TOP_K have none)."""
+    from pyspark.sql import functions as F
+
+    progress.phase("popularity")
+    pop_counts = popularity_counts(wide, [f.label for f in files], items)
+    pop = {label: summary_from_counts(c, p) for label, (p, c) in pop_counts.items()}
+    title = f"{dataset}, {target} users"
+    out = {"metrics.csv": metrics_csv(rows).encode(),
+           "metrics.json": json.dumps(rows, indent=2).encode(),
+           "popularity.json": json.dumps(pop, indent=2).encode(),
+           **({"paired.csv": paired_csv(pairs).encode()} if pairs else {}),
+           "popularity.png": plots.png_bytes(plots.popularity_density(
+               pop_counts, pop, f"Popularity of recommended items ({title})"))}
+    progress.phase("cold-start plot")
+    index = {f.label: i for i, f in enumerate(files)}
+    ndcg = wide.filter(F.col("truth") & F.col(S.COLD)).select(  # null: not listed
+        *[F.col(column(index[label], "ndcg")).alias(f"_v{j}") for j, label in enumerate(compared)])
+    cold = cold_start(users_df, compared, values=ndcg) if len(compared) > 1 else None
+    if cold is not None:
+        n_cold, points, tallies = cold
+        out["cold_start.png"] = plots.png_bytes(plots.cold_start_scatter(
+            compared[0], points, f"Cold-start users of {dataset}: per-user NDCG ({n_cold:,} users)",
+            tallies=tallies))
+    return pop, out
+
+
+def per_user_table(spark, prep, cfg: EvaluateConfig, files: list[Recs], ids, catalogue: list[str],
+                   inverse_log, per_user: str):
+    """(the cached per-user table of every file, whether the lists were read beside the rows).
+
+    The users' truth sets beside every file's lists (as item indices): read shard by shard where
+    the files are sharded as the rows (score.py's, whose per-user rows are then written to
+    ``per_user`` as they are computed), else one shuffle by user; then one numpy pass per
+    partition: the metrics, the input checks' facts and the popularity counts
+    (evaluation/user_table.py). Everything after reads the cache, never recomputes it."""
+    n_users = int(prep.manifest.get("counts", {}).get("users") or 0)
+    partitions = max(int(prep.manifest.get("spark", {}).get("shuffle_partitions", 8)),
+                     math.ceil(n_users / USERS_PER_PARTITION))
+    ks = [f.k for f in files]
+    beside = all(co_sharded(f.manifest, prep) for f in files)
+    subset = dict(users=cfg.users, ids=ids)
+    if beside:  # as evaluation/score.py writes them
+        log.info("the lists are sharded as the dataset's rows: read side by side, no shuffle")
+        wide = sharded_user_table(spark, prep, [f.path for f in files], ks, cfg.target,
+                                  inverse_log, catalogue,
+                                  per_user=(per_user, [f.label for f in files]), **subset)
+    else:
+        wide = user_table(spark, prep, [encode_lists(f.df, catalogue) for f in files], ks,
+                          cfg.target, inverse_log, len(catalogue), partitions, **subset)
+    return wide.cache(), beside
+
+
+def summaries(wide, files: list[Recs], target: str, group) -> tuple[object, list[dict]]:
+    """(the long per-user rows: label, group, user_id and the metrics of each file's listed
+    users; the rows of means and CIs per label, group and metric). The means come from the
+    partitions' moments: P rows reach the driver, not an aggregation over every user."""
+    from pyspark.sql import functions as F
+
+    per_file = [wide.filter(F.col(column(i, "listed"))).select(
+        F.lit(f.label).alias("label"), group.alias("group"), "user_id",
+        *[F.col(column(i, metric_key(m))).alias(metric_key(m)) for m in metrics_for(f.k)])
+        for i, f in enumerate(files)]
+    users_df = per_file[0]
+    for df in per_file[1:]:  # a file of shorter lists lacks some metric columns: null
+        users_df = users_df.unionByName(df, allowMissingColumns=True)
+    moments = [column(i, "moments") for i in range(len(files))]
+    parts = wide.filter(F.col(moments[0]).isNotNull()).select(*moments).collect()
+    rows = [{**r, "target": target if r["group"] == "warm" else "valid+test"}
+            for r in summary_rows([list(p) for p in parts], [f.label for f in files],
+                                  [f.k for f in files])]
+    order = {f.label: i for i, f in enumerate(files)}
+    rows.sort(key=lambda r: (order[r["label"]], r["group"] != "warm", METRICS.index(r["metric"])))
+    return users_df, rows
+
+
+def configure(spark, prep) -> None:
+    """Spark's settings for this data: the shuffles here are joins and per-user groupings of the
+    dataset's positives, sized as the ETL sized them for the same data, AQE merging the small
+    ones."""
+    spark.conf.set("spark.sql.shuffle.partitions",
+                   str(prep.manifest.get("spark", {}).get("shuffle_partitions", 8)))
+    spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "true")
+    spark.conf.set("spark.sql.debug.maxToStringFields", "500")  # wide metric plans, not a problem
 
 
 def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
     """``evaluate``'s work; each step with Spark jobs a ``progress`` phase of its own."""
-    recs, data, output, target = list(cfg.recs), cfg.data, cfg.output, cfg.target
+    labels, target = cfg.labels, cfg.target
     ids = None if cfg.users in ("all", "warm", "cold") else frozenset(read_user_ids(cfg.users))
-    labels, overwrite, mlflow_uri = cfg.labels, cfg.overwrite, cfg.mlflow_uri
     from pyspark.sql import functions as F
 
     from prepared.reader import open_prepared
@@ -374,119 +354,35 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
     started = dt.datetime.now(dt.UTC)
     if target not in ("test", "valid"):
         raise UsageError(f"--target {target}: choose test or valid")
-    if labels and len(labels) != len(recs):
-        raise UsageError(f"--labels: {len(labels)} given for {len(recs)} --recs files; give one "
+    if labels and len(labels) != len(cfg.recs):
+        raise UsageError(f"--labels: {len(labels)} given for {len(cfg.recs)} --recs files; give one "
                          "per file, in the same order")
-    prep = open_prepared(data)
-    # shuffles here are joins and per-user groupings of the dataset's positives: size them as the
-    # ETL did for the same data, and let AQE merge the small ones
-    spark.conf.set("spark.sql.shuffle.partitions",
-                   str(prep.manifest.get("spark", {}).get("shuffle_partitions", 8)))
-    spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "true")
-    spark.conf.set("spark.sql.debug.maxToStringFields", "500")  # wide metric plans, not a problem
-    publisher = Publisher(spark, output)
-    publisher.check_target(overwrite)
+    prep = open_prepared(cfg.data)
+    configure(spark, prep)
+    publisher = Publisher(spark, cfg.output)
+    publisher.check_target(cfg.overwrite)
     # everything is computed inside the staging directory: the per-user rows may be written by
     # the tasks that compute them, and a failure anywhere deletes whatever was staged
     with publisher.staging() as tmp:
         progress.phase("reading the recommendation files")
-        files = [read_recs(spark, p, labels[i] if labels else None) for i, p in enumerate(recs)]
-        seen: dict[str, int] = {}
-        for f in files:  # labels name table rows, plot lines and MLflow runs: keep them distinct
-            seen[f.label] = seen.get(f.label, 0) + 1
-            if seen[f.label] > 1:
-                f.label = f"{f.label} #{seen[f.label]}"
-        compared = compared_labels(cfg.compare, [f.label for f in files])  # before any Spark job
-        items = spark.read.parquet(f"{prep.uri}/{prep.manifest['layout']['items']}") \
-            .select(S.ITEM_INDEX, S.ITEM_ID, S.POP_TRAIN_VALID).toPandas().sort_values(S.ITEM_INDEX)
+        files, compared, items = read_inputs(spark, cfg, prep)
         catalogue = items[S.ITEM_ID].astype(str).tolist()  # position = item index
-        for f in files:  # the manifest's word first: it explains unknown users and items at once
-            if f.manifest.get("data") and f.manifest.get("dataset") != prep.dataset:
-                raise UsageError(f"--recs {f.path} was scored on dataset {f.manifest['dataset']}, "
-                                 f"but --data {data} is {prep.dataset}")
         # the NDCG discounts as Spark SQL computes them (the numpy metrics then equal the SQL's), up
         # to the largest possible truth set: the catalogue (one item-sized job)
         inverse_log = inverse_logs(spark, TOP_K + 1 + len(catalogue))
 
         progress.phase("per-user metrics")
-        # the users' truth sets beside every file's lists (as item indices): read shard by shard
-        # where the files are sharded as the rows (score.py's), else one shuffle by user; then one
-        # numpy pass per partition: the metrics, the input checks' facts and the popularity counts
-        # (evaluation/user_table.py); cached, everything below reads it, never recomputes it
-        n_users = int(prep.manifest.get("counts", {}).get("users") or 0)
-        partitions = max(int(prep.manifest.get("spark", {}).get("shuffle_partitions", 8)),
-                         math.ceil(n_users / USERS_PER_PARTITION))
-        ks = [f.k for f in files]
-        beside = all(co_sharded(f.manifest, prep) for f in files)
-        subset = dict(users=cfg.users, ids=ids)
-        if beside:  # as evaluation/score.py writes them
-            log.info("the lists are sharded as the dataset's rows: read side by side, no shuffle")
-            wide = sharded_user_table(spark, prep, [f.path for f in files], ks, target, inverse_log,
-                                      catalogue, per_user=(f"{tmp}/per_user",
-                                                           [f.label for f in files]), **subset)
-        else:
-            wide = user_table(spark, prep, [encode_lists(f.df, catalogue) for f in files], ks, target,
-                              inverse_log, len(catalogue), partitions, **subset)
-        wide = wide.cache()
+        wide, beside = per_user_table(spark, prep, cfg, files, ids, catalogue, inverse_log,
+                                      f"{tmp}/per_user")
+        group = F.when(F.col(S.COLD), "cold").otherwise("warm")
         try:
             log.info("checking the users and lists of %s", ", ".join(f.path for f in files))
             check_recs(wide, files, prep)
+            n_truth = check_users(wide, files, cfg, ids, prep.dataset, group)
         except UsageError:
             wide.unpersist()
             raise
-        group = F.when(F.col(S.COLD), "cold").otherwise("warm")
-        unlisted = [agg for i in range(len(files)) for agg in (
-            F.count(F.when(~F.col(column(i, "listed")), 1)).alias(f"_m{i}"),
-            F.min(F.when(~F.col(column(i, "listed")), F.col("user_id"))).alias(f"_e{i}"))]
-        counts = wide.filter(F.col("truth")).groupBy(group.alias("group")) \
-            .agg(F.count(F.lit(1)).alias("count"), *unlisted).collect()
-        n_truth = {r["group"] == "cold": r["count"] for r in counts}
-        if ids is not None:  # a user named but not in the dataset would be silently left out
-            known = wide.filter(F.col("known") & F.col("user_id").isin(sorted(ids))) \
-                .select("user_id").collect()
-            absent = sorted(ids - {r[0] for r in known})
-            if absent:
-                wide.unpersist()
-                raise UsageError(f"--users: {len(absent)} of {len(ids)} user ids are not in "
-                                 f"--data {data}, e.g. {', '.join(absent[:5])}; ids are the "
-                                 "raw ids of the dataset")
-        if cfg.users != "all" and not sum(n_truth.values()):
-            wide.unpersist()
-            raise UsageError(f"--users {cfg.users}: none of these users has a truth set in --data "
-                             f"{data}, so there is nothing to evaluate")
-        if not n_truth.get(False) and cfg.users in ("all", "warm"):
-            wide.unpersist()
-            raise UsageError(f"--data {data}: no warm user has a {target} item, so there is nothing to "
-                             f"evaluate (was it prepared with --holdout-fraction 0?)")
-        log.info("evaluating %d file(s) on %s: %s warm users with a %s item, %s cold-start users",
-                 len(files), prep.dataset, f"{n_truth.get(False, 0):,}", target,
-                 f"{n_truth.get(True, 0):,}")
-        missing = {f.label: {r["group"]: r[f"_m{i}"] for r in counts if r[f"_m{i}"]}
-                   for i, f in enumerate(files)}
-        for i, f in enumerate(files):  # means over other users than another file's: refused
-            if missing[f.label]:
-                wide.unpersist()
-                raise UsageError(uncovered(f, missing[f.label], min(
-                    r[f"_e{i}"] for r in counts if r[f"_e{i}"] is not None), cfg.users, target))
-        # the long per-user rows (label, group, user_id, metrics) of the listed users: one select of
-        # the cached table per file
-        per_file = [wide.filter(F.col(column(i, "listed"))).select(
-            F.lit(f.label).alias("label"), group.alias("group"), "user_id",
-            *[F.col(column(i, metric_key(m))).alias(metric_key(m)) for m in metrics_for(f.k)])
-            for i, f in enumerate(files)]
-        users_df = per_file[0]
-        for df in per_file[1:]:  # a file of shorter lists lacks some metric columns: null
-            users_df = users_df.unionByName(df, allowMissingColumns=True)
-
-        # the means and CIs from the partitions' moments: P rows reach the driver, not an
-        # aggregation of every metric over every user
-        moments = [column(i, "moments") for i in range(len(files))]
-        parts = wide.filter(F.col(moments[0]).isNotNull()).select(*moments).collect()
-        rows = [{**r, "target": target if r["group"] == "warm" else "valid+test"}
-                for r in summary_rows([list(p) for p in parts], [f.label for f in files],
-                                      [f.k for f in files])]
-        order = {f.label: i for i, f in enumerate(files)}
-        rows.sort(key=lambda r: (order[r["label"]], r["group"] != "warm", METRICS.index(r["metric"])))
+        users_df, rows = summaries(wide, files, target, group)
         log.info("metrics of %s user(s) x %d file(s) done (%.0fs so far); popularity of the "
                  "recommendations next", f"{sum(n_truth.values()):,}", len(files),
                  time.perf_counter() - t0)
@@ -499,29 +395,8 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
         pairs = paired(users_df, long_enough, best_other(rows, long_enough),
                        side=(warm, {(label, metric_key(m)): column(index[label], metric_key(m))
                                     for label in long_enough for m in PAIRED}))
-        progress.phase("popularity")
-        pop_counts = popularity_counts(wide, [f.label for f in files], items)
-        pop = {label: summary_from_counts(c, p) for label, (p, c) in pop_counts.items()}
-        title = f"{prep.dataset}, {target} users"
-        out_files = {"metrics.csv": metrics_csv(rows).encode(),
-                     "metrics.json": json.dumps(rows, indent=2).encode(),
-                     "popularity.json": json.dumps(pop, indent=2).encode(),
-                     **({"paired.csv": paired_csv(pairs).encode()} if pairs else {}),
-                     "popularity.png": plots.png_bytes(plots.popularity_density(
-                         pop_counts, pop, f"Popularity of recommended items ({title})"))}
-        # the cold-start plot compares NDCG, which files of lists shorter than TOP_K do not have
-        labels_in = long_enough
-        progress.phase("cold-start plot")
-        ndcg = wide.filter(F.col("truth") & F.col(S.COLD)).select(  # null: not listed
-            *[F.col(column(index[label], "ndcg")).alias(f"_v{j}") for j, label in enumerate(labels_in)])
-        cold = cold_start(users_df, labels_in, values=ndcg) if len(labels_in) > 1 else None
-        if cold is not None:
-            n_cold, points, tallies = cold
-            out_files["cold_start.png"] = plots.png_bytes(plots.cold_start_scatter(
-                labels_in[0], points,
-                f"Cold-start users of {prep.dataset}: per-user NDCG ({n_cold:,} users)",
-                tallies=tallies))
-
+        pop, out_files = output_files(wide, users_df, files, rows, pairs, items, long_enough,
+                                      prep.dataset, target, progress)
         log.info("popularity and plots done (%.0fs so far); writing the per-user metrics",
                  time.perf_counter() - t0)
         progress.phase("writing the per-user metrics")
@@ -534,7 +409,7 @@ def evaluate_steps(spark, cfg: EvaluateConfig, progress: PhaseTimes) -> dict:
                      time.perf_counter() - t0)
             progress.phase("logging to MLflow")
         runs = log_to_mlflow(files, rows, pop, out_files, target, publisher.target,
-                             mlflow_uri, pairs) if not cfg.no_mlflow else {}
+                             cfg.mlflow_uri, pairs) if not cfg.no_mlflow else {}
         manifest = {"kind": "evaluation", "created": started.isoformat(timespec="seconds"),
                     "data": prep.uri, "dataset": prep.dataset, "target": target,
                     "recs": {f.label: f.path for f in files}, "mlflow_runs": runs,

@@ -269,7 +269,7 @@ def test_a_repeated_item_and_a_second_row_are_facts_of_the_user():
 def test_check_recs_refuses_each_fault_naming_the_first_user(monkeypatch, lists, message):
     """evaluate.py's ``check_recs`` on those facts (its Spark aggregation run on fake_spark's
     rows): each fault refused, naming the file, the number of users and the first by user_id."""
-    from evaluation.evaluate import check_recs
+    from evaluation.recs import check_recs
     from prepared.errors import UsageError
     from tests import fake_spark
 
@@ -281,7 +281,7 @@ def test_check_recs_refuses_each_fault_naming_the_first_user(monkeypatch, lists,
 
 
 def test_check_recs_passes_clean_lists(monkeypatch):
-    from evaluation.evaluate import check_recs
+    from evaluation.recs import check_recs
     from tests import fake_spark
 
     fake_spark.install(monkeypatch)
