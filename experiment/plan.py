@@ -124,7 +124,7 @@ def check_trial_record(cfg: ExperimentConfig, root: str, model: str, point: dict
     """A trial already run under this point's name must have run this point's configuration: a
     finished trial is reused as is, so one run with other settings (another unit of lambda, an
     edited record) would otherwise enter the selection silently."""
-    from training.train import check_resume
+    from training.run_record import check_resume
 
     tc = trial_config(cfg, root, model, point)
     record = read_json(Path(root) / "trials" / tc.run_name / RUN_RECORD)

@@ -186,7 +186,7 @@ def seeds_to_run(cfg: ExperimentConfig, root: Path, model: str, chosen: dict) ->
     """The seeds of ``final_seeds`` whose final run has not finished with this choice: what a
     (re)run retrains. A finished run of another choice (a grown grid chose anew) is retired and
     runs again; seeds beyond --seeds are left alone (a resume with fewer uses the first N)."""
-    from training.train import check_resume
+    from training.run_record import check_resume
 
     todo = []
     for seed in final_seeds(cfg):
@@ -207,7 +207,7 @@ def retire_stale_final(fc: TrainConfig) -> Path | None:
     went. It happens when a finished experiment is resumed with a grown grid and validation now
     chooses another point: the retraining must run the new choice, not fail on the old record,
     and the old run is kept (its MLflow run too) rather than deleted."""
-    from training.train import check_resume, read_run_record
+    from training.run_record import check_resume, read_run_record
 
     try:
         check_resume(fc, read_run_record(fc))

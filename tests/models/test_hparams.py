@@ -137,7 +137,8 @@ TOY = textwrap.dedent('''
     from experiment import grids
     from training.config import TrainConfig, check
     from training.loop import build_model
-    from training.train import RESUMABLE_CHANGES, build_parser
+    from training.run_record import RESUMABLE_CHANGES
+    from training.train import build_parser
     from prepared.errors import UsageError
 
     out = {"help": build_parser().format_help()}

@@ -17,7 +17,7 @@ from experiment.plan import ExperimentConfig
 from models.registry import MODELS
 from prepared.errors import UsageError
 from runtime.cli import add_config_file, add_options, config_key, option, strict_parser, values
-from training import train
+from training import run_record, train
 from training.config import TrainConfig, check
 
 
@@ -142,11 +142,11 @@ def a_run(**kw) -> TrainConfig:
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_a_runs_config_yaml_reads_back_to_the_configuration_it_ran(model, tmp_path):
     cfg = a_run(model=model, epochs=7, seed=4, valid_sample=0.5)
-    text = train.config_file(cfg, "0123abcd")
+    text = run_record.config_file(cfg, "0123abcd")
     got = parsed(["--config", write(tmp_path, text)])
     # every option back, hyperparameters spelt out as resolved; not the run's name (a fed-back
     # file must start a new run)
-    assert got == replace(TrainConfig(**train.resolved_config(cfg)), run_name="")
+    assert got == replace(TrainConfig(**run_record.resolved_config(cfg)), run_name="")
     assert got.resolved() == cfg.resolved()
     check(got)  # a resolved hyperparameter is one the model takes
     data = yaml.safe_load(text)
@@ -159,20 +159,20 @@ def test_a_runs_config_yaml_reads_back_to_the_configuration_it_ran(model, tmp_pa
 
 def test_a_fed_back_file_starts_a_new_run_and_resumes_with_its_name(tmp_path):
     cfg = a_run(model="nce-autorec", mode="limited-finetune", pretrain_epochs=2)
-    path = write(tmp_path, train.config_file(cfg))
+    path = write(tmp_path, run_record.config_file(cfg))
     prep = SimpleNamespace(dataset="ml-100k")
     fresh = train.config_from_args(train.build_parser().parse_args(["--config", path]), prep)
     assert fresh.run_name != cfg.run_name and fresh.run_name.startswith("nce-autorec-limited-finetune")
     record = {"config": cfg.to_dict()}  # run.json holds the options as given (None = default)
     again = train.config_from_args(
         train.build_parser().parse_args(["--config", path, "--run-name", cfg.run_name]), prep)
-    train.check_resume(again, record)  # the same run spelt out: resumes
+    run_record.check_resume(again, record)  # the same run spelt out: resumes
     changed = train.config_from_args(train.build_parser().parse_args(
         ["--config", path, "--run-name", cfg.run_name, "--lam", "4"]), prep)
     with pytest.raises(UsageError, match="lam was None, now 4.0"):
-        train.check_resume(changed, record)
+        run_record.check_resume(changed, record)
     # and the other way round: a run started from the file resumes with the plain flags
-    train.check_resume(cfg, {"config": again.to_dict()})
+    run_record.check_resume(cfg, {"config": again.to_dict()})
 
 
 def test_an_experiments_config_yaml_reads_back_to_its_configuration(tmp_path):

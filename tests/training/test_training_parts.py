@@ -328,7 +328,7 @@ def test_valid_by_trained_is_for_models_with_trained_user_vectors():
 def test_a_run_resumes_only_with_its_validation():
     from dataclasses import replace
 
-    from training.train import check_resume
+    from training.run_record import check_resume
 
     c = cfg(model="bpr", run_name="r")
     check_resume(c, {"config": c.to_dict()})  # the same settings: it resumes
@@ -589,7 +589,7 @@ def test_a_run_recorded_before_an_option_existed_resumes():
     from dataclasses import replace
 
     from training.config import TrainConfig
-    from training.train import check_resume
+    from training.run_record import check_resume
 
     cfg = TrainConfig(data="d", model="nce-autorec", run_name="r")
     old = {k: v for k, v in cfg.to_dict().items() if k not in ("finetune_init", "finetune_lr")}
