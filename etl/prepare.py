@@ -84,8 +84,11 @@ def code_version() -> str:
 
 
 def run(cfg: ETLConfig, spark=None) -> dict:
-    """Run the whole ETL for ``cfg`` and publish ``cfg.output``; returns the manifest."""
+    """Run the whole ETL for ``cfg`` and publish ``cfg.output``; returns the manifest. One
+    function although long: the steps run in order under one lock and in one staging directory,
+    each step's outputs the next one's inputs (``etl.pipeline``, ``etl.write`` hold the steps)."""
     from etl import pipeline as P
+    from etl import write as W
     from etl.sources import check_local_headers, labelled_inputs
     from prepared.protocol import rstar_per_item, rstar_z
     from runtime.publish import Publisher, local_lock
@@ -139,14 +142,14 @@ def run(cfg: ETLConfig, spark=None) -> dict:
             rstar_item = rstar_per_item(pop, z, cfg.beta)
             counts.update(warm_users=warm_users, train_positives_warm=train_pos, rstar_z=z)
 
-            P.write_items(item_table, f"{tmp}/{S.ITEMS_DIR}")
-            user_files = P.write_users(users, f"{tmp}/{S.USERS_DIR}", partitions, counts["users"])
+            W.write_items(item_table, f"{tmp}/{S.ITEMS_DIR}")
+            user_files = W.write_users(users, f"{tmp}/{S.USERS_DIR}", partitions, counts["users"])
             progress.done("tables", items=len(item_table), users=counts["users"],
                           user_files=user_files)
 
             if cfg.negatives and train_pos == 0:
                 raise InputDataError("no training positives among warm users; lower --cold-users")
-            shards = P.write_user_rows(spark, work, f"{tmp}/{S.ROWS_DIR}", f"{tmp}/{S.SPLIT_DIR}",
+            shards = W.write_user_rows(spark, work, f"{tmp}/{S.ROWS_DIR}", f"{tmp}/{S.SPLIT_DIR}",
                                        rstar_item, pop, cfg)
             publisher.delete(work.root)
             progress.done("write", users=sum(s["users"] for s in shards), shards=len(shards),

@@ -9,7 +9,7 @@ through these names. Bump ``SCHEMA_VERSION`` on any incompatible change.
                         pop_train int64, pop_train_valid int64          (sorted by item_index)
     DIR/users/          Parquet, one row per user:  user_index int32, user_id string, cold bool
                         (sorted by user_index, within each file and across the files in name
-                        order: a range of users per file, etl.pipeline.write_users)
+                        order: a range of users per file, etl.write.write_users)
     DIR/rows/           Parquet shards, one row per user (within a shard by xxhash64 of user_id):
                         user_index int32, user_id string, cold bool,
                         train_items list<int32> (ascending), train_rstar list<float32> (aligned),

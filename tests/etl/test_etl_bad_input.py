@@ -216,18 +216,18 @@ def test_overwrite_refuses_a_directory_that_is_not_an_output(spark, tmp_path):
 
 def test_failure_after_writing_started_leaves_nothing(spark, tmp_path, monkeypatch):
     """A crash in the last step (after items, users and split were written) publishes nothing."""
-    from etl import pipeline
+    from etl import write
 
     f = tmp_path / "u.data"
     f.write_text(u_data(CLEAN))
 
-    real = pipeline.write_user_rows
+    real = write.write_user_rows
 
     def boom(split, out_dir, *a, **k):
         real(split, out_dir, *a, **k)  # the shards are written, then the job dies
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(pipeline, "write_user_rows", boom)
+    monkeypatch.setattr(write, "write_user_rows", boom)
     with pytest.raises(RuntimeError, match="disk full"):
         run(ETLConfig(dataset="ml-100k", input=(str(f),), output=str(tmp_path / "out")), spark)
     assert siblings(tmp_path / "out") == ["u.data"]

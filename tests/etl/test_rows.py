@@ -1,10 +1,10 @@
-"""The user-row builder (``etl.pipeline.build_rows``): the rows of any cut of a partition's users are
+"""The user-row builder (``etl.write.build_rows``): the rows of any cut of a partition's users are
 the rows of the whole, and the row groups of a shard hold every row once, in order."""
 
 import numpy as np
 import pyarrow as pa
 
-from etl.pipeline import _row_groups, build_rows
+from etl.write import _row_groups, build_rows
 from prepared.protocol import alias_table
 
 
@@ -43,7 +43,7 @@ def test_rows_do_not_depend_on_how_users_are_cut():
 
 
 def test_row_groups_cut_a_shard_by_size_and_keep_every_row(monkeypatch):
-    import etl.pipeline as P
+    import etl.write as P
 
     pop = np.arange(1, 51)
     batch, _ = _positives()

@@ -88,7 +88,7 @@ def test_synthetic_etl_in_spark_does_not_depend_on_partitioning(spark, tmp_path)
 
 
 def test_users_table_files_grow_with_users_up_to_the_partitions():
-    from etl.pipeline import USERS_PER_FILE, users_files
+    from etl.write import USERS_PER_FILE, users_files
 
     assert users_files(10, 8) == 1 and users_files(10**9, 8) == 8
     assert users_files(USERS_PER_FILE, 8) == 1 and users_files(USERS_PER_FILE + 1, 8) == 2
@@ -100,11 +100,11 @@ def test_users_table_is_written_in_several_sorted_files(spark, tmp_path, monkeyp
     """The users table is written by several tasks (a range of user indices per file) once
     there are more users than ``USERS_PER_FILE`` and more than one shuffle partition; read in
     file-name order the rows are still sorted by user index, and the manifest lists each file."""
-    from etl import pipeline
+    from etl import write
     from prepared import schema as S
     from prepared.reader import open_prepared
 
-    monkeypatch.setattr(pipeline, "USERS_PER_FILE", 1000)
+    monkeypatch.setattr(write, "USERS_PER_FILE", 1000)
     p = prepare(spark, tmp_path / "d", dataset="synthetic", users=2500, items=300,
                 positives=25_000, negatives=5, seed=3, shards=4)
     files = sorted((tmp_path / "d" / S.USERS_DIR).glob("*.parquet"))
