@@ -213,6 +213,8 @@ def compare(a: Path, b: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The benchmark's steps in the order they run and are reported: a script's main, read top
+    to bottom, each measurement's setup beside it."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])

@@ -260,7 +260,9 @@ def score(spark, progress_every: float = EVERY, **kwargs) -> dict:
     """Score with the ``ScoreConfig`` of ``kwargs`` (the flags' names): ``users`` of the prepared
     ``data`` with ``model``, publish ``output``; returns the scoring manifest (also written as
     ``output/_manifest.json``). While the users are scored, a progress line every
-    ``progress_every`` seconds (tasks and users done, rate, time left) on the INFO log."""
+    ``progress_every`` seconds (tasks and users done, rate, time left) on the INFO log. One
+    function although long: the checks, the model's broadcast and the scoring job share one
+    staging directory and one manifest, written last."""
     cfg = ScoreConfig(**kwargs)
     model, data, output, k, users = cfg.model, cfg.data, cfg.output, cfg.k, cfg.users
     exclude, overwrite, mlflow_uri = cfg.exclude, cfg.overwrite, cfg.mlflow_uri

@@ -168,3 +168,45 @@ def test_the_model_name_check_sees_a_model_named(tmp_path):
     names = code_names(p)
     assert {"models.autorec", "AutoRec", "set_ridge_head", "overlap"} <= names
     assert not {"nce-autorec", "ridge"} & names
+
+
+# -- room sizes (issue 55): a module a reader can hold, a function a reader can follow ------------
+
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+# a longer function says why in its docstring, in one of these words
+LONG_REASONS = ("although long", "read top to bottom")
+
+
+def long_rooms(path: Path) -> list[str]:
+    """``path``'s module if over MAX_MODULE_LINES, and its functions over MAX_FUNCTION_LINES whose
+    docstring gives no reason."""
+    text = path.read_text()
+    out = [f"{path.name}: {len(text.splitlines())} lines"] \
+        if len(text.splitlines()) > MAX_MODULE_LINES else []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) \
+                and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+            doc = " ".join((ast.get_docstring(node) or "").split())
+            if not any(r in doc for r in LONG_REASONS):
+                out.append(f"{path.name}: {node.name}, {node.end_lineno - node.lineno + 1} lines")
+    return out
+
+
+def test_no_module_or_function_outgrows_its_room():
+    found = [r for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))
+             for r in long_rooms(p)]
+    assert not found, ("split these (or give a long function's reason in its docstring: "
+                       f"{' / '.join(LONG_REASONS)}): {found}")
+
+
+def test_the_room_check_sees_a_long_module_and_a_long_function(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    long_fn = tmp_path / "m.py"
+    long_fn.write_text(f"def f():\n    \"\"\"Short.\"\"\"\n{body}\n")
+    assert long_rooms(long_fn) == [f"m.py: f, {MAX_FUNCTION_LINES + 2} lines"]
+    long_fn.write_text(f"def f():\n    \"\"\"One function although long: why.\"\"\"\n{body}\n")
+    assert long_rooms(long_fn) == []
+    big = tmp_path / "big.py"
+    big.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert long_rooms(big) == [f"big.py: {MAX_MODULE_LINES + 1} lines"]

@@ -307,7 +307,9 @@ def epochs(plan: WorkerPlan, net, policy: Training, state: LoopState, shards: Sh
     all-reduced), early stopping and the policy's phases; after each epoch, its record and the
     metrics Ray Train reports are yielded (rank 0 checkpoints there). Knows nothing of Ray: the
     same epochs run in one process (``benchmarks/tune_defaults.py``). ``quiet``: no progress
-    lines."""
+    lines. One function although long: training, validation, early stopping and the phase
+    changes read and write the same progress and optimizer state in one order, which a split
+    would pass through every part."""
     cfg, progress = plan.cfg, state.progress
     all_phases = policy.phases()
     make = BatchMaker(plan.feed)

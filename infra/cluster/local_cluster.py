@@ -92,6 +92,8 @@ def run(cmd: list[str], env: dict, log: Log, show: str) -> str:
 
 
 def main() -> int:
+    """The cluster's life in the order it happens (start, each stage's job, the checks, stop): a
+    script's main, read top to bottom."""
     log = Log()
     work = Path(tempfile.mkdtemp(prefix="nce-cluster-"))
     import pyspark
