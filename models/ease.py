@@ -61,6 +61,9 @@ class EASE(ClosedForm):
         return {"n_items": self.n_items, "lam": self.lam}
 
     def fit(self, train, rstar=None, seed: int = 0) -> dict:
+        # the unfitted zeros go first: the fit replaces them, and held they would take B's size
+        # (6.3 GiB on Gowalla) from what the fit may use
+        self.weights = torch.zeros(0, 0)
         dtype = fit_dtype(self.n_items, sparse_gram_bytes(train))
         if dtype is None:
             check_memory(self, fit_bytes(self.n_items, np.float32) + sparse_gram_bytes(train),
