@@ -1,0 +1,125 @@
+"""A closed form's final in this process: fitted on train + valid, scored once on test.
+
+    .venv/bin/python benchmarks/final_in_process.py --data DIR model=ease lam=150 \
+        --out DIR2 [--paired EXPERIMENT/evaluation/per_user LABEL]
+
+For a model the experiment's pipeline cannot carry on this machine: EASE's dense B on Gowalla
+(6.3 GiB) would travel through Ray's object store, a checkpoint and every Spark executor. The
+point is the one validation chose (``benchmarks/probe.py``'s lines; this script never chooses).
+The model is fitted on each user's train + valid items, ranks every item with those left out,
+and is scored on the user's test items, over every warm user with one: the paper's NDCG and
+Recall@20 / NDCG@20 (truncated: LightGCN's) by evaluation's own per-user metrics, mean ± 95% CI
+(1.96 sd / sqrt(users), as evaluation/evaluate.py). ``--out``: the per-user metrics as Parquet
+and the summary as JSON. ``--paired``: an experiment's per-user metrics and one of its labels,
+for the paired difference (this model minus that one) over the users both scored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+
+from benchmarks.probe import BLOCK, parse  # noqa: E402
+from benchmarks.tune_defaults import load  # noqa: E402
+from evaluation.spark_metrics import metric_arrays  # noqa: E402
+from models.batch import flat  # noqa: E402
+from prepared import schema as S  # noqa: E402
+from prepared.protocol import TOP_K  # noqa: E402
+from training.config import TrainConfig  # noqa: E402
+from training.feed import union_sorted  # noqa: E402
+
+COLUMNS = {"ndcg": "NDCG", "recall_at_20": "Recall@20", "ndcg_at_20_truncated": "NDCG@20 (truncated)"}
+
+
+def test_metrics(net, rows) -> pd.DataFrame:
+    """Per warm user with a test item: ``COLUMNS``' metrics of ``net``'s top-``TOP_K`` from the
+    user's train + valid items (those left out of the ranking), against the test items."""
+    items, off = flat(rows.column(S.TRAIN_ITEMS))
+    v_items, v_off = flat(rows.column(S.VALID_ITEMS))
+    merged, m_off = union_sorted(items, off, v_items, v_off, rows.num_rows)
+    t_items, t_off = flat(rows.column(S.TEST_ITEMS))
+    t_end = np.append(t_off[1:], len(t_items))
+    ids = rows.column(S.USER_ID).to_pylist()
+    m_end = np.append(m_off[1:], len(merged))
+    hits, n, users = [], [], []
+    for s in range(0, rows.num_rows, BLOCK):
+        e = min(s + BLOCK, rows.num_rows)
+        with torch.no_grad():
+            _, top = net.recommend(torch.from_numpy(merged[m_off[s]:m_end[e - 1]].astype(np.int64)),
+                                   torch.from_numpy(m_off[s:e] - m_off[s]), TOP_K)
+        for u, row in zip(range(s, e), top.numpy()):
+            truth = set(t_items[t_off[u]:t_end[u]].tolist())
+            if truth:
+                hits.append([i in truth for i in row])
+                n.append(len(truth))
+                users.append(ids[u])
+    with np.errstate(divide="ignore"):  # 1 / log2(1) at rank 0, never read
+        m = metric_arrays(np.array(hits, dtype=np.float64), np.array(n, dtype=np.float64), TOP_K)
+    return pd.DataFrame({"user_id": users, **{c: m[name] for c, name in COLUMNS.items()}})
+
+
+def summary(per_user: pd.DataFrame) -> dict:
+    """Each metric's mean and 95% CI half-width over the users."""
+    root = np.sqrt(len(per_user))
+    return {c: {"mean": float(per_user[c].mean()), "ci95": float(1.96 * per_user[c].std(ddof=0) / root)}
+            for c in COLUMNS}
+
+
+def paired(per_user: pd.DataFrame, other: pd.DataFrame) -> dict:
+    """This model minus ``other`` (user_id and ``COLUMNS``) over the users both scored."""
+    j = per_user.merge(other[["user_id", *COLUMNS]], on="user_id", suffixes=("", "_other"))
+    out = {"users": len(j)}
+    for c in COLUMNS:
+        d = j[c] - j[f"{c}_other"]
+        out[c] = {"mean": float(d.mean()), "ci95": float(1.96 * d.std(ddof=0) / np.sqrt(len(d)))}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="a prepared directory (etl/prepare.py --output)")
+    p.add_argument("settings", nargs="*", help="training/train.py fields as KEY=VALUE (the model "
+                                               "and the point validation chose)")
+    p.add_argument("--out", required=True, help="a directory for per_user.parquet and final.json")
+    p.add_argument("--paired", nargs=2, metavar=("PER_USER", "LABEL"),
+                   help="an experiment's evaluation/per_user and one of its labels")
+    args = p.parse_args(argv)
+    from models.registry import MODELS
+    from training.closed_form import matrices
+
+    settings = parse(args.settings)
+    model_name = settings.pop("model", None)
+    if model_name not in MODELS or MODELS[model_name].kind != "closed-form":
+        raise SystemExit(f"model={model_name}: give a closed form, e.g. model=ease lam=150")
+    prep, rows, _ = load(args.data)
+    cfg = TrainConfig(data=args.data, model=model_name, train_splits="train,valid", **settings)
+    t0 = time.perf_counter()
+    net = MODELS[model_name].from_config(prep.n_items, cfg.hyperparameters())
+    info = net.fit(*matrices(prep, cfg, rows), seed=cfg.seed)
+    fit_s = time.perf_counter() - t0
+    per_user = test_metrics(net.eval(), rows)
+    out = {"data": prep.dataset, "model": model_name, "settings": settings, "fit": info,
+           "fit_seconds": round(fit_s), "users": len(per_user), "test": summary(per_user)}
+    if args.paired:
+        other = pd.read_parquet(args.paired[0])
+        other = other[(other["label"] == args.paired[1]) & (other["group"] == "warm")]
+        out["paired"] = {"label": args.paired[1], **paired(per_user, other)}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    per_user.to_parquet(Path(args.out) / "per_user.parquet")
+    (Path(args.out) / "final.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
