@@ -99,6 +99,10 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "experiment-ml-latest-small-start": (*EXPERIMENT, GRIDS + "start.yaml"),
     "experiment-gowalla-probe": (*EXPERIMENT, GRIDS + "gowalla-probe.yaml"),
     "experiment-gowalla-width": (*EXPERIMENT, GRIDS + "gowalla-width.yaml"),
+    "experiment-gowalla-wide": (*EXPERIMENT, GRIDS + "gowalla-wide.yaml", "benchmarks/probe.py",
+                                "benchmarks/final_in_process.py"),
+    "probes-levers": ("benchmarks/probe.py", "benchmarks/tune_defaults.py", "models",
+                      *TRAINING, "training/config.py"),
     "local_cluster": ("infra/cluster/local_cluster.py", "infra/cluster", *AUTOREC, "training",
                       "evaluation/score.py", "evaluation/evaluate.py"),
 }
