@@ -447,11 +447,23 @@ def lever_batch_for(n_items: int):
                  neg_offsets=torch.tensor([0, 0]))
 
 
+def predict_on_the_draw(model, batch, p: float, seed: int = 11):
+    """(the model's predict term, the dropout draw it made, the code of the corrupted row by the
+    dense reference): the same draw replayed from ``seed``."""
+    from models.autorec.model import dropout_weights
+
+    idx, offsets = batch.train_items, batch.train_offsets
+    torch.manual_seed(seed)
+    got = model(batch)["predict"]
+    torch.manual_seed(seed)
+    keep = dropout_weights(len(idx), p, model.encoder.weight)
+    x = densify(idx, offsets, keep, model.n_items, torch.float64)
+    return got, keep, torch.relu(x @ model.encoder.weight + model.encoder_bias)
+
+
 def test_dropout_is_the_dense_reference_on_the_corrupted_row_with_the_clean_target():
     """The encoder under dropout is the dense product of the corrupted row (each entry kept with
     1 - p, scaled 1 / (1 - p): ``dropout_weights``' draw), and the target stays the clean row."""
-    from models.autorec.model import dropout_weights
-
     p = 0.5
     torch.manual_seed(0)
     model = build("autorec", {"lam_units": "plain",
@@ -459,13 +471,8 @@ def test_dropout_is_the_dense_reference_on_the_corrupted_row_with_the_clean_targ
     model.dense_loss = True
     batch = lever_batch()
     idx, offsets = batch.train_items, batch.train_offsets
-    torch.manual_seed(11)
-    got = model(batch)["predict"]
-    torch.manual_seed(11)
-    keep = dropout_weights(len(idx), p, model.encoder.weight)
+    got, keep, h = predict_on_the_draw(model, batch, p)
     assert set(keep.tolist()) == {0.0, 2.0}  # some dropped, the kept doubled
-    x = densify(idx, offsets, keep, 11, torch.float64)
-    h = torch.relu(x @ model.encoder.weight + model.encoder_bias)
     want = mse_loss(model.heads["predict"](h), idx, offsets)  # against the uncorrupted row
     assert got.item() == pytest.approx(want.item(), rel=1e-12)
     assert got.item() != pytest.approx(model.eval()(batch)["predict"].item(), rel=1e-6)
@@ -496,8 +503,6 @@ def test_emphasis_weighs_the_dropped_positives_alone():
     """emphasis e: a positive dropped from the input weighs 1 + pos_weight + e, a kept one
     1 + pos_weight: the predict term is the dense reference with those weights, on the code of
     the same draw."""
-    from models.autorec.model import dropout_weights
-
     p, e, a = 0.5, 4.0, 2.0
     torch.manual_seed(0)
     model = build("autorec", {"lam_units": "plain", "n_items": 11, "width": 3, "lam": 0.0,
@@ -505,14 +510,9 @@ def test_emphasis_weighs_the_dropped_positives_alone():
     model.dense_loss = False
     batch = lever_batch()
     idx, offsets = batch.train_items, batch.train_offsets
-    torch.manual_seed(11)
-    got = model(batch)["predict"]
-    torch.manual_seed(11)
-    keep = dropout_weights(len(idx), p, model.encoder.weight)
+    got, keep, h = predict_on_the_draw(model, batch, p)
     dropped = keep == 0
     assert dropped.any() and not dropped.all()
-    x = densify(idx, offsets, keep, 11, torch.float64)
-    h = torch.relu(x @ model.encoder.weight + model.encoder_bias)
     scores = model.heads["predict"](h)
     want = mse_loss(scores, idx, offsets, pos_weight=a + e * dropped.double())
     assert got.item() == pytest.approx(want.item(), rel=1e-10)
