@@ -29,9 +29,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks.probe import BLOCK, parse  # noqa: E402
+from benchmarks.probe import BLOCK, parse, user_metrics  # noqa: E402
 from benchmarks.tune_defaults import load  # noqa: E402
-from evaluation.spark_metrics import metric_arrays  # noqa: E402
 from models.batch import flat  # noqa: E402
 from prepared import schema as S  # noqa: E402
 from prepared.protocol import TOP_K  # noqa: E402
@@ -51,7 +50,7 @@ def test_metrics(net, rows) -> pd.DataFrame:
     t_end = np.append(t_off[1:], len(t_items))
     ids = rows.column(S.USER_ID).to_pylist()
     m_end = np.append(m_off[1:], len(merged))
-    hits, n, users = [], [], []
+    tops, truths, users = [], [], []
     for s in range(0, rows.num_rows, BLOCK):
         e = min(s + BLOCK, rows.num_rows)
         with torch.no_grad():
@@ -60,11 +59,10 @@ def test_metrics(net, rows) -> pd.DataFrame:
         for u, row in zip(range(s, e), top.numpy()):
             truth = set(t_items[t_off[u]:t_end[u]].tolist())
             if truth:
-                hits.append([i in truth for i in row])
-                n.append(len(truth))
+                tops.append(row)
+                truths.append(truth)
                 users.append(ids[u])
-    with np.errstate(divide="ignore"):  # 1 / log2(1) at rank 0, never read
-        m = metric_arrays(np.array(hits, dtype=np.float64), np.array(n, dtype=np.float64), TOP_K)
+    m = user_metrics(np.array(tops), truths, TOP_K)
     return pd.DataFrame({"user_id": users, **{c: m[name] for c, name in COLUMNS.items()}})
 
 
@@ -107,15 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     net = MODELS[model_name].from_config(prep.n_items, cfg.hyperparameters())
     info = net.fit(*matrices(prep, cfg, rows), seed=cfg.seed)
     fit_s = time.perf_counter() - t0
-    per_user = test_metrics(net.eval(), rows)
+    users = test_metrics(net.eval(), rows)
     out = {"data": prep.dataset, "model": model_name, "settings": settings, "fit": info,
-           "fit_seconds": round(fit_s), "users": len(per_user), "test": summary(per_user)}
+           "fit_seconds": round(fit_s), "users": len(users), "test": summary(users)}
     if args.paired:
         other = pd.read_parquet(args.paired[0])
         other = other[(other["label"] == args.paired[1]) & (other["group"] == "warm")]
-        out["paired"] = {"label": args.paired[1], **paired(per_user, other)}
+        out["paired"] = {"label": args.paired[1], **paired(users, other)}
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    per_user.to_parquet(Path(args.out) / "per_user.parquet")
+    users.to_parquet(Path(args.out) / "per_user.parquet")
     (Path(args.out) / "final.json").write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out), flush=True)
     return 0

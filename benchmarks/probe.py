@@ -37,13 +37,17 @@ K = 20
 BLOCK = 2048  # users scored at once
 
 
-def at_k(top: np.ndarray, truth: list[set], k: int = K) -> tuple[float, float]:
-    """Mean Recall@k and truncated NDCG@k of the ranked lists ``top`` (users, k) against each
-    user's non-empty ``truth``, by evaluation's own per-user metrics (``metric_arrays``; k one
-    of ``prepared.protocol.KS``)."""
+def user_metrics(top: np.ndarray, truth: list[set], k: int) -> dict[str, np.ndarray]:
+    """Evaluation's own per-user metrics (``metric_arrays``; k one of ``prepared.protocol.KS``)
+    of the ranked lists ``top`` (users, k) against each user's non-empty ``truth``."""
     hits = np.array([[i in t for i in row[:k]] for row, t in zip(top, truth)], dtype=np.float64)
     with np.errstate(divide="ignore"):  # its 1 / log2(1) at rank 0, never read
-        m = metric_arrays(hits, np.array([len(t) for t in truth], dtype=np.float64), k)
+        return metric_arrays(hits, np.array([len(t) for t in truth], dtype=np.float64), k)
+
+
+def at_k(top: np.ndarray, truth: list[set], k: int = K) -> tuple[float, float]:
+    """Mean Recall@k and truncated NDCG@k (``user_metrics``')."""
+    m = user_metrics(top, truth, k)
     return float(m[f"Recall@{k}"].mean()), float(m[f"NDCG@{k} (truncated)"].mean())
 
 

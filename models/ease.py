@@ -64,9 +64,10 @@ class EASE(ClosedForm):
         # the unfitted zeros go first: the fit replaces them, and held they would take B's size
         # (6.3 GiB on Gowalla) from what the fit may use
         self.weights = torch.zeros(0, 0)
-        dtype = fit_dtype(self.n_items, sparse_gram_bytes(train))
+        sparse = sparse_gram_bytes(train)
+        dtype = fit_dtype(self.n_items, sparse)
         if dtype is None:
-            check_memory(self, fit_bytes(self.n_items, np.float32) + sparse_gram_bytes(train),
+            check_memory(self, fit_bytes(self.n_items, np.float32) + sparse,
                          "fitting its n x n matrix (float32: the Gram matrix, then P, then B, "
                          "and LAPACK's copy) and the sparse Gram matrix", INSTEAD)
         t0 = time.perf_counter()
