@@ -18,11 +18,8 @@ it. The kernels' arithmetic is checked in tests/benchmarks/test_peak.py on a few
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
+
+from models import native
 
 CHAINS = 16
 SOURCE = r"""
@@ -75,38 +72,20 @@ double dp_bf16(int64_t iters, float a, float b) { (void)iters; (void)a; (void)b;
 int has_bf16(void) { return 0; }
 #endif
 """.replace("@CHAINS@", str(CHAINS))
-FLAGS = ["-O2", "-march=native", "-shared", "-fPIC"]
-
-
 def compiler() -> str | None:
-    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    return native.compiler()
 
 
 def build(folder: str | None = None) -> tuple[str | None, str]:
-    """(path of the compiled library, the command) or (None, why not). Built once per source and
-    flags in ``folder`` (default: a temporary folder of this user's)."""
-    cc = compiler()
-    if cc is None:
-        return None, "no C compiler (cc, gcc or clang) on PATH: the peak is not measured"
-    key = hashlib.sha256((SOURCE + " ".join(FLAGS)).encode()).hexdigest()[:12]
-    where = Path(folder or tempfile.gettempdir()) / f"nce-peak-{key}"
-    where.mkdir(parents=True, exist_ok=True)
-    lib, src = where / "peak.so", where / "peak.c"
-    cmd = [cc, *FLAGS, "-o", str(lib), str(src)]
-    if not lib.exists():
-        src.write_text(SOURCE)
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        if out.returncode != 0:
-            return None, f"{' '.join(cmd)} failed: {out.stderr.strip()[-500:]}"
-    return str(lib), " ".join([Path(cc).name, *FLAGS])
+    """(path of the compiled library, the command) or (None, why not): ``models.native.build``,
+    once per source, flags and CPU (in ``folder`` where given, else its cache folder)."""
+    path, how = native.build("peak", SOURCE, folder)
+    return path, (how if path else f"{how}: the peak is not measured")
 
 
 def load(path: str):
-    lib = ctypes.CDLL(path)
-    for name in ("fma_fp32", "dp_bf16"):
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = ctypes.c_double, [ctypes.c_int64, ctypes.c_float, ctypes.c_float]
-    return lib
+    sig = (ctypes.c_double, (ctypes.c_int64, ctypes.c_float, ctypes.c_float))
+    return native.load(path, {"fma_fp32": sig, "dp_bf16": sig})
 
 
 def flop_per_iteration(lib, kind: str) -> int:

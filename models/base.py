@@ -26,6 +26,7 @@ from torch import nn
 
 from models.batch import Batch, row_ids, user_slice
 from models.hparams import HP
+from models import stream_topk
 from models.product import product, scratch
 from models.topk import top_k
 from models.training import Training
@@ -154,7 +155,9 @@ class Recommender(nn.Module):
         The top-k is ``models.topk.top_k``: torch.topk's answer, ties included, from the scores
         at or above a per-row threshold instead of a sort of every score. A model with
         ``score_factors`` computes its scores in blocks of FACTOR_BLOCK_SCORES into a buffer
-        reused from block to block and call to call (``models.product.scratch``)."""
+        reused from block to block and call to call (``models.product.scratch``), and on a large
+        catalogue ranks them as it computes them, a cache-sized tile at a time
+        (``models.stream_topk``: the same lists)."""
         if exclude is None:
             exclude = (items, offsets) if exclude_seen else (items[:0], offsets[:0])
         blocks = self.score_in_blocks or users is not None  # no fold-in: no per-call cost
@@ -168,9 +171,15 @@ class Recommender(nn.Module):
             hi = min(lo + per_block, len(offsets))
             block_items, block_offsets = user_slice(items, offsets, lo, hi)
             ex_items, ex_offsets = user_slice(*exclude, lo, hi) if len(exclude[1]) else exclude
-            if factored:  # the same product as ``score``'s, into this thread's reused buffer
-                scores = product(*self.score_factors(block_items, block_offsets),
-                                 out=scratch(hi - lo, self.n_items))
+            if factored:
+                a, b, bias = self.score_factors(block_items, block_offsets)
+                if stream_topk.applies(a, b, min(k, self.n_items)):  # product and top-k fused
+                    top = stream_topk.top_k(a, b, bias, (ex_items, ex_offsets), min(k, self.n_items))
+                    values.append(top[0])
+                    indices.append(top[1])
+                    continue
+                # the same product as ``score``'s, into this thread's reused buffer
+                scores = product(a, b, bias, out=scratch(hi - lo, self.n_items))
             else:
                 scores = (self.score(block_items, block_offsets) if users is None
                           else self.trained_scores(users[lo:hi], block_items, block_offsets))

@@ -56,6 +56,15 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     return _numpy(a, b, bias, out) if kernel == "numpy" else _torch(a, b, bias, out)
 
 
+def kernel_of(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None):
+    """The function ``product`` runs for these operands, (a, b, bias, out) -> ``a @ b + bias``:
+    ``kernel_for``'s choice, or torch's where numpy's cannot take part. For callers that run one
+    kernel over many slices of the same product (``models.stream_topk``'s tiles)."""
+    if not _numpy_can(a, b, bias):
+        return _torch
+    return _numpy if kernel_for(a, b, bias) == "numpy" else _torch
+
+
 def scratch(rows: int, n: int) -> torch.Tensor:
     """A (rows, n) float32 buffer of this thread's, reused from call to call (grown when asked
     for more), for scores consumed before the next call: ``Recommender.recommend``'s blocks.

@@ -6,6 +6,7 @@ import pytest
 
 from benchmarks import floors as F
 from benchmarks import peak
+from models import native
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def test_the_bf16_loop_adds_a_pair_of_products_per_lane_and_instruction(lib):
 
 
 def test_without_a_compiler_the_peak_is_unmeasured_with_the_reason(monkeypatch, tmp_path):
-    monkeypatch.setattr(peak.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
     path, why = peak.build(str(tmp_path))
     assert path is None and why.startswith("no C compiler (cc, gcc or clang)")
     lines = F.peak_lines({"compiled": why, "fp32": None, "bf16": None}, 2)

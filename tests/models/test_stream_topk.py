@@ -1,0 +1,183 @@
+"""models.stream_topk: the product and its top-k fused over cache-sized tiles give torch.topk's
+values and items on the unfused product (ties, NaN, excluded items and short rows included), and
+models.native builds its C once, atomically, or says why it cannot."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from models import native, product, stream_topk as S
+from models.batch import row_ids, sparse_rows, user_slice
+from models.registry import build
+
+needs_cc = pytest.mark.skipif(S.library()[0] is None, reason="no C compiler here: "
+                              "test_without_a_compiler_scoring_keeps_torch covers that case")
+
+
+@pytest.fixture
+def numpy_kernel(monkeypatch):
+    """OpenBLAS: its tiles' scores are the whole product's, bit for bit (checked below)."""
+    monkeypatch.setenv(product.KERNEL_ENV, "numpy")
+
+
+def operands(rows=70, n=5000, d=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(rows, d, generator=g), torch.randn(d, n, generator=g) * 0.3,
+            torch.randn(n, generator=g) * 0.1)
+
+
+def unfused(a, b, bias, exclude, k):
+    """What recommend did before: the whole product, the mask, torch.topk."""
+    scores = product.product(a, b, bias)
+    items, offsets = exclude
+    if len(items):
+        scores[row_ids(offsets, len(items)), items] = -torch.inf
+    return torch.topk(scores, k, dim=1)
+
+
+def exclusions(rows, n, per, seed=0):
+    rng = np.random.default_rng(seed)
+    return sparse_rows([rng.choice(n, per, replace=False) for _ in range(rows)])
+
+
+def test_a_column_tile_of_openblas_product_is_the_whole_products_bits(numpy_kernel):
+    a, b, bias = operands(rows=40, n=6000, d=200)
+    whole = product.product(a, b, bias)
+    run = product.kernel_of(a, b, bias)
+    for lo in range(0, 6000, 640):
+        tile = run(a, b[:, lo:lo + 640], bias[lo:lo + 640], None)
+        assert torch.equal(tile, whole[:, lo:lo + 640])
+
+
+@needs_cc
+@pytest.mark.parametrize("k", [1, 10, 50])
+def test_distinct_scores_give_torch_topk_exactly(numpy_kernel, k):
+    a, b, bias = operands()
+    exclude = exclusions(70, 5000, 30)
+    got = S.top_k(a, b, bias, exclude, k)
+    want = unfused(a, b, bias, exclude, k)
+    assert torch.equal(got[0], want.values) and torch.equal(got[1], want.indices)
+
+
+def crowded(rows: int, n: int, user: int, left: int):
+    """Exclusions of ``rows`` users, 30 each, but user ``user`` has only ``left`` items left."""
+    items, offsets = exclusions(rows, n, 30)
+    owner = row_ids(offsets, len(items))
+    items = torch.cat([items[owner != user], torch.arange(n - left)])
+    owner = torch.cat([owner[owner != user], torch.full((n - left,), user)])
+    order = torch.argsort(owner, stable=True)
+    return items[order], torch.searchsorted(owner[order], torch.arange(rows))
+
+
+@needs_cc
+@pytest.mark.parametrize("nan", [False, True])
+def test_ties_short_rows_and_nan_are_ranked_whole_as_before(numpy_kernel, monkeypatch, nan):
+    a, b, _ = operands(rows=20)
+    k = 10
+    a[0] = 0.0                            # every score of user 0 tied at 0
+    top = torch.topk(a[1] @ b, k + 1).indices
+    b[:, 4001] = b[:, top[3]]             # user 1's 4th best tied by item 4001, for everyone
+    if nan:
+        a[5, 0] = torch.nan               # user 5's scores all NaN
+        b[:, 2999] = torch.nan            # item 2999: NaN for everyone, ranked first by topk
+    exclude = crowded(20, 5000, 2, 5)     # user 2 has 5 items left, fewer than k
+    recomputed = []
+    real = S.rank_whole
+    monkeypatch.setattr(S, "rank_whole", lambda *x: recomputed.append(x[5].tolist()) or real(*x))
+    got = S.top_k(a, b, None, exclude, k)
+    want = unfused(a, b, None, exclude, k)
+    assert torch.equal(got[1], want.indices)
+    assert torch.equal(got[0].nan_to_num(), want.values.nan_to_num())
+    if nan:  # every row meets the NaN item (user 2 excludes it): all ranked whole
+        assert recomputed == [list(range(20))]
+    else:    # the tied rows and the short one, no other
+        assert recomputed == [[0, 1, 2]]
+        assert want.values[1, 3] == want.values[1, 4]
+
+
+@needs_cc
+def test_exclusions_are_sorted_within_rows_and_walked_once():
+    items = torch.tensor([9, 3, 7, 5, 1])
+    offsets = torch.tensor([0, 3, 3])       # user 0: 9, 3, 7; user 1: none; user 2: 5, 1
+    got, starts, ends = S.exclusions(items, offsets, 3, 10)
+    assert got.tolist() == [3, 7, 9, 1, 5]
+    assert starts.tolist() == [0, 3, 3] and ends.tolist() == [3, 3, 5]
+    got, starts, ends = S.exclusions(items[:0], offsets[:0], 4, 10)  # no exclusions at all
+    assert len(got) == 0 and starts.tolist() == ends.tolist() == [0] * 4
+
+
+@needs_cc
+def test_recommend_streams_a_large_catalogue_to_the_same_lists(numpy_kernel, monkeypatch):
+    """recommend of an AutoRec above MIN_ITEMS: the fused path (asserted taken) gives the values
+    and items of NCE_SCORE_TOPK=torch's product-then-top_k path, in several of its blocks."""
+    items, users = 6000, 90
+    torch.manual_seed(0)
+    model = build("autorec", {"lam_units": "plain", "n_items": items, "width": 32}).eval()
+    rows, offsets = exclusions(users, items, 25, seed=3)
+    monkeypatch.setattr("models.base.FACTOR_BLOCK_SCORES", items * 40)  # blocks of 40 users
+    calls = []
+    real = S.top_k
+    monkeypatch.setattr(S, "top_k", lambda *x: calls.append(len(x[0])) or real(*x))
+    fused = model.recommend(rows, offsets, 50)
+    assert calls == [40, 40, 10]
+    monkeypatch.setenv(S.ENV, "torch")
+    plain = model.recommend(rows, offsets, 50)
+    assert len(calls) == 3
+    assert torch.equal(fused[0], plain[0]) and torch.equal(fused[1], plain[1])
+    # exclude_seen=False and k = n - 1 (the largest k it takes)
+    monkeypatch.delenv(S.ENV)
+    some = user_slice(rows, offsets, 0, 40)
+    for kw, k in (({"exclude_seen": False}, 50), ({}, items - 1)):
+        fused = model.recommend(*some, k, **kw)
+        monkeypatch.setenv(S.ENV, "torch")
+        plain = model.recommend(*some, k, **kw)
+        monkeypatch.delenv(S.ENV)
+        assert torch.equal(fused[1], plain[1]) and torch.equal(fused[0], plain[0])
+
+
+def test_where_it_does_not_apply():
+    a, b, _ = operands(n=5000)
+    small = operands(n=S.MIN_ITEMS - 1)
+    assert not S.applies(*small[:2], 10)                  # a catalogue that fits the cache
+    assert not S.applies(a, b, 0) and not S.applies(a, b, 5000)
+    assert not S.applies(a.double(), b.double(), 10)      # the C loop reads float32
+    assert S.tile_items(1) == S.TILE_SCORES and S.tile_items(10_000) == S.MIN_TILE_ITEMS
+    assert S.tile_items(300) % 64 == 0
+
+
+def test_the_pin_and_a_bad_value_say_the_fix(monkeypatch):
+    monkeypatch.setenv(S.ENV, "torch")
+    assert S.available() == (False, f"{S.ENV}=torch")
+    monkeypatch.setenv(S.ENV, "fast")
+    with pytest.raises(ValueError, match="use auto"):
+        S.available()
+
+
+def test_without_a_compiler_scoring_keeps_torch(monkeypatch, tmp_path):
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    monkeypatch.setattr(S, "library", lambda: (None, native.build("x", "", str(tmp_path))[1]))
+    ok, why = S.available()
+    assert not ok and why.startswith("no C compiler")
+    a, b, _ = operands()
+    assert not S.applies(a, b, 10)
+    monkeypatch.setenv(S.ENV, "native")
+    with pytest.raises(RuntimeError, match="Install a C compiler"):
+        S.available()
+
+
+@pytest.mark.skipif(native.compiler() is None, reason="builds C")
+def test_native_build_is_cached_atomic_and_says_why_it_failed(tmp_path):
+    src = "int forty_two(void) { return 42; }\n"
+    path, how = native.build("t", src, str(tmp_path))
+    assert how.endswith("-O2 -march=native -shared -fPIC")
+    import ctypes
+    assert native.load(path, {"forty_two": (ctypes.c_int, ())}).forty_two() == 42
+    stamp = (tmp_path / path.split("/")[-1]).stat().st_mtime_ns
+    assert native.build("t", src, str(tmp_path))[0] == path          # cached: not rebuilt
+    assert (tmp_path / path.split("/")[-1]).stat().st_mtime_ns == stamp
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.split("/")[-1]]  # no leftovers
+    bad, why = native.build("u", "this is not C", str(tmp_path))
+    assert bad is None and "failed" in why and "error" in why
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.split("/")[-1]]
