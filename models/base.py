@@ -24,9 +24,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from models import stream_topk
 from models.batch import Batch, row_ids, user_slice
 from models.hparams import HP
-from models import stream_topk
 from models.product import product, scratch
 from models.topk import top_k
 from models.training import Training

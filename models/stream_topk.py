@@ -41,7 +41,8 @@ import os
 
 import torch
 
-from models import native, product as P
+from models import native
+from models import product as P
 from models.batch import row_ids
 
 ENV = "NCE_SCORE_TOPK"

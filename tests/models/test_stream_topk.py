@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from models import native, product, stream_topk as S
+from models import native, product
+from models import stream_topk as S
 from models.batch import row_ids, sparse_rows, user_slice
 from models.registry import build
 
