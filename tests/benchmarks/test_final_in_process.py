@@ -62,3 +62,22 @@ def test_the_paired_difference_is_over_the_users_both_scored():
     assert d["ndcg"]["mean"] == pytest.approx(0.1)
     assert d["recall_at_20"]["mean"] == pytest.approx(0.5)
     assert d["ndcg_at_20_truncated"]["ci95"] == pytest.approx(1.96 * 0.2 / math.sqrt(2))
+
+
+def test_pairs_against_several_seeds_pool_them_and_one_seed_is_the_plain_pair():
+    from evaluation.seeds import pooled_interval
+
+    cols = ["ndcg", "recall_at_20", "ndcg_at_20_truncated"]
+    mine = pd.DataFrame({"user_id": ["a", "b", "c"], **{c: [0.5, 0.2, 0.1] for c in cols}})
+    seeds = [pd.DataFrame({"user_id": ["a", "b", "c"], **{c: v for c in cols}})
+             for v in ([0.3, 0.2, 0.0], [0.4, 0.0, 0.1])]
+    d = final.paired(mine, *seeds)
+    # per-user differences: seed 0 (0.2, 0, 0.1), seed 1 (0.1, 0.2, 0); by hand
+    per_seed = [0.1, 0.1]
+    user_means = np.array([0.15, 0.1, 0.05])
+    want = pooled_interval(per_seed, float(user_means.var()), 3)
+    assert d["seeds"] == 2 and d["ndcg"]["per_seed"] == pytest.approx(per_seed)
+    assert d["ndcg"]["mean"] == pytest.approx(0.1) and d["ndcg"]["ci95"] == pytest.approx(want["ci95"])
+    one = final.paired(mine, seeds[0])
+    assert one["ndcg"]["ci95"] == pytest.approx(1.96 * np.array([0.2, 0, 0.1]).std() / math.sqrt(3))
+    assert "per_seed" not in one["ndcg"]
