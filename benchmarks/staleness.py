@@ -48,6 +48,8 @@ GRIDS = "benchmarks/grids/"
 
 # result name (a file stem in benchmarks/results, a folder there, or "local_cluster") -> the
 # paths (files or folders, from the repository root) whose behaviour sets its numbers
+# scoring's product and its fused top-k (models.stream_topk, built by models.native)
+SCORING_KERNEL = ("models/product.py", "models/stream_topk.py", "models/native.py")
 MEASURES: dict[str, tuple[str, ...]] = {
     "batch_defaults": ("benchmarks/batch_defaults.py", *AUTOREC, *TRAINING, "training/config.py"),
     "collapse": ("benchmarks/collapse.py", *AUTOREC, *TRAINING, "training/config.py"),
@@ -79,7 +81,11 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "quality_ml100k": ("benchmarks/quality_ml100k.py", *AUTOREC, *TRAINING),
     "score_throughput": ("benchmarks/score_throughput.py", "evaluation/score.py",
                          "models/serving.py", "models/topk.py", "models/base.py",
-                         "models/autorec/model.py"),
+                         "models/autorec/model.py", *SCORING_KERNEL),
+    "scoring_exact": ("benchmarks/scoring_exact.py", "models/base.py", "models/topk.py",
+                      *SCORING_KERNEL),
+    "alternatives": ("benchmarks/alternatives.py", "evaluation/score.py", "models/base.py",
+                     *SCORING_KERNEL, *AUTOREC, *TRAINING),
     "train_throughput": ("benchmarks/train_throughput.py", *AUTOREC, "training"),
     "tune_defaults": ("benchmarks/tune_defaults.py", *AUTOREC, *TRAINING, "training/config.py"),
     "validation_speed": ("benchmarks/validation_speed.py", "training/validate.py",
