@@ -56,13 +56,16 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     return _numpy(a, b, bias, out) if kernel == "numpy" else _torch(a, b, bias, out)
 
 
-def kernel_of(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None):
+def kernel_of(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+              total: int | None = None):
     """The function ``product`` runs for these operands, (a, b, bias, out) -> ``a @ b + bias``:
     ``kernel_for``'s choice, or torch's where numpy's cannot take part. For callers that run one
-    kernel over many slices of the same product (``models.stream_topk``'s tiles)."""
+    kernel over many slices of one product (``models.stream_topk``'s tiles): ``b`` is then a
+    slice, timed as it will run, and ``total`` the whole product's weights (items x width), which
+    decide whether it is large enough to time at all (``MIN_CHOSEN``)."""
     if not _numpy_can(a, b, bias):
         return _torch
-    return _numpy if kernel_for(a, b, bias) == "numpy" else _torch
+    return _numpy if kernel_for(a, b, bias, total) == "numpy" else _torch
 
 
 def scratch(rows: int, n: int) -> torch.Tensor:
@@ -81,9 +84,11 @@ def scratch(rows: int, n: int) -> torch.Tensor:
     return buf[:size].view(rows, n)
 
 
-def kernel_for(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> str:
+def kernel_for(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+               total: int | None = None) -> str:
     """The kernel for ``a @ b`` in this process: pinned by ``NCE_SCORE_KERNEL``, else chosen
-    once per (items, width, threads) by timing both on these operands."""
+    once per (items, width, threads) by timing both on these operands (``total``: the weights of
+    the whole product ``b`` is a slice of, where it is one)."""
     pinned = os.environ.get(KERNEL_ENV, "auto")
     if pinned in KERNELS:
         return pinned
@@ -91,7 +96,7 @@ def kernel_for(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = Non
         raise ValueError(f"{KERNEL_ENV}={pinned!r}: use one of {', '.join(KERNELS)} or auto "
                          "(time both on the first product of each shape)")
     d, n = b.shape
-    if n * d < MIN_CHOSEN:
+    if (total or n * d) < MIN_CHOSEN:
         return "torch"
     key = (n, d, torch.get_num_threads())
     if key not in _chosen:

@@ -9,9 +9,12 @@ the tile once: its excluded items set to -inf, then every score compared 16 at a
 8 with AVX2) with the row's running threshold, the (k + 1)-th largest score so far, kept as the
 root of a min-heap of the row's k + 1 best. After the first tiles almost nothing passes, so the
 top-k costs about one vector compare per 16 scores where ``models.topk.top_k`` costs a maximum
-pass, two rankings and a gather over a block that has left the cache: at the Yahoo shape (44,865
-items, width 200, one thread, Intel Xeon 6/207) product plus top-k went from ~1.4x the product
-alone to ~1.0x (benchmarks/results/score_throughput.md has the measured rates).
+pass, two rankings and a gather over a block that has left the cache. What it still costs, ~20
+us a user of one core at the Yahoo shape (a sixth of the product), is mostly reading the tile
+back: the tile's GEMM leaves little of it in L2. A buffer of 4 (k + 1) candidates with
+quickselect, in place of the heap's ~400 sift-downs a user, measured the same (151-156 us a user
+both) and was not kept; smaller tiles or fewer rows per GEMM were slower (MKL's rate falls below
+~300 rows). The measured rates are benchmarks/results/score_throughput.md's.
 
 Exactness: the heap holds the k + 1 largest of the scores the tiles' products wrote, exactly.
 If they are finite and strictly decreasing, the top k are unique, items and order, and equal
@@ -193,13 +196,14 @@ def top_k(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
     ex_items, ex_pos, ex_end = exclusions(*exclude, rows, n)
     step = tile_items(rows)
     # one kernel for every tile: chosen (by timing, models.product) at the tile's shape
-    run = P.kernel_of(a, b[:, :step], None if bias is None else bias[:step])
+    run = P.kernel_of(a, b[:, :step], None if bias is None else bias[:step],
+                      total=b.shape[0] * n)
+    fixed = [_ptr(x) for x in (ex_items, ex_pos, ex_end, heap_v, heap_i)]
     for lo in range(0, n, step):
         hi = min(lo + step, n)
         out = run(a, b[:, lo:hi], None if bias is None else bias[lo:hi],
                   P.scratch(rows, hi - lo))
-        lib.stream_topk(_ptr(out), rows, hi - lo, hi - lo, lo, _ptr(ex_items), _ptr(ex_pos),
-                        _ptr(ex_end), _ptr(heap_v), _ptr(heap_i), width, _ptr(nan))
+        lib.stream_topk(_ptr(out), rows, hi - lo, hi - lo, lo, *fixed, width, _ptr(nan))
     values, order = torch.sort(heap_v, dim=1, descending=True)
     indices = heap_i.gather(1, order)
     unique = (torch.isfinite(values).all(dim=1) & (values[:, :-1] > values[:, 1:]).all(dim=1)

@@ -76,6 +76,20 @@ def test_auto_measures_once_per_shape_and_keeps_its_choice(monkeypatch):
     assert product.chosen() == {(1 << 15, 32, torch.get_num_threads()): "numpy"}
 
 
+def test_a_slice_of_a_large_product_is_timed_at_the_slices_shape(monkeypatch):
+    """stream_topk's tiles: a 640-column slice is small, but the product it is a slice of is not,
+    so the choice is measured (on the slice, as it will run), and kept per slice shape."""
+    monkeypatch.delenv(product.KERNEL_ENV, raising=False)
+    monkeypatch.setattr(product, "_chosen", {})
+    calls = []
+    monkeypatch.setattr(product, "choose", lambda a, b, bias: calls.append(b.shape) or "numpy")
+    h, w, bias = operands(n=40_000, d=32)
+    tile = w.T[:, :640]
+    assert product.kernel_of(h, tile, bias[:640]) is product._torch  # alone: too small to time
+    assert product.kernel_of(h, tile, bias[:640], total=40_000 * 32) is product._numpy
+    assert calls == [(32, 640)]
+
+
 @pytest.mark.parametrize("numpy_cost, want", [(80.0, "numpy"), (95.0, "torch")])
 def test_choose_prefers_numpy_only_by_the_margin(monkeypatch, numpy_cost, want):
     """A fake clock: each kernel's product advances it by a fixed cost; numpy's is chosen at
