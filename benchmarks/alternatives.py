@@ -43,6 +43,7 @@ SHAPES = {  # items, positives per user (all splits; the input gets half)
     "yahoo": {"items": 44_865, "per_user": 26.0},
 }
 K, BATCH, ALPHA = 50, 2048, 20.0
+REPEATS = 3  # each training side's time is the least of 3
 
 
 def prepare(shape: str, users: int, work: Path) -> Path:
@@ -101,10 +102,11 @@ def autorec_epoch_seconds(data: Path, width: int) -> float:
     opts = make_optimizers(policy, phase, 1e-3)
     for i in range(2):  # warm-up: first-touch pages, the allocator, oneDNN's kernels
         train_batch(net, make(table.slice(i * BATCH, BATCH), 0), phase, opts)
-    t0 = time.perf_counter()
-    for lo in range(0, len(table), BATCH):  # batches built inside the timing, as an epoch does
-        train_batch(net, make(table.slice(lo, BATCH), 0), phase, opts)
-    return time.perf_counter() - t0
+
+    def epoch():
+        for lo in range(0, len(table), BATCH):  # batches built inside the timing, as an epoch
+            train_batch(net, make(table.slice(lo, BATCH), 0), phase, opts)
+    return min(timed(epoch) for _ in range(REPEATS))
 
 
 def als(factors: int, iterations: int = 1):
@@ -115,15 +117,16 @@ def als(factors: int, iterations: int = 1):
 
 
 def als_sweep_seconds(rows: list, n_items: int, factors: int) -> float:
-    """Seconds of one ALS sweep (users, then items) of implicit's, after one untimed sweep
-    (its thread pool and first touches)."""
+    """Seconds of one ALS sweep (users, then items) of implicit's, the least of ``REPEATS``
+    after one untimed sweep (its thread pool and first touches)."""
     from threadpoolctl import threadpool_limits
     user_items = csr(rows, n_items)
+    # untimed, and before the limit: the first fit loads a BLAS that a limit entered earlier
+    # does not reach, which then runs threads of its own beside implicit's (4.3x slower here)
+    als(factors).fit(user_items, show_progress=False)
     with threadpool_limits(1, "blas"):  # implicit's advice: its threads, not BLAS's
-        als(factors).fit(user_items, show_progress=False)
-        t0 = time.perf_counter()
-        als(factors).fit(user_items, show_progress=False)
-        return time.perf_counter() - t0
+        return min(timed(lambda: als(factors).fit(user_items, show_progress=False))
+                   for _ in range(REPEATS))
 
 
 def train_part(shape: str, data: Path, widths: list[int]) -> list[dict]:
@@ -202,6 +205,7 @@ def score_width(spark, shape: str, data: Path, rows: list, width: int, work: Pat
 
     fitted = als(width, iterations=1)
     user_items = csr(rows, SHAPES[shape]["items"])
+    fitted.fit(user_items, show_progress=False)  # before the limit (als_sweep_seconds says why)
 
     def implicit_recommend():
         fitted.recommend(list(range(len(rows))), user_items, N=K,
@@ -209,10 +213,9 @@ def score_width(spark, shape: str, data: Path, rows: list, width: int, work: Pat
 
     seconds = {}
     with threadpool_limits(1, "blas"):
-        fitted.fit(user_items, show_progress=False)
         for name, fn in (("ours", ours), ("mllib", mllib), ("implicit", implicit_recommend)):
             fn()  # a warm call is the one reported, as score_throughput's
-            seconds[name] = timed(fn)
+            seconds[name] = timed(fn)  # one: MLlib's takes about a minute
     out = []
     for key, name in (("mllib", "Spark MLlib ALS recommendForAllUsers"),
                       ("implicit", "implicit ALS recommend (one process)")):
