@@ -321,6 +321,23 @@ def score_throughput(d: dict) -> list[str]:
                   for r in d["results"]])
 
 
+def scoring_exact(d: dict) -> list[str]:
+    return table(["model", "items", "users", "lists identical", "values identical",
+                  "ranked whole", "largest value difference", "unfused s", "fused s"],
+                 [[r["describe"].split(" (")[0] + " " + r["describe"].split(" (")[1].split(",")[0],
+                   num(r["n_items"]), num(r["users"]), num(r["lists_identical"]),
+                   num(r["values_identical"]), num(r["ranked_whole"]),
+                   f"{r['max_value_difference']:.1e}", num(r["unfused_seconds"], 1),
+                   num(r["fused_seconds"], 1)] for r in d["results"]])
+
+
+def alternatives(d: dict) -> list[str]:
+    return table(["part", "shape", "width", "ours", "s", "alternative", "s", "their s / ours"],
+                 [[r["part"], r["shape"], num(r["width"]), r["ours"], num(r["ours_seconds"], 1),
+                   r["theirs"], num(r["theirs_seconds"], 1), num(r["ratio"], 2)]
+                  for r in d["results"]])
+
+
 def train_throughput(d: dict) -> list[str]:
     def vs_one(r):
         if r["workers"] == 1:
@@ -396,6 +413,7 @@ HEADLINES: dict[str, Callable[[dict], list[str]]] = {
     "quality_ml100k": quality_ml100k, "score_throughput": score_throughput,
     "train_throughput": train_throughput, "tune_defaults": tune_defaults,
     "validation_speed": validation_speed, "verify_cost": verify_cost, "yahoo_scale": yahoo_scale,
+    "scoring_exact": scoring_exact, "alternatives": alternatives,
 }
 
 
