@@ -6,8 +6,8 @@ Why not a compiled extension: a wheel's code is built for a generic x86-64, whil
 exist to use what this CPU has (AVX-512 compares, AVX512_BF16), and ``-march=native`` can only be
 decided on the machine that runs them. The build takes well under a second; a library is built
 once per source, flags, compiler and CPU and kept in a cache folder (``NCE_NATIVE_CACHE``, else
-``$XDG_CACHE_HOME/nce-autorec`` or ``~/.cache/nce-autorec``, else the temporary folder), so a
-cluster's shared home keeps one per kind of node. It is compiled to a temporary name and renamed
+a private folder of this user's under the temporary folder: ``cache_folder``), so a shared
+cache keeps one per kind of node. It is compiled to a temporary name and renamed
 into place: processes building at once (Spark's tasks) never load a half-written file.
 
 Without a C compiler, or where the build fails, ``build`` says why and the callers keep their
@@ -49,19 +49,24 @@ def cpu_key() -> str:
 
 
 def cache_folder() -> Path:
-    """Where built libraries are kept (the first writable of the module doc's list)."""
-    for where in (os.environ.get(CACHE_ENV),
-                  os.environ.get("XDG_CACHE_HOME") and Path(os.environ["XDG_CACHE_HOME"]) / "nce-autorec",
-                  Path.home() / ".cache" / "nce-autorec"):
-        if not where:
-            continue
-        try:
-            Path(where).mkdir(parents=True, exist_ok=True)
-            if os.access(where, os.W_OK):
-                return Path(where)
-        except OSError:
-            continue
-    return Path(tempfile.gettempdir())
+    """Where built libraries are kept: ``NCE_NATIVE_CACHE``, else a folder of this user's in the
+    temporary folder (not the home: a run writes nothing there). A library found there is loaded
+    into the process, so the folder must be this user's alone: created 0700, and one that is
+    someone else's or writable by others is not used (a fresh private folder is made instead)."""
+    pinned = os.environ.get(CACHE_ENV)
+    if pinned:
+        Path(pinned).mkdir(parents=True, exist_ok=True)
+        return Path(pinned)
+    where = Path(tempfile.gettempdir()) / f"nce-autorec-native-{os.getuid()}"
+    try:
+        where.mkdir(mode=0o700, exist_ok=True)
+        st = where.lstat()
+        if where.is_dir() and not where.is_symlink() and st.st_uid == os.getuid() \
+                and not st.st_mode & 0o022:
+            return where
+    except OSError:
+        pass
+    return Path(tempfile.mkdtemp(prefix="nce-autorec-native-"))
 
 
 def build(name: str, source: str, folder: str | None = None,

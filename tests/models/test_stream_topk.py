@@ -182,3 +182,23 @@ def test_native_build_is_cached_atomic_and_says_why_it_failed(tmp_path):
     bad, why = native.build("u", "this is not C", str(tmp_path))
     assert bad is None and "failed" in why and "error" in why
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.split("/")[-1]]
+
+
+def test_the_cache_is_private_and_never_the_home(monkeypatch, tmp_path):
+    """A library in the cache is loaded into the process: the default folder is this user's,
+    0700, under the temporary folder; one writable by others is not used."""
+    import os
+    import stat
+    import tempfile
+    monkeypatch.delenv(native.CACHE_ENV, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    home = os.path.expanduser("~")
+    where = native.cache_folder()
+    assert where == tmp_path / f"nce-autorec-native-{os.getuid()}"
+    assert stat.S_IMODE(where.stat().st_mode) == 0o700 and not str(where).startswith(home + "/")
+    where.chmod(0o777)  # now others could plant a library there: not used
+    other = native.cache_folder()
+    assert other != where and other.parent == tmp_path
+    assert stat.S_IMODE(other.stat().st_mode) == 0o700
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "pinned"))
+    assert native.cache_folder() == tmp_path / "pinned" and (tmp_path / "pinned").is_dir()
