@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,8 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import report  # noqa: E402
-from infra.submit import spark_submit  # noqa: E402
+from benchmarks import datasets, report, score_throughput  # noqa: E402
 
 SHAPES = {  # items, positives per user (all splits; the input gets half)
     "gowalla": {"items": 40_981, "per_user": 34.4},
@@ -48,16 +46,7 @@ REPEATS = 3  # each training side's time is the least of 3
 
 def prepare(shape: str, users: int, work: Path) -> Path:
     s = SHAPES[shape]
-    out = work / f"syn-{shape}-{users}"
-    if (out / "manifest.json").exists():
-        return out
-    cmd, env = spark_submit("etl/prepare.py", "--dataset", "synthetic", "--users", str(users),
-                            "--items", str(s["items"]), "--positives",
-                            str(int(users * s["per_user"])), "--negatives", "0",
-                            "--cold-users", "0", "--output", str(out), "--overwrite", "-q",
-                            master="local[2]", driver_memory="4g")
-    subprocess.run(cmd, env=env, cwd=ROOT, check=True)
-    return out
+    return datasets.synthetic(s["items"], s["per_user"], users, work / f"syn-{shape}-{users}")
 
 
 def train_rows(data: Path) -> list:
@@ -67,12 +56,8 @@ def train_rows(data: Path) -> list:
 
 def csr(rows: list, n_items: int):
     """Users x items CSR of ones (implicit's input)."""
-    import numpy as np
-    import scipy.sparse as sp
-    indptr = np.cumsum([0] + [len(r) for r in rows])
-    indices = np.concatenate([np.asarray(r, np.int32) for r in rows])
-    return sp.csr_matrix((np.ones(len(indices), np.float32), indices, indptr),
-                         shape=(len(rows), n_items))
+    from models.batch import sparse_rows, to_csr
+    return to_csr(*sparse_rows(rows), n_items)
 
 
 def autorec_epoch_seconds(data: Path, width: int) -> float:
@@ -144,22 +129,6 @@ def train_part(shape: str, data: Path, widths: list[int]) -> list[dict]:
     return out
 
 
-def save_model(data: Path, work: Path, width: int) -> Path:
-    import torch
-
-    from models.registry import build, save
-    from prepared.reader import open_prepared
-    from runtime.runs import MODEL_FILE
-
-    torch.manual_seed(0)
-    model = build("nce-autorec", {"lam_units": "plain",
-                                  "n_items": open_prepared(str(data)).n_items, "width": width})
-    run = work / f"model-{data.name}-{width}"
-    run.mkdir(exist_ok=True)
-    torch.save(save(model, config={"model": "nce-autorec"}, summary={}), run / MODEL_FILE)
-    return run
-
-
 def timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -191,7 +160,7 @@ def score_width(spark, shape: str, data: Path, rows: list, width: int, work: Pat
 
     from evaluation.score import score
 
-    run = save_model(data, work, width)
+    run = score_throughput.save_model(data, work, width)
 
     def ours():
         score(spark, model=str(run), data=str(data), output=str(work / f"recs-{shape}-{width}"),

@@ -30,3 +30,17 @@ def prepare(name: str, shared: Path, work: Path) -> Path:
                             "--output", str(out), "--quiet", master="local[2]", driver_memory="3g")
     subprocess.run(cmd, env=env, cwd=ROOT, check=True)
     return out
+
+
+def synthetic(items: int, per_user: float, users: int, out: Path) -> Path:
+    """``spark-submit etl/prepare.py --dataset synthetic`` at a shape (items, positives per user)
+    with ``users`` users, no negatives, no cold users, into ``out``; an ``out`` already prepared
+    (a benchmark's ``--work`` folder from an earlier run) is reused as it is."""
+    if (out / "manifest.json").exists():
+        return out
+    cmd, env = spark_submit("etl/prepare.py", "--dataset", "synthetic", "--users", str(users),
+                            "--items", str(items), "--positives", str(int(users * per_user)),
+                            "--negatives", "0", "--cold-users", "0", "--output", str(out),
+                            "--overwrite", "-q", master="local[2]", driver_memory="4g")
+    subprocess.run(cmd, env=env, cwd=ROOT, check=True)
+    return out

@@ -29,7 +29,6 @@ import dataclasses
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,8 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import floors, report  # noqa: E402
-from infra.submit import spark_submit  # noqa: E402
+from benchmarks import datasets, floors, report  # noqa: E402
 from runtime.runs import MODEL_FILE  # noqa: E402
 
 SHAPES = {  # items, positives per user (all splits; the input gets half), real users
@@ -51,19 +49,12 @@ WIDTH, K = 200, 50
 
 def prepare(shape: str, users: int, work: Path) -> Path:
     s = SHAPES[shape]
-    out = work / f"syn-{shape}-{users}"
-    if (out / "manifest.json").exists():  # a --work directory from an earlier run
-        return out
-    cmd, env = spark_submit("etl/prepare.py", "--dataset", "synthetic", "--users", str(users),
-                            "--items", str(s["items"]), "--positives",
-                            str(int(users * s["per_user"])), "--negatives", "0",
-                            "--cold-users", "0", "--output", str(out), "--overwrite", "-q",
-                            master="local[2]", driver_memory="4g")
-    subprocess.run(cmd, env=env, cwd=ROOT, check=True)
-    return out
+    return datasets.synthetic(s["items"], s["per_user"], users, work / f"syn-{shape}-{users}")
 
 
-def save_model(data: Path, work: Path) -> Path:
+def save_model(data: Path, work: Path, width: int = WIDTH) -> Path:
+    """An NCE-AutoRec of ``width`` with random weights (scoring's cost does not depend on them),
+    saved as a run folder under ``work``."""
     import torch
 
     from models.registry import build, save
@@ -71,8 +62,8 @@ def save_model(data: Path, work: Path) -> Path:
 
     torch.manual_seed(0)
     model = build("nce-autorec", {"lam_units": "plain",
-                                  "n_items": open_prepared(str(data)).n_items, "width": WIDTH})
-    run = work / f"model-{data.name}"
+                                  "n_items": open_prepared(str(data)).n_items, "width": width})
+    run = work / f"model-{data.name}-{width}"
     run.mkdir(exist_ok=True)
     torch.save(save(model, config={"model": "nce-autorec"}, summary={}), run / MODEL_FILE)
     return run

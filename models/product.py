@@ -50,10 +50,7 @@ def product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     kernel ``kernel_for`` chose; torch's where numpy's cannot take part (a GPU, autograd, not
     float32, not 2-D). ``out``: a contiguous (B, n) float32 CPU tensor to write it into (e.g.
     ``scratch``), the same bits as without."""
-    if not _numpy_can(a, b, bias):
-        return _torch(a, b, bias, out)
-    kernel = kernel_for(a, b, bias)
-    return _numpy(a, b, bias, out) if kernel == "numpy" else _torch(a, b, bias, out)
+    return kernel_of(a, b, bias)(a, b, bias, out)
 
 
 def kernel_of(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,

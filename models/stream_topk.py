@@ -177,8 +177,7 @@ def exclusions(items: torch.Tensor, offsets: torch.Tensor, rows: int, n_items: i
     ends = torch.cat([offsets[1:], torch.tensor([len(items)])]).long() if len(offsets) else \
         torch.zeros(rows, dtype=torch.long)
     starts = offsets.long() if len(offsets) else torch.zeros(rows, dtype=torch.long)
-    rows_of = torch.repeat_interleave(torch.arange(len(starts)), ends - starts)
-    keyed = torch.sort(rows_of * n_items + items.long()).values
+    keyed = torch.sort(row_ids(starts, len(items)) * n_items + items.long()).values
     return (keyed % n_items).contiguous(), starts.contiguous().clone(), ends.contiguous()
 
 
