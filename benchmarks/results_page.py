@@ -402,6 +402,19 @@ def yahoo_scale(d: dict) -> list[str]:
                         if m["metric"] in ("NDCG", "Recall@50")])
 
 
+def preset_check(d: dict) -> list[str]:
+    rows = []
+    for name, r in d["sets"].items():
+        for label, run in r["runs"].items():
+            vs = run.get("vs_paper", {}).get("ndcg")
+            rows.append([f"{name} ({r['density']:.2%})", label,
+                         pm((run["test"]["ndcg"]["mean"], run["test"]["ndcg"]["ci95"])),
+                         num(run["test"]["recall_at_20"]["mean"], 4),
+                         pm((vs["mean"], vs["ci95"]), signed=True) if vs else "–"])
+    return table(["generated set (train density)", "model", "test NDCG", "Recall@20",
+                  "vs the paper's NCE-AutoRec"], rows)
+
+
 HEADLINES: dict[str, Callable[[dict], list[str]]] = {
     "batch_defaults": batch_defaults, "collapse": collapse, "demo": demo,
     "etl_scale": etl_scale, "evaluate_speed": evaluate_speed,
@@ -413,7 +426,7 @@ HEADLINES: dict[str, Callable[[dict], list[str]]] = {
     "quality_ml100k": quality_ml100k, "score_throughput": score_throughput,
     "train_throughput": train_throughput, "tune_defaults": tune_defaults,
     "validation_speed": validation_speed, "verify_cost": verify_cost, "yahoo_scale": yahoo_scale,
-    "scoring_exact": scoring_exact, "alternatives": alternatives,
+    "scoring_exact": scoring_exact, "alternatives": alternatives, "preset_check": preset_check,
 }
 
 

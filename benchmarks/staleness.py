@@ -86,6 +86,8 @@ MEASURES: dict[str, tuple[str, ...]] = {
                       *SCORING_KERNEL),
     "alternatives": ("benchmarks/alternatives.py", "evaluation/score.py", "models/base.py",
                      *SCORING_KERNEL, *AUTOREC, *TRAINING),
+    "preset_check": ("benchmarks/preset_check.py", "benchmarks/final_in_process.py",
+                     "benchmarks/tune_defaults.py", "models", "training", "etl/synthetic.py"),
     "train_throughput": ("benchmarks/train_throughput.py", *AUTOREC, "training"),
     "tune_defaults": ("benchmarks/tune_defaults.py", *AUTOREC, *TRAINING, "training/config.py"),
     "validation_speed": ("benchmarks/validation_speed.py", "training/validate.py",

@@ -26,7 +26,7 @@ from torch import nn
 
 from models import stream_topk
 from models.batch import Batch, row_ids, user_slice
-from models.hparams import HP
+from models.hparams import HP, Presets
 from models.product import product, scratch
 from models.topk import top_k
 from models.training import Training
@@ -56,6 +56,8 @@ class Recommender(nn.Module):
     hyperparameters: ClassVar[dict[str, HP]] = {}
     #: run-level flags its named grids search beside its hyperparameters: {grid: {flag: values}}
     run_axes: ClassVar[dict[str, dict[str, list]]] = {}
+    #: named settings a run asks for with ``--preset`` (``models.hparams.Presets``); None: none
+    presets: ClassVar[Presets | None] = None
     #: parts of the prepared rows the batches must carry besides the input items (RSTAR, NEGATIVES)
     needs: ClassVar[frozenset[str]] = frozenset()
     #: whether it has parameters per training user (indexed by ``Batch.users``; its constructor

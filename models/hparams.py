@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,3 +125,31 @@ def grid_axes(cls, grid_name: str) -> dict[str, list]:
     axes = {name: list(hp.search[grid_name]) for name, hp in cls.hyperparameters.items()
             if grid_name in hp.search}
     return {**axes, **{k: list(v) for k, v in cls.run_axes.get(grid_name, {}).items()}}
+
+
+@dataclass(frozen=True)
+class DataShape:
+    """What a preset's rule reads of the training data: the warm users, the items and the train
+    split's positives (``training.config.data_shape`` reads them from a prepared manifest)."""
+
+    users: int
+    items: int
+    positives: int
+
+    @property
+    def density(self) -> float:
+        """The share of the (users x items) matrix that is positive."""
+        return self.positives / max(self.users * self.items, 1)
+
+
+@dataclass(frozen=True)
+class Presets:
+    """A model's named settings, asked for with ``--preset NAME`` (extensions beyond the paper:
+    what fair searches chose, so that a run gets it without a search), and the rule by which
+    ``--preset auto`` picks one from the data. A preset's values are flags' values: the model's
+    hyperparameters, its training options, and the run's ``lr``, ``batch_size`` and
+    ``patience``; a flag given on the command line wins over the preset's value."""
+
+    named: Mapping[str, Mapping[str, Any]]
+    choose: Callable[[DataShape], str]  # the name ``auto`` stands for on data of this shape
+    rule: str  # ``choose`` in words, for --help and the run's log

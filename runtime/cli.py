@@ -224,6 +224,16 @@ def choices_metavar(choices) -> str | None:
     return None
 
 
+#: where a parse records the fields given on its command line or in its --config file
+GIVEN = "given_fields"
+
+
+def given(args: argparse.Namespace) -> frozenset[str] | None:
+    """The fields the command line or its --config file set (not left to their defaults); None
+    for a namespace that no ``strict_parser`` parsed."""
+    return getattr(args, GIVEN, None)
+
+
 def values(args: argparse.Namespace, cls) -> dict:
     """The parsed flags of ``cls``'s option fields, ready for ``cls(**...)``."""
     out = {}
@@ -268,7 +278,9 @@ class _ConfigFileParser(argparse.ArgumentParser):
         self._argv = argv  # for error()
         path = _config_path(argv) if self.config_cls is not None else None
         if path is None or {"-h", "--help"} & set(argv):  # --help never needs the file
-            return super().parse_known_args(argv, namespace)
+            parsed, rest = super().parse_known_args(argv, namespace)
+            setattr(parsed, GIVEN, self._on_line(argv))
+            return parsed, rest
         settings = read_config(path, self.config_cls, self)
         namespace = namespace if namespace is not None else argparse.Namespace()
         for name, value in settings.items():
@@ -280,10 +292,17 @@ class _ConfigFileParser(argparse.ArgumentParser):
         for a in relaxed:
             a.required = False
         try:
-            return super().parse_known_args(argv, namespace)
+            parsed, rest = super().parse_known_args(argv, namespace)
         finally:
             for a in relaxed:
                 a.required = True
+        setattr(parsed, GIVEN, self._on_line(argv) | set(settings))
+        return parsed, rest
+
+    def _on_line(self, argv: list[str]) -> frozenset[str]:
+        """The fields whose flags ``argv`` names (``--lr 1e-3`` and ``--lr=1e-3`` alike)."""
+        words = {a.split("=", 1)[0] for a in argv if a.startswith("-")}
+        return frozenset(a.dest for a in self._actions if words & set(a.option_strings))
 
 
 def add_config_file(parser: argparse.ArgumentParser, cls) -> None:

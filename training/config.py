@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from models.hparams import Option
+from models.hparams import DataShape, Option
 from models.registry import MODELS
 from models.training import Training
 from prepared.errors import UsageError
@@ -31,6 +31,14 @@ VALID_BY = ("fold-in", "trained")
 GRADIENT_ONLY = ("lr", "batch_size", "epochs", "pretrain_epochs", "patience", "negatives",
                  "num_negatives", "valid_by", "bf16")
 
+
+# --preset's names and what each model's are (``models.hparams.Presets``)
+PRESET_NAMES = list(dict.fromkeys(n for c in MODELS.values() if c.presets for n in c.presets.named))
+PRESETS_HELP = "; ".join(f"{m}: " + ", ".join(f"{n} = " + " ".join(
+    f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}"
+    for k, v in values.items()) for n, values in c.presets.named.items())
+    for m, c in MODELS.items() if c.presets) + "; auto = " + " / ".join(
+    dict.fromkeys(c.presets.rule for c in MODELS.values() if c.presets))
 
 DATA, HYPER, TRAINING, CLUSTER = ("data and model", "model hyperparameters (a model refuses one it "
                                   "does not take; defaults are the model's own)",
@@ -70,6 +78,12 @@ class RunConfig:
                                help="train: select by validation NDCG with early stopping; "
                                     "train,valid: the protocol's final retraining for exactly "
                                     "--epochs")
+    preset: str | None = option(None, group=TRAINING, choices=["auto", *PRESET_NAMES],
+                                help="named settings beside the model (extension beyond the "
+                                     "paper: what the searches chose; models/autorec/"
+                                     "presets.py): " + PRESETS_HELP.replace("%", "%%")  # argparse's
+                                     + "; a flag given "
+                                     "beside it wins (default: none, the model as declared)")
     beta: float | None = option(None, group=TRAINING,
                                 help="NCE popularity exponent; R* is recomputed from the stored "
                                      "popularity when it differs from the ETL's (default: the ETL's)")
@@ -304,6 +318,8 @@ def check(cfg: TrainConfig) -> None:
         problem = hp.problem(value)
         if problem:
             bad(flag, value, problem)
+    if cfg.preset is not None:
+        preset_named(cfg.model, cfg.preset)
     hp = {**cls.defaults(), **cfg.hyperparameters()}
     for field, opt in declared_options(MODELS).items():
         value = getattr(cfg, field)
@@ -361,3 +377,56 @@ def check(cfg: TrainConfig) -> None:
         bad("data-cache", cfg.data_cache, "choose " + ", ".join(DATA_CACHE))
     if cfg.max_failures < 0:
         bad("max-failures", cfg.max_failures, "must be >= 0")
+
+
+def data_shape(prep) -> DataShape:
+    """The training data's shape as a preset's rule reads it (``prepared.reader.Prepared``): the
+    warm users, the items, and the warm users' train positives."""
+    counts = prep.manifest["counts"]
+    users = counts.get("warm_users", prep.n_users - counts.get("cold_users", 0))
+    return DataShape(users=int(users), items=prep.n_items, positives=int(prep.pop_train.sum()))
+
+
+def preset_named(model: str, name: str, shape: DataShape | None = None) -> str:
+    """The preset ``--preset name`` stands for (``auto``: the model's rule on ``shape``; None:
+    not known yet, ``auto`` returned as is); a model without presets, or a name it lacks, is a
+    UsageError naming the choices."""
+    presets = MODELS[model].presets
+    if presets is None:
+        takers = ", ".join(m for m, c in MODELS.items() if c.presets)
+        raise UsageError(f"--preset {name}: {model} has no presets (only {takers} have); drop "
+                         "the flag")
+    if name == "auto":
+        return name if shape is None else presets.choose(shape)
+    if name not in presets.named:
+        raise UsageError(f"--preset {name}: {model} has no such preset; choose auto or one of "
+                         + ", ".join(presets.named))
+    return name
+
+
+def with_preset(settings: dict, given: frozenset[str] | None, shape: DataShape | None
+                ) -> tuple[dict, str]:
+    """``settings`` (a TrainConfig's fields as parsed) with its ``preset`` applied to the fields
+    not in ``given`` (those the command line or --config set; None: every field whose value is
+    not its default), the preset's name resolved (``auto`` by the model's rule on the data's
+    ``shape``, which only ``auto`` needs); and a line saying what it set. Without a preset,
+    ``settings`` as they are."""
+    name = settings.get("preset")
+    if name is None:
+        return settings, ""
+    if name == "auto" and shape is None:
+        raise ValueError("--preset auto needs the data's shape")
+    chosen = preset_named(settings["model"], name, shape)
+    if given is None:
+        defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+        given = frozenset(k for k, v in settings.items() if v != defaults.get(k))
+    values = MODELS[settings["model"]].presets.named[chosen]
+    applied = {k: v for k, v in values.items() if k not in given}
+    why = (f" (train density {shape.density:.3%}; {MODELS[settings['model']].presets.rule})"
+           if name == "auto" else "")
+    kept = [k for k in values if k in given]
+    line = (f"preset {chosen}{why}: " + " ".join(
+        f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}"
+        for k, v in applied.items())
+        + (f"; kept as given: {', '.join('--' + k.replace('_', '-') for k in kept)}" if kept else ""))
+    return {**settings, **applied, "preset": chosen}, line

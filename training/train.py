@@ -47,6 +47,7 @@ from prepared.uri import filesystem, join
 from prepared.verify import naming_damaged_files
 from runtime.atomic import write_bytes
 from runtime.cli import flag_of, stage_parser, values
+from runtime.cli import given as given_fields
 from runtime.logs import no_bars_in_logs
 from runtime.paths import project_root
 from runtime.raycluster import (
@@ -70,7 +71,7 @@ from runtime.runs import (
     summary_line,
 )
 from training import feed as F
-from training.config import TrainConfig, check
+from training.config import TrainConfig, check, data_shape, with_preset
 from training.hooks import hook_specs
 from training.hooks import resolve as resolve_hooks
 from training.run_record import check_resume, config_file, read_run_record
@@ -115,12 +116,17 @@ def check_job_paths(args: argparse.Namespace, config: type = TrainConfig) -> Non
 
 
 def config_from_args(args: argparse.Namespace, prep: Prepared) -> TrainConfig:
-    """The flags as a TrainConfig, with what they leave to the run: its name, absolute paths."""
+    """The flags as a TrainConfig, with what they leave to the run: its name, absolute paths,
+    and a ``--preset``'s settings (said on stdout)."""
     given = values(args, TrainConfig)
+    shape = data_shape(prep) if given["preset"] == "auto" else None  # the rule reads the data
+    given, line = with_preset(given, given_fields(args), shape)
+    if line:
+        print(line, flush=True)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_name = given["run_name"] or "-".join(
         x for x in (given["model"], *map(str, labels(given["model"], given).values()),
-                    prep.dataset, stamp) if x)
+                    given["preset"], prep.dataset, stamp) if x)
     output = given["output"] or str(project_root() / "var" / "runs")
     if "://" not in output:
         output = str(Path(output).resolve())

@@ -99,6 +99,7 @@ from torch import nn
 
 from models.autorec import ridge
 from models.autorec.losses import linear_mse, linear_ns, mse_loss, ns_loss
+from models.autorec.presets import AUTOREC, NCE_AUTOREC
 from models.autorec.training import MODES, AutoRecTraining, NCETraining, OHNSTraining, Step, TwoHeadedTraining
 from models.base import NEGATIVES, RSTAR, Recommender
 from models.batch import Batch
@@ -180,6 +181,7 @@ class AutoRec(Recommender):
     hyperparameters = {"width": WIDTH, "lam": LAM, "lam_units": LAM_UNITS_HP, "dropout": DROPOUT,
                        "pos_weight": POS_WEIGHT, "emphasis": EMPHASIS, "pop_l2": POP_L2}
     trainer = AutoRecTraining
+    presets = AUTOREC  # --preset (models/autorec/presets.py)
     #: train each head through the dense (B, n_items) scores (True) or its exact fast loss
     #: (False); None: whichever is cheaper. For the predict and NCE heads the dense way costs
     #: about 3 B n d (product and two gradients), the fast one about 2 n d^2 (W'W and its
@@ -464,6 +466,7 @@ class OHNSAutoRec(AutoRec):
                        "lam": LAM.but(default=2.0)}
     run_axes = {"paper": {"num_negatives": PAPER_NEGATIVES}}
     trainer = OHNSTraining  # its own learning rate and batch size
+    presets = None  # no search chose settings for it
 
 
 class NSAutoRec(AutoRec):
@@ -474,6 +477,7 @@ class NSAutoRec(AutoRec):
     hyperparameters = {**AutoRec.hyperparameters, **TWO_HEADED}
     trainer = TwoHeadedTraining
     run_axes = {"paper": {"num_negatives": PAPER_NEGATIVES}}
+    presets = None  # no search chose settings for it
 
 
 class NCEAutoRec(AutoRec):
@@ -484,4 +488,5 @@ class NCEAutoRec(AutoRec):
     hyperparameters = {**AutoRec.hyperparameters, **TWO_HEADED, "nce_scale": NCE_SCALE,
                        "nce_pos_weight": NCE_POS_WEIGHT}
     trainer = NCETraining
+    presets = NCE_AUTOREC
     run_axes = {"paper": {"beta": PAPER_BETAS}, "small": {"beta": [0.8, 1.0]}}
