@@ -17,6 +17,7 @@ probe never reads test.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import time
@@ -31,7 +32,7 @@ import torch  # noqa: E402
 
 from benchmarks.tune_defaults import load, train_one  # noqa: E402
 from evaluation.spark_metrics import metric_arrays  # noqa: E402
-from training.config import TrainConfig  # noqa: E402
+from training.config import TrainConfig, data_shape, with_preset  # noqa: E402
 
 K = 20
 BLOCK = 2048  # users scored at once
@@ -109,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("settings", nargs="*", help="training/train.py fields as KEY=VALUE")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     p.add_argument("--out", help="also append the JSON line to this file")
+    p.add_argument("--save", metavar="MODEL_PT",
+                   help="also write the model as it is at the end as a model.pt (what "
+                        "benchmarks/scoring_exact.py and evaluation/score.py read)")
     args = p.parse_args(argv)
     settings = parse(args.settings)
     if args.threads:
@@ -116,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     prep, rows, valid = load(args.data)
     first = {k: settings.pop(k) for k in ("model", "batch_size") if k in settings}
     cfg = replace(TrainConfig(data=args.data, **first), **settings)
+    said = ""
+    if cfg.preset is not None:  # as train.py applies it: under the settings given
+        resolved, said = with_preset({**cfg.to_dict(), "batch_size": first.get("batch_size")},
+                                     frozenset(settings) | frozenset(first), data_shape(prep))
+        cfg = TrainConfig(**resolved)
+        print(said, file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     from models.registry import MODELS
 
@@ -123,11 +133,19 @@ def main(argv: list[str] | None = None) -> int:
     r = fit_one(cfg, prep, rows) if closed else train_one(cfg, prep, rows, valid)
     recall, ndcg = valid_metrics(r["net"], valid)
     line = json.dumps({"data": prep.dataset, "settings": {**first, **settings},
+                       **({"preset": said} if said else {}),
                        "best_valid_ndcg": round(r["best_ndcg"], 4), "best_epoch": r["best_epoch"],
                        "epochs": r["epochs"], "seconds": round(time.perf_counter() - t0),
                        "curve": [(round(s), round(x, 4)) for s, x in r["curve"]],
                        f"valid_recall@{K}": round(recall, 4), f"valid_ndcg@{K}": round(ndcg, 4)})
     print(line, flush=True)
+    if args.save:
+        from models.registry import save
+        from runtime.atomic import write_bytes
+
+        buffer = io.BytesIO()
+        torch.save(save(r["net"]), buffer)
+        write_bytes(Path(args.save), buffer.getvalue())
     if args.out:
         with open(args.out, "a") as f:
             f.write(line + "\n")

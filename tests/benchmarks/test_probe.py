@@ -94,3 +94,24 @@ def test_a_probe_takes_the_statistics_its_settings_need(small_prepared):
     other = NCETraining.data_statistics(prep, "train", TrainConfig(
         data=str(small_prepared), model="nce-autorec", nce_scale="rms", beta=1.0))
     assert other["rstar_mean_square"] != pytest.approx(want)  # the run's beta, not a default
+
+
+def test_a_probe_applies_a_preset_under_its_settings_and_saves_its_model(small_prepared, tmp_path):
+    """preset=sparse sets what the settings leave (--pos-weight 10, --lam 10) and not what they
+    give (width 16), as train.py does; --save writes the model as it is at the end, loadable as
+    scoring loads a run's model.pt, scoring as the probe's model did."""
+    import json
+
+    from models.registry import load_model_file
+
+    out, saved = tmp_path / "probes.jsonl", tmp_path / "model.pt"
+    assert probe.main(["--data", str(small_prepared), "model=nce-autorec", "preset=sparse",
+                       "width=16", "epochs=1", "--out", str(out), "--save", str(saved)]) == 0
+    line = json.loads(out.read_text())
+    assert line["preset"].startswith("preset sparse: --lam 10 --pos-weight 10; kept as given: --width")
+    model = load_model_file(str(saved))
+    assert (model.width, model.lam, model.pos_weight) == (16, 10.0, 10.0)
+    _, rows, valid = probe.load(str(small_prepared))
+    recall, ndcg = probe.valid_metrics(model, valid)
+    assert (line["valid_recall@20"], line["valid_ndcg@20"]) == (round(recall, 4), round(ndcg, 4))
+    assert isinstance(torch.load(saved, weights_only=True), dict)  # plain data: weights-only
