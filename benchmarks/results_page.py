@@ -322,10 +322,13 @@ def score_throughput(d: dict) -> list[str]:
 
 
 def scoring_exact(d: dict) -> list[str]:
-    return table(["model", "items", "users", "lists identical", "values identical",
-                  "ranked whole", "largest value difference", "unfused s", "fused s"],
+    return [f"Product kernel: {d.get('product_kernel', 'auto')}.", ""] + table(
+        ["model", "items", "users", "kernels", "lists identical", "values identical",
+         "ranked whole", "largest value difference", "unfused s", "fused s"],
                  [[r["describe"].split(" (")[0] + " " + r["describe"].split(" (")[1].split(",")[0],
-                   num(r["n_items"]), num(r["users"]), num(r["lists_identical"]),
+                   num(r["n_items"]), num(r["users"]),
+                   ", ".join(f"{k}: {v}" for k, v in r.get("product_kernels", {}).items()) or "–",
+                   num(r["lists_identical"]),
                    num(r["values_identical"]), num(r["ranked_whole"]),
                    f"{r['max_value_difference']:.1e}", num(r["unfused_seconds"], 1),
                    num(r["fused_seconds"], 1)] for r in d["results"]])
@@ -427,6 +430,7 @@ HEADLINES: dict[str, Callable[[dict], list[str]]] = {
     "train_throughput": train_throughput, "tune_defaults": tune_defaults,
     "validation_speed": validation_speed, "verify_cost": verify_cost, "yahoo_scale": yahoo_scale,
     "scoring_exact": scoring_exact, "alternatives": alternatives, "preset_check": preset_check,
+    "scoring_exact_openblas": scoring_exact,
 }
 
 

@@ -39,7 +39,7 @@ def rows_of(data: str) -> tuple:
 def both_ways(model, items, offsets) -> dict:
     import torch
 
-    from models import stream_topk
+    from models import product, stream_topk
 
     recomputed = []
     real = stream_topk.rank_whole
@@ -61,7 +61,12 @@ def both_ways(model, items, offsets) -> dict:
             os.environ.pop(stream_topk.ENV, None)
     (v0, i0), (v1, i1) = out["torch"], out["auto"]
     finite = torch.isfinite(v0) & torch.isfinite(v1)
-    return {"lists_identical": int((i0 == i1).all(dim=1).sum()),
+    # the product kernels used, by the product's (items, width): each path's own shape
+    # (the unfused block's whole catalogue, the fused path's tiles) is timed and chosen apart;
+    # main forgets the choices between models, as a new scoring process starts with none
+    kernels = {f"{n} x {d}": k for (n, d, _), k in product.chosen().items()}
+    return {"product_kernels": kernels,
+            "lists_identical": int((i0 == i1).all(dim=1).sum()),
             "values_identical": int(((v0 == v1) | (v0.isneginf() & v1.isneginf())).all(dim=1).sum()),
             "ranked_whole": sum(recomputed),
             "max_value_difference": float((v0 - v1)[finite].abs().max()) if finite.any() else 0.0,
@@ -75,13 +80,19 @@ def main(argv: list[str] | None = None) -> int:
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("--model", action="append", required=True, help="a trained model.pt")
     p.add_argument("--data", action="append", required=True, help="its prepared directory")
+    p.add_argument("--product-kernel", choices=("auto", "torch", "numpy"), default="auto",
+                   help="the product's kernel on both paths (NCE_SCORE_KERNEL): auto = timed "
+                        "per product shape, as scoring runs; torch (MKL) or numpy (OpenBLAS) "
+                        "pinned, which separates the fused top-k's own exactness from two "
+                        "kernels' rounding")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scoring_exact"))
     args = p.parse_args(argv)
     if len(args.model) != len(args.data):
         p.error("give one --data per --model, in the same order")
+    os.environ["NCE_SCORE_KERNEL"] = args.product_kernel
     import torch
 
-    from models import stream_topk
+    from models import product, stream_topk
     from models.registry import load_model_file
 
     torch.set_num_threads(1)
@@ -92,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for model_file, data in zip(args.model, args.data):
         model = load_model_file(model_file).eval()
+        product.forget_choices()
         (items, offsets), users = rows_of(data)
         r = {"model": model_file, "data": data, "describe": model.describe(),
              "n_items": model.n_items, "users": users, **both_ways(model, items, offsets)}
@@ -103,15 +115,19 @@ def main(argv: list[str] | None = None) -> int:
              f"kernel built by `{how}`. 'ranked whole': rows the fused path scored again and "
              "ranked by torch.topk (a tie among the k + 1 best, fewer than k + 1 candidates, "
              "NaN).", "",
-             "| model | items | users | lists identical | values identical | ranked whole | "
-             "largest value difference | unfused s | fused s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"Product kernel: {args.product_kernel} (`--product-kernel`; the kernels "
+             "column: each product shape's, items x width).", "",
+             "| model | items | users | kernels | lists identical | values identical | "
+             "ranked whole | largest value difference | unfused s | fused s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['describe']} | {r['n_items']:,} | {r['users']:,} | "
+        kernels = ", ".join(f"{k}: {v}" for k, v in r["product_kernels"].items()) or "torch"
+        lines.append(f"| {r['describe']} | {r['n_items']:,} | {r['users']:,} | {kernels} | "
                      f"{r['lists_identical']:,} | {r['values_identical']:,} | {r['ranked_whole']:,} "
                      f"| {r['max_value_difference']:.1e} | {r['unfused_seconds']:.1f} | "
                      f"{r['fused_seconds']:.1f} |")
-    report.publish(Path(args.out), {**st, "kernel": how, "k": K, "results": rows}, lines)
+    report.publish(Path(args.out), {**st, "kernel": how, "product_kernel": args.product_kernel,
+                                    "k": K, "results": rows}, lines)
     return 0
 
 

@@ -84,6 +84,8 @@ MEASURES: dict[str, tuple[str, ...]] = {
                          "models/autorec/model.py", *SCORING_KERNEL),
     "scoring_exact": ("benchmarks/scoring_exact.py", "models/base.py", "models/topk.py",
                       *SCORING_KERNEL),
+    "scoring_exact_openblas": ("benchmarks/scoring_exact.py", "models/base.py", "models/topk.py",
+                               *SCORING_KERNEL),
     "alternatives": ("benchmarks/alternatives.py", "evaluation/score.py", "models/base.py",
                      *SCORING_KERNEL, *AUTOREC, *TRAINING),
     "preset_check": ("benchmarks/preset_check.py", "benchmarks/final_in_process.py",

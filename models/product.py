@@ -121,6 +121,11 @@ def chosen() -> dict[tuple[int, int, int], str]:
     return dict(_chosen)
 
 
+def forget_choices() -> None:
+    """Time every shape again at its next product, as a new process would (benchmarks)."""
+    _chosen.clear()
+
+
 def _numpy_can(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> bool:
     tensors = (a, b) if bias is None else (a, b, bias)
     return (a.dim() == 2 and b.dim() == 2
