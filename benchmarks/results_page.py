@@ -327,7 +327,8 @@ def scoring_exact(d: dict) -> list[str]:
          "ranked whole", "largest value difference", "unfused s", "fused s"],
                  [[r["describe"].split(" (")[0] + " " + r["describe"].split(" (")[1].split(",")[0],
                    num(r["n_items"]), num(r["users"]),
-                   ", ".join(f"{k}: {v}" for k, v in r.get("product_kernels", {}).items()) or "–",
+                   ", ".join(f"{k}: {v}" for k, v in r.get("product_kernels", {}).items())
+                   or d.get("product_kernel", "–"),
                    num(r["lists_identical"]),
                    num(r["values_identical"]), num(r["ranked_whole"]),
                    f"{r['max_value_difference']:.1e}", num(r["unfused_seconds"], 1),

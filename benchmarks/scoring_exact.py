@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
              "ranked whole | largest value difference | unfused s | fused s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        kernels = ", ".join(f"{k}: {v}" for k, v in r["product_kernels"].items()) or "torch"
+        kernels = ", ".join(f"{k}: {v}" for k, v in r["product_kernels"].items()) or (
+            args.product_kernel if args.product_kernel != "auto" else "torch (untimed: small)")
         lines.append(f"| {r['describe']} | {r['n_items']:,} | {r['users']:,} | {kernels} | "
                      f"{r['lists_identical']:,} | {r['values_identical']:,} | {r['ranked_whole']:,} "
                      f"| {r['max_value_difference']:.1e} | {r['unfused_seconds']:.1f} | "
