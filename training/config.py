@@ -34,9 +34,14 @@ GRADIENT_ONLY = ("lr", "batch_size", "epochs", "pretrain_epochs", "patience", "n
 
 # --preset's names and what each model's are (``models.hparams.Presets``)
 PRESET_NAMES = list(dict.fromkeys(n for c in MODELS.values() if c.presets for n in c.presets.named))
-PRESETS_HELP = "; ".join(f"{m}: " + ", ".join(f"{n} = " + " ".join(
-    f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}"
-    for k, v in values.items()) for n, values in c.presets.named.items())
+def as_flags(values: dict) -> str:
+    """``{"pos_weight": 10.0, "start_from": "svd"}`` as ``--pos-weight 10 --start-from svd``."""
+    return " ".join(f"--{k.replace('_', '-')} " + (f"{v:g}" if isinstance(v, float) else str(v))
+                    for k, v in values.items())
+
+
+PRESETS_HELP = "; ".join(f"{m}: " + ", ".join(
+    f"{n} = {as_flags(values)}" for n, values in c.presets.named.items())
     for m, c in MODELS.items() if c.presets) + "; auto = " + " / ".join(
     dict.fromkeys(c.presets.rule for c in MODELS.values() if c.presets))
 
@@ -425,8 +430,6 @@ def with_preset(settings: dict, given: frozenset[str] | None, shape: DataShape |
     why = (f" (train density {shape.density:.3%}; {MODELS[settings['model']].presets.rule})"
            if name == "auto" else "")
     kept = [k for k in values if k in given]
-    line = (f"preset {chosen}{why}: " + " ".join(
-        f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}"
-        for k, v in applied.items())
-        + (f"; kept as given: {', '.join('--' + k.replace('_', '-') for k in kept)}" if kept else ""))
+    line = (f"preset {chosen}{why}: {as_flags(applied)}"
+            + (f"; kept as given: {', '.join('--' + k.replace('_', '-') for k in kept)}" if kept else ""))
     return {**settings, **applied, "preset": chosen}, line
