@@ -31,7 +31,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-
 from benchmarks import report  # noqa: E402
 from benchmarks.final_in_process import paired, summary, test_metrics  # noqa: E402
 
@@ -78,7 +77,7 @@ def one(data: Path, model: str, settings: dict, prep, rows, valid) -> dict:
     from training.closed_form import matrices
     from training.config import TrainConfig, data_shape, with_preset
 
-    base = {**TrainConfig(data=str(data), model=model).to_dict(), "batch_size": None, **settings}
+    base = {**TrainConfig(data=str(data), model=model).to_dict(), **settings}
     resolved, line = with_preset(base, frozenset(settings) - {"preset"}, data_shape(prep))
     cfg = TrainConfig(**resolved)
     t0 = time.perf_counter()
@@ -94,7 +93,7 @@ def one(data: Path, model: str, settings: dict, prep, rows, valid) -> dict:
         net = train_one(final, prep, rows, None)["net"]
         chosen = {"best_valid_ndcg": round(selection["best_ndcg"], 4), "epochs": epochs}
     users = test_metrics(net.eval(), rows)
-    return {"preset": line, "settings": {k: v for k, v in cfg.resolved().items()},
+    return {"preset": line, "settings": cfg.resolved(),
             **chosen, "seconds": round(time.perf_counter() - t0), "users": users}
 
 

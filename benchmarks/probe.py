@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = replace(TrainConfig(data=args.data, **first), **settings)
     said = ""
     if cfg.preset is not None:  # as train.py applies it: under the settings given
-        resolved, said = with_preset({**cfg.to_dict(), "batch_size": first.get("batch_size")},
-                                     frozenset(settings) | frozenset(first), data_shape(prep))
+        resolved, said = with_preset(cfg.to_dict(), frozenset(settings) | frozenset(first),
+                                     data_shape(prep))
         cfg = TrainConfig(**resolved)
         print(said, file=sys.stderr, flush=True)
     t0 = time.perf_counter()

@@ -89,11 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if len(args.model) != len(args.data):
         p.error("give one --data per --model, in the same order")
-    os.environ["NCE_SCORE_KERNEL"] = args.product_kernel
     import torch
 
     from models import product, stream_topk
     from models.registry import load_model_file
+
+    os.environ[product.KERNEL_ENV] = args.product_kernel
 
     torch.set_num_threads(1)
     ok, how = stream_topk.available()
