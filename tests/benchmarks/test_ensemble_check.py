@@ -45,3 +45,19 @@ def test_standardised_rows_have_mean_zero_and_unit_sd():
 def test_members_split_into_trial_and_finals():
     with pytest.raises(SystemExit):
         ec.main(["--data", "x", "--member", "nce=trial.pt"])  # no finals
+
+
+def test_the_paired_difference_is_per_seed_against_the_best_member():
+    """Two seeds, two users. Member a's Recall@20 means 0.5, b's 0.25: a is the best member.
+    The ensemble minus a per user: seed 0 (0.5, 0.5), seed 1 (0, 1): means 0.5 and 0.5, CIs
+    1.96 * sd / sqrt(2) with sd 0 and sqrt(0.5)."""
+    rows = []
+    for seed, (ens, a, b) in enumerate([((1, 1), (0.5, 0.5), (0, 0.5)),
+                                        ((1, 1), (1, 0), (0.5, 0))]):
+        for name, r in (("a + b", ens), ("a", a), ("b", b)):
+            rows.append({"seed": seed, "members": name, "test_recall20": float(np.mean(r)),
+                         "recall_per_user": np.array(r, dtype=float)})
+    got = ec.paired(rows, "a + b")
+    assert got["against"] == "a"
+    assert [p["mean"] for p in got["per_seed"]] == [0.5, 0.5]
+    assert [p["ci95"] for p in got["per_seed"]] == pytest.approx([0, 1.96 * 0.5 ** 0.5 / 2 ** 0.5])
