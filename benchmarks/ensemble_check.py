@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         members.append((name, trial, finals.split(",")))
     rows = pq.read_table(Path(args.data) / "rows").to_pandas()
     rows = rows[~rows["cold"]].sort_values("user_index")
-    started = time.time()
+    started, stamp = time.time(), report.stamp("ensemble_check.py", argv)  # the code it starts on
 
     # 1. every subset on valid, from the trials
     v = rows[rows["valid_items"].map(len) > 0]
@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                               "recall_per_user": r["recall"]})
         print(f"test, seed {seed}: " + ", ".join(
             f"{r['members']} {r['test_recall20']:.4f}" for r in test_rows[-len(res):]), flush=True)
-    write(Path(args.out), sys.argv[1:] if argv is None else argv, members, valid_table,
-          name_of(choice), test_rows, time.time() - started)
+    write(Path(args.out), stamp, members, valid_table, name_of(choice), test_rows,
+          time.time() - started)
     return 0
 
 
@@ -152,12 +152,12 @@ def paired(test_rows: list, ensemble: str) -> dict:
     return {"against": best, "per_seed": per_seed}
 
 
-def write(out: Path, argv, members, valid_table, chosen, test_rows, seconds) -> None:
+def write(out: Path, stamp: dict, members, valid_table, chosen, test_rows, seconds) -> None:
     rows = [{k: v for k, v in r.items() if k != "recall_per_user"} for r in test_rows]
     means = {}
     for r in rows:
         means.setdefault(r["members"], []).append(r["test_recall20"])
-    record = {**report.stamp("ensemble_check.py", argv), "seconds": round(seconds),
+    record = {**stamp, "seconds": round(seconds),
               "members": members, "valid": valid_table, "chosen_on_valid": chosen, "test": rows,
               "test_mean_recall20": {m: float(np.mean(v)) for m, v in means.items()},
               "paired_vs_best_member": paired(test_rows, chosen) if "+" in chosen else None}

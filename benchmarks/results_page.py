@@ -419,6 +419,16 @@ def preset_check(d: dict) -> list[str]:
                   "vs the paper's NCE-AutoRec"], rows)
 
 
+def ensemble_check(d: dict) -> list[str]:
+    rows = [[r["members"], num(r["valid_recall20"], 4), "–"] for r in d["valid"]
+            if r["members"] == d["chosen_on_valid"] or "+" not in r["members"]]
+    means = d["test_mean_recall20"]
+    for r in rows:
+        r[2] = num(means[r[0]], 4) if r[0] in means else "–"
+    return table(["members (the chosen ensemble and each member alone)", "valid Recall@20",
+                  "test Recall@20 (mean over final seeds)"], rows)
+
+
 HEADLINES: dict[str, Callable[[dict], list[str]]] = {
     "batch_defaults": batch_defaults, "collapse": collapse, "demo": demo,
     "etl_scale": etl_scale, "evaluate_speed": evaluate_speed,
@@ -431,7 +441,7 @@ HEADLINES: dict[str, Callable[[dict], list[str]]] = {
     "train_throughput": train_throughput, "tune_defaults": tune_defaults,
     "validation_speed": validation_speed, "verify_cost": verify_cost, "yahoo_scale": yahoo_scale,
     "scoring_exact": scoring_exact, "alternatives": alternatives, "preset_check": preset_check,
-    "scoring_exact_openblas": scoring_exact,
+    "scoring_exact_openblas": scoring_exact, "ensemble_check": ensemble_check,
 }
 
 

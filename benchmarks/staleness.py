@@ -88,6 +88,8 @@ MEASURES: dict[str, tuple[str, ...]] = {
                                *SCORING_KERNEL),
     "alternatives": ("benchmarks/alternatives.py", "evaluation/score.py", "models/base.py",
                      *SCORING_KERNEL, *AUTOREC, *TRAINING),
+    # scoring only: the models are the Gowalla experiments' (DERIVED_FROM below)
+    "ensemble_check": ("benchmarks/ensemble_check.py", "benchmarks/probe.py", "models"),
     "preset_check": ("benchmarks/preset_check.py", "benchmarks/final_in_process.py",
                      "benchmarks/tune_defaults.py", "models", "training", "etl/synthetic.py"),
     "train_throughput": ("benchmarks/train_throughput.py", *AUTOREC, "training"),
@@ -123,7 +125,8 @@ DERIVED_FROM = {"nce_report": ("experiment-ml-100k",
                                "experiment-citeulike-a-levers",
                                "experiment-ml-latest-small-levers"),
                 # its full-scale point is the committed yahoo_scale.json
-                "projection": ("yahoo_scale",)}
+                "projection": ("yahoo_scale",),
+                "ensemble_check": ("experiment-gowalla-width", "experiment-gowalla-wide")}
 
 @dataclass
 class Verdict:
