@@ -429,6 +429,19 @@ def ensemble_check(d: dict) -> list[str]:
                   "test Recall@20 (mean over final seeds)"], rows)
 
 
+def scale_out(d: dict) -> list[str]:
+    c = d["measured"]
+    gbps = min(r["gbps"] for r in d["rows"])
+    rows = [[f"{r['factor']}x", r["design"], str(r["nodes"]), num(r["global_batch"]),
+             num(r["epoch_s"] / 60, 1), f"{r['efficiency']:.0%}",
+             num(r["floor_epoch_s"] / 60, 1) if r["floor_epoch_s"] else "–"]
+            for r in d["rows"] if r["gbps"] == gbps and r["nodes"] in (1, 32)]
+    return [f"Measured: F {c['fixed_s']:.3f} s a step, u {c['per_user_s'] * 1e6:.1f} µs a user, "
+            f"S {c['allreduce_bytes'] / 2**20:.0f} MiB (gloo loopback "
+            f"{c['loopback_allreduce_s']:.3f} s); modelled at {gbps:g} Gb/s:", ""] + table(
+        ["users", "design", "nodes", "global batch", "epoch min", "efficiency", "floor min"], rows)
+
+
 HEADLINES: dict[str, Callable[[dict], list[str]]] = {
     "batch_defaults": batch_defaults, "collapse": collapse, "demo": demo,
     "etl_scale": etl_scale, "evaluate_speed": evaluate_speed,
@@ -442,6 +455,7 @@ HEADLINES: dict[str, Callable[[dict], list[str]]] = {
     "validation_speed": validation_speed, "verify_cost": verify_cost, "yahoo_scale": yahoo_scale,
     "scoring_exact": scoring_exact, "alternatives": alternatives, "preset_check": preset_check,
     "scoring_exact_openblas": scoring_exact, "ensemble_check": ensemble_check,
+    "scale_out": scale_out,
 }
 
 

@@ -93,6 +93,8 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "preset_check": ("benchmarks/preset_check.py", "benchmarks/final_in_process.py",
                      "benchmarks/tune_defaults.py", "models", "training", "etl/synthetic.py"),
     "train_throughput": ("benchmarks/train_throughput.py", *AUTOREC, "training"),
+    "scale_out": ("benchmarks/scale_out.py", "benchmarks/train_throughput.py", *AUTOREC,
+                  "training"),
     "tune_defaults": ("benchmarks/tune_defaults.py", *AUTOREC, *TRAINING, "training/config.py"),
     "validation_speed": ("benchmarks/validation_speed.py", "training/validate.py",
                          "models/base.py", "models/topk.py"),
