@@ -439,7 +439,8 @@ def scale_out(d: dict) -> list[str]:
     return [f"Measured: F {c['fixed_s']:.3f} s a step, u {c['per_user_s'] * 1e6:.1f} µs a user, "
             f"S {c['allreduce_bytes'] / 2**20:.0f} MiB (gloo loopback "
             f"{c['loopback_allreduce_s']:.3f} s); modelled at {gbps:g} Gb/s:", ""] + table(
-        ["users", "design", "nodes", "global batch", "epoch min", "efficiency", "floor min"], rows)
+        ["users", "design", "nodes", "global batch", "epoch min", "efficiency",
+         "limit min (N → ∞)"], rows)
 
 
 HEADLINES: dict[str, Callable[[dict], list[str]]] = {

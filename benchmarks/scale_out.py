@@ -30,7 +30,8 @@ loopback floor and 2(N-1)/N·S over the network's bandwidth; nodes are like this
 
 Each design's epoch at 10x and 100x the Yahoo users on N nodes, its efficiency (one node's epoch
 at the same global batch over N times this one) and its floor over any number of nodes (steps
-times the per-step work that does not divide). Results:
+times the per-step work that does not divide: its limit as N grows, which for data parallelism at a
+fixed batch can be slower than one node, whose step has no all-reduce). Results:
 ``benchmarks/results/scale_out.{json,md}``.
 """
 
@@ -96,9 +97,10 @@ def design_epoch(design: str, users: float, nodes: int, c: dict, gbps: float) ->
 
 
 def floor_epoch(design: str, users: float, c: dict, gbps: float) -> float:
-    """The epoch no number of nodes gets under: at a fixed global batch, data parallelism still
-    pays F and the all-reduce every step (item sharding divides both; its floor is the codes'
-    all-reduce alone)."""
+    """The epoch's limit as the nodes grow: at a fixed global batch, data parallelism still pays F
+    and the whole ring all-reduce every step (item sharding divides both; its limit is the codes'
+    all-reduce alone). 0 for a batch that grows with the nodes: it has no limit, only fewer
+    steps."""
     if design == "dp":
         steps = math.ceil(users / FIXED_GLOBAL_BATCH)
         return steps * (c["fixed_s"] + ring_seconds(c["allreduce_bytes"], 10**6, gbps,
@@ -210,12 +212,13 @@ def markdown(stamp: dict, c: dict, rows: list[dict]) -> list[str]:
               f"{c['allreduce_bytes'] / 2**20:.0f} MiB** a step; gloo over loopback between two "
               f"processes takes {c['loopback_allreduce_s']:.3f} s for it (the floor of A).", "",
               "Modelled (benchmarks/scale_out.py says how): an epoch in minutes on N nodes like "
-              "this one, its efficiency against one node at the same global batch, and the "
-              "floor no number of nodes gets under.", ""]
+              "this one, its efficiency against one node at the same global batch, and its "
+              "limit as the nodes grow (at a fixed batch, data parallelism pays F and a whole "
+              "ring every step however many nodes share the users).", ""]
     for gbps in sorted({r["gbps"] for r in rows}):
         lines += [f"Network {gbps:g} Gb/s:", "",
                   "| users | design | nodes | global batch | step s | epoch min | efficiency "
-                  "| floor min |", "|---|---|---|---|---|---|---|---|"]
+                  "| limit min (N → ∞) |", "|---|---|---|---|---|---|---|---|"]
         for r in rows:
             if r["gbps"] != gbps:
                 continue
@@ -233,9 +236,10 @@ def main(argv: list[str] | None = None) -> int:
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--work", default=None,
                    help="where the synthetic Yahoo-shaped rows go (default: a new /tmp folder)")
-    p.add_argument("--users", type=int, default=40_000,
-                   help="users of the synthetic rows (default 40000: several steps of 8192)")
-    p.add_argument("--steps", type=int, default=4, help="timed steps per batch size (default 4)")
+    p.add_argument("--users", type=int, default=100_000,
+                   help="users of the synthetic rows (default 100000: 12 batches of 8192)")
+    p.add_argument("--steps", type=int, default=8,
+                   help="timed steps per batch size, after two warm-up steps (default 8)")
     p.add_argument("--bandwidth-gbps", type=float, nargs="+", default=[10.0, 100.0],
                    help="network bandwidths to model (default 10 and 100 Gb/s)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scale_out"),

@@ -42,7 +42,7 @@ def test_item_sharding_divides_the_step_and_all_reduces_only_the_codes():
     assert r["epoch_s"] == pytest.approx(2 * (9.192 / 2 + 0.0131072))
 
 
-def test_the_floors_over_any_number_of_nodes():
+def test_the_limits_as_the_nodes_grow():
     """Data parallelism at a fixed batch keeps F and a full ring (2 S at 1 GB/s) per step; item
     sharding keeps only the codes' ring; a growing batch has none."""
     assert so.floor_epoch("dp", 16_384, C, 8) == pytest.approx(2 * (1 + 2.0), rel=1e-5)
