@@ -32,12 +32,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks import report  # noqa: E402
 from benchmarks.probe import user_metrics  # noqa: E402
+from models.batch import flat, row_ids, user_slice  # noqa: E402
 from models.registry import load_model_file  # noqa: E402
+from prepared import schema as S  # noqa: E402
+from training.feed import union_sorted  # noqa: E402
 
 K = 20
 BLOCK = 1024
@@ -49,22 +53,23 @@ def standardised(net, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tenso
     return (s - s.mean(1, keepdim=True)) / s.std(1, keepdim=True).clamp(min=1e-12)
 
 
-def flat(lists) -> tuple[torch.Tensor, torch.Tensor]:
-    """A block of users' item lists as (items, offsets)."""
-    lengths = np.array([len(v) for v in lists], dtype=np.int64)
-    items = np.concatenate([np.asarray(v, dtype=np.int64) for v in lists]) if lengths.sum() \
-        else np.zeros(0, np.int64)
-    return torch.from_numpy(items), torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)[:-1]]))
+def truths(col) -> list[set]:
+    """Each row's items of an Arrow list column, as a set."""
+    values, offsets = flat(col)
+    ends = np.append(offsets[1:], len(values))
+    return [set(values[a:b].tolist()) for a, b in zip(offsets, ends)]
 
 
-def recall_of_subsets(nets: list, seen: list, truth: list, subsets: list, k: int = K) -> dict:
-    """Per-user LightGCN metrics@k of each subset of ``nets`` (indices), scoring ``seen`` (the
-    input rows, also left out of the lists) against ``truth``."""
+def recall_of_subsets(nets: list, seen: tuple[np.ndarray, np.ndarray], truth: list,
+                      subsets: list, k: int = K) -> dict:
+    """Per-user LightGCN metrics@k of each subset of ``nets`` (indices), scoring the input rows
+    ``seen`` = (items, offsets), also left out of the lists, against ``truth``."""
+    items_all = torch.from_numpy(seen[0].astype(np.int64))
+    offsets_all = torch.from_numpy(seen[1].astype(np.int64))
     tops = {s: [] for s in subsets}
-    for b in range(0, len(seen), BLOCK):
-        items, offsets = flat(seen[b:b + BLOCK])
-        rows = torch.repeat_interleave(torch.arange(len(offsets)),
-                                       torch.from_numpy(np.array([len(v) for v in seen[b:b + BLOCK]])))
+    for b in range(0, len(offsets_all), BLOCK):
+        items, offsets = user_slice(items_all, offsets_all, b, min(b + BLOCK, len(offsets_all)))
+        rows = row_ids(offsets, len(items))
         with torch.no_grad():
             scores = [standardised(n, items, offsets) for n in nets]
         for s in subsets:
@@ -94,16 +99,16 @@ def main(argv: list[str] | None = None) -> int:
         if not (name and trial and finals):
             p.error(f"--member {spec!r}: expected NAME=TRIAL_MODEL_PT:FINAL_PT[,FINAL_PT...]")
         members.append((name, trial, finals.split(",")))
-    rows = pq.read_table(Path(args.data) / "rows").to_pandas()
-    rows = rows[~rows["cold"]].sort_values("user_index")
+    rows = pq.read_table(Path(args.data) / "rows")
+    rows = rows.filter(pc.invert(rows.column(S.COLD))).sort_by(S.USER_INDEX)
     started, stamp = time.time(), report.stamp("ensemble_check.py", argv)  # the code it starts on
 
     # 1. every subset on valid, from the trials
-    v = rows[rows["valid_items"].map(len) > 0]
+    v = rows.filter(pc.greater(pc.list_value_length(rows.column(S.VALID_ITEMS)), 0))
     subsets = [s for r in range(1, len(members) + 1)
                for s in itertools.combinations(range(len(members)), r)]
     trials = [load_model_file(t).eval() for _, t, _ in members]
-    valid = recall_of_subsets(trials, list(v["train_items"]), [set(x) for x in v["valid_items"]],
+    valid = recall_of_subsets(trials, flat(v.column(S.TRAIN_ITEMS)), truths(v.column(S.VALID_ITEMS)),
                               subsets)
     del trials
     name_of = lambda s: " + ".join(members[i][0] for i in s)  # noqa: E731
@@ -114,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
 
     # 2. the choice on test, from the finals, per seed; each chosen member alone beside it
-    t = rows[rows["test_items"].map(len) > 0]
-    seen = [np.concatenate([a, b]) for a, b in zip(t["train_items"], t["valid_items"])]
-    truth = [set(x) for x in t["test_items"]]
+    t = rows.filter(pc.greater(pc.list_value_length(rows.column(S.TEST_ITEMS)), 0))
+    seen = union_sorted(*flat(t.column(S.TRAIN_ITEMS)), *flat(t.column(S.VALID_ITEMS)), t.num_rows)
+    truth = truths(t.column(S.TEST_ITEMS))
     seeds = max(len(members[i][2]) for i in choice)
     test_rows = []
     for seed in range(seeds):

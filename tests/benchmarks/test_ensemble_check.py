@@ -27,7 +27,8 @@ def test_a_subset_sums_standardised_scores_and_leaves_the_seen_items_out():
     User 1 has seen item 1 (truth {1, 2}): item 1 is in no list, item 2 in all three: 1/2."""
     a = Fixed([0, 10, 9, 8, 7, 6, 5, 0, 0, 0])
     b = Fixed([0, 6, 5, 0, 0, 0, 7, 10, 9, 8])
-    got = ec.recall_of_subsets([a, b], [[0], [1]], [{2, 6, 8}, {1, 2}], [(0,), (1,), (0, 1)], k=5)
+    seen = (np.array([0, 1]), np.array([0, 1]))  # (items, offsets): user 0 item 0, user 1 item 1
+    got = ec.recall_of_subsets([a, b], seen, [{2, 6, 8}, {1, 2}], [(0,), (1,), (0, 1)], k=5)
     assert got[(0,)]["recall"] == pytest.approx([1 / 3, 1 / 2])
     assert got[(1,)]["recall"] == pytest.approx([2 / 3, 1 / 2])
     assert got[(0, 1)]["recall"] == pytest.approx([1.0, 1 / 2])
