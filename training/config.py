@@ -34,6 +34,8 @@ GRADIENT_ONLY = ("lr", "batch_size", "epochs", "pretrain_epochs", "patience", "n
 
 # --preset's names and what each model's are (``models.hparams.Presets``)
 PRESET_NAMES = list(dict.fromkeys(n for c in MODELS.values() if c.presets for n in c.presets.named))
+
+
 def as_flags(values: dict) -> str:
     """``{"pos_weight": 10.0, "start_from": "svd"}`` as ``--pos-weight 10 --start-from svd``."""
     return " ".join(f"--{k.replace('_', '-')} " + (f"{v:g}" if isinstance(v, float) else str(v))
