@@ -420,11 +420,10 @@ def preset_check(d: dict) -> list[str]:
 
 
 def ensemble_check(d: dict) -> list[str]:
-    rows = [[r["members"], num(r["valid_recall20"], 4), "–"] for r in d["valid"]
-            if r["members"] == d["chosen_on_valid"] or "+" not in r["members"]]
     means = d["test_mean_recall20"]
-    for r in rows:
-        r[2] = num(means[r[0]], 4) if r[0] in means else "–"
+    rows = [[r["members"], num(r["valid_recall20"], 4),
+             num(means[r["members"]], 4) if r["members"] in means else "–"] for r in d["valid"]
+            if r["members"] == d["chosen_on_valid"] or "+" not in r["members"]]
     return table(["members (the chosen ensemble and each member alone)", "valid Recall@20",
                   "test Recall@20 (mean over final seeds)"], rows)
 
