@@ -39,6 +39,7 @@ import torch  # noqa: E402
 from benchmarks import report  # noqa: E402
 from benchmarks.probe import user_metrics  # noqa: E402
 from models.batch import flat, row_ids, user_slice  # noqa: E402
+from models.ensemble import standardised as standardise  # noqa: E402
 from models.registry import load_model_file  # noqa: E402
 from prepared import schema as S  # noqa: E402
 from training.feed import union_sorted  # noqa: E402
@@ -48,9 +49,9 @@ BLOCK = 1024
 
 
 def standardised(net, items: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """``net``'s scores of a block of users, each row standardised (mean 0, sd 1)."""
-    s = net.score(items, offsets)
-    return (s - s.mean(1, keepdim=True)) / s.std(1, keepdim=True).clamp(min=1e-12)
+    """``net``'s scores of a block of users, each row standardised (mean 0, sd 1): the
+    ensemble model's own (``models.ensemble``)."""
+    return standardise(net.score(items, offsets))
 
 
 def truths(col) -> list[set]:

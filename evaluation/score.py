@@ -54,7 +54,7 @@ from prepared.lists import list_offsets
 from prepared.protocol import TOP_K
 from runtime.cli import add_options, option, strict_parser, values
 from runtime.progress import EVERY, info_lines, spark_progress
-from runtime.spark import shard_tasks
+from runtime.spark import broadcast_room, check_broadcast, shard_tasks
 
 log = logging.getLogger("evaluation")
 
@@ -282,6 +282,7 @@ def score(spark, progress_every: float = EVERY, **kwargs) -> dict:
         raise UsageError(f"--model {model} scores {src.n_items:,} items but --data {data} has "
                          f"{prep.n_items:,}: the model was trained on another prepared dataset; "
                          "score it against the directory it was trained on")
+    check_broadcast(len(src.weights), broadcast_room(spark), f"--model {model}'s weights")
     input_splits = parse_splits(src.train_splits, "the model's training splits")
     excl = tuple(dict.fromkeys(input_splits + (parse_splits(exclude, "--exclude") if exclude else ())))
     publisher = Publisher(spark, output, marker=MARKER)

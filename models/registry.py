@@ -5,7 +5,9 @@
     save(model) / read(payload)            the dict written as model.pt: name, arguments, weights
                                            (``payload``: the layout, also for a run's weights)
 
-A new model is one module in ``models/`` and one entry in ``MODELS`` below.
+A new model is one module in ``models/`` and one entry in ``MODELS`` below. An ensemble of trained
+models (``models.ensemble``) is read and built here too, but is not in ``MODELS``: it is assembled
+from runs (``experiment/ensemble.py``), never trained, searched or listed as a model to train.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from models.bpr import BPR
 from models.cdae import CDAE
 from models.cml import CML
 from models.ease import EASE
+from models.ensemble import Ensemble
 from models.nce_plrec import NCEPLRec
 from models.popularity import Popularity
 from models.puresvd import PureSVD
@@ -44,7 +47,15 @@ def model_class(name: str, what: str = "--model") -> type[Recommender]:
 
 def build(name: str, model_args: dict) -> Recommender:
     """The model ``name`` from its ``model_args()`` (weights still to load); arguments left out
-    take the model's defaults (its class's ``hyperparameters``, the one place they live)."""
+    take the model's defaults (its class's ``hyperparameters``, the one place they live). An
+    ensemble's members are built from theirs."""
+    if name == Ensemble.name:
+        members = model_args.get("members")
+        if not isinstance(members, list) or not all(
+                isinstance(m, dict) and {"model", "model_args"} <= set(m) for m in members):
+            raise UsageError("an ensemble's model arguments name no members (a list of "
+                             "{model, model_args}); assemble it again with experiment/ensemble.py")
+        return Ensemble([build(m["model"], m["model_args"]) for m in members])
     cls = model_class(name, "model")
     return cls(**{**cls.defaults(), **model_args})
 

@@ -171,6 +171,21 @@ def test_scoring_refuses_bad_input_and_leaves_nothing_half_written(spark, scored
                                          r"weights \(e\.g\. .*: the arguments make \(.*17\)"):
         score(spark, model=str(tmp_path / "broken"), data=str(small_prepared),
               output=str(tmp_path / "out"))
+    # weights the driver's heap cannot broadcast: refused with the flag, not a JVM OutOfMemoryError
+    import evaluation.score as score_module
+    from runtime.spark import SPARK_RESERVED, broadcast_room
+
+    heap = 2 << 30  # the session's SPARK_DRIVER_MEMORY (tests/conftest.py)
+    assert heap - SPARK_RESERVED - (64 << 20) <= broadcast_room(spark) <= heap - SPARK_RESERVED
+    real = score_module.broadcast_room
+    score_module.broadcast_room = lambda s: 1000  # a heap with room for 1000 bytes
+    try:
+        with pytest.raises(UsageError, match=r"^--model .*run-a's weights are 0\.00 GiB, more than "
+                                             r"Spark's driver can broadcast .* --driver-memory 1g"):
+            score(spark, model=str(base / "run-a"), data=str(small_prepared),
+                  output=str(tmp_path / "big"))
+    finally:
+        score_module.broadcast_room = real
     # neither the output nor its hidden staging directory is left behind
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "wide"]
 

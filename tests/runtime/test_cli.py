@@ -111,7 +111,9 @@ CLIS = [("etl.prepare", "ETLConfig", "etl.config", ["--dataset", "ml-100k", "--o
                                                                  "--output", "o"]),
         ("evaluation.evaluate", "EvaluateConfig", "evaluation.evaluate",
          ["--recs", "r", "--data", "d", "--output", "o"]),
-        ("experiment.run", "ExperimentConfig", "experiment.plan", ["--data", "d"])]
+        ("experiment.run", "ExperimentConfig", "experiment.plan", ["--data", "d"]),
+        ("experiment.ensemble", "EnsembleConfig", "experiment.ensemble",
+         ["--members", "m", "--data", "d", "--run-name", "n"])]
 
 
 @pytest.mark.parametrize("cli, cls_name, where, required", CLIS)
