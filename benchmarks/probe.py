@@ -111,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     p.add_argument("--out", help="also append the JSON line to this file")
     p.add_argument("--save", metavar="MODEL_PT",
-                   help="also write the model as it is at the end as a model.pt (what "
-                        "benchmarks/scoring_exact.py and evaluation/score.py read)")
+                   help="also write the model as a model.pt (what evaluation/score.py, "
+                        "experiment/ensemble.py and benchmarks/scoring_exact.py read): the "
+                        "best validated epoch's weights, as a run's model.pt holds")
     args = p.parse_args(argv)
     settings = parse(args.settings)
     if args.threads:
@@ -143,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         from models.registry import save
         from runtime.atomic import write_bytes
 
+        if r.get("best") is not None:  # the best epoch's, not the last's (a closed form: its fit)
+            r["net"].load_state_dict(r["best"])
         buffer = io.BytesIO()
         torch.save(save(r["net"]), buffer)
         write_bytes(Path(args.save), buffer.getvalue())

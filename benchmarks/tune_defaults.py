@@ -96,7 +96,7 @@ def train_one(cfg: TrainConfig, prep, rows: pa.Table, valid, watch=None) -> dict
     p = state.progress
     return {"best_ndcg": p["best_ndcg"], "best_epoch": p["best_epoch"], "epochs": p["epoch"],
             "phase_epochs": p["phase_epochs"], "seconds": seconds, "curve": curve,
-            "trace": trace, "net": model.eval()}
+            "trace": trace, "net": model.eval(), "best": state.best}
 
 
 def load(data: str):
