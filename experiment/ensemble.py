@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from evaluation.model_source import ModelSource, load_source
+from experiment.records import read_json
 from models.ensemble import Ensemble, standardised
 from models.registry import save
 from prepared import schema as S
@@ -155,7 +156,8 @@ def subsets_table(metrics: dict, labels: list[str], chosen: tuple[int, ...]) -> 
 
 
 def log_to_mlflow(cfg: EnsembleConfig, prep: Prepared, model: Ensemble, state: dict,
-                  summary: dict, table: str, split: str, chosen: list[ModelSource]) -> tuple:
+                  summary: dict, table: str, split: str, chosen: list[ModelSource],
+                  tags: dict[str, str]) -> tuple:
     """(run id, tracking URI, model URI) of the ensemble's MLflow run: params naming the chosen
     members and their runs, the validation figures, the subsets' table and the model (the layout
     training logs, so a service or scoring loads it the same way)."""
@@ -170,7 +172,7 @@ def log_to_mlflow(cfg: EnsembleConfig, prep: Prepared, model: Ensemble, state: d
     tracking.check_reachable(uri)
     run_id = tracking.open_run(uri, cfg.experiment or prep.dataset, cfg.run_name, None,
                                tags={"dataset": prep.dataset, "model": Ensemble.name,
-                                     "train_splits": split})
+                                     "train_splits": split, **tags})
     tracking.log_params(uri, run_id, {
         "model": Ensemble.name, "choose": cfg.choose, "data": prep.uri,
         "candidates": json.dumps(list(cfg.members)), "n_members": len(chosen),
@@ -192,9 +194,9 @@ def log_to_mlflow(cfg: EnsembleConfig, prep: Prepared, model: Ensemble, state: d
     return run_id, uri, model_uri
 
 
-def assemble(cfg: EnsembleConfig) -> dict:
-    """Check, choose, write the run directory (model.pt, then run.json last), log to MLflow;
-    returns the run's summary."""
+def assemble(cfg: EnsembleConfig, tags: dict[str, str] | None = None) -> dict:
+    """Check, choose, write the run directory (model.pt, then run.json last), log to MLflow (its
+    run tagged with ``tags`` too); returns the run's summary."""
     t0 = time.perf_counter()
     if not cfg.members:
         raise UsageError("--members: name at least one trained model")
@@ -240,13 +242,63 @@ def assemble(cfg: EnsembleConfig) -> dict:
     torch.save(saved, buf)
     write_bytes(join(run_dir, MODEL_FILE), buf.getvalue())
     run_id, uri, model_uri = log_to_mlflow(cfg, prep, model, saved["state_dict"], summary,
-                                           table, split, [sources[i] for i in chosen])
+                                           table, split, [sources[i] for i in chosen],
+                                           tags or {})
     summary = {**summary, "model_path": join(run_dir, MODEL_FILE), "model_uri": model_uri,
                "mlflow_run_id": run_id, "mlflow_uri": uri, "run_name": cfg.run_name}
     record = {"mlflow_run_id": run_id, "mlflow_uri": uri, "config": asdict(cfg)}
     write_bytes(join(run_dir, RUN_RECORD), json.dumps(finished_record(record, summary),
                                                       indent=2).encode())
     return summary
+
+
+def assembled(cfg: EnsembleConfig, tags: dict[str, str]) -> dict:
+    """``assemble``'s summary, or that of the run already assembled under this name from the same
+    candidates the same way (a resumed experiment does not redo it)."""
+    runs_dir = cfg.runs_dir if "://" in cfg.runs_dir else str(Path(cfg.runs_dir).resolve())
+    record = read_json(Path(runs_dir) / cfg.run_name / RUN_RECORD) or {}
+    done = record.get("config", {})
+    if record.get("summary") and list(done.get("members", ())) == list(cfg.members) \
+            and done.get("choose") == cfg.choose:
+        return record["summary"]
+    return assemble(cfg, tags)
+
+
+def experiment_stage(cfg, root: Path, state: dict) -> dict:
+    """experiment/run.py's ``--ensemble``: the subset of those models' chosen trials that is best
+    on validation (run ``trials/ensemble``), then per seed the same models' finals (runs
+    ``final/ensemble-final[-seedS]``), each an MLflow run under the experiment's. Returns the
+    entry the scoring and the table read as a model's (``chosen``, ``finals``, ``final``)."""
+    from experiment.selection import final_name, final_seeds
+    from experiment.state import PARENT
+
+    models = cfg.ensemble_list()
+    trials = {m: str(root / "trials" / state["models"][m]["chosen"]["trial"]) for m in models}
+    common = {"data": cfg.data, "experiment": cfg.name, "mlflow_uri": state["mlflow_uri"],
+              "overwrite": True}
+    tags = {PARENT: state["run_id"], "model": Ensemble.name}
+    print(f"\n== ensemble of {', '.join(models)}: every subset of their chosen trials on "
+          "validation", flush=True)
+    choice = assembled(EnsembleConfig(members=tuple(trials.values()), run_name=Ensemble.name,
+                                      choose="valid", runs_dir=str(root / "trials"), **common),
+                       {**tags, "kind": "trial"})
+    chosen = [m for m in models if trials[m] in choice["members"]]
+    finals = {}
+    for seed in final_seeds(cfg):
+        paths = tuple(state["models"][m]["finals"][str(seed)]["model_path"] for m in chosen)
+        finals[str(seed)] = assembled(
+            EnsembleConfig(members=paths, run_name=final_name(Ensemble.name, seed, cfg.seed),
+                           choose="all", runs_dir=str(root / "final"), **common),
+            {**tags, "kind": "final", "seed": str(seed)})
+    print(f"== ensemble: {' + '.join(chosen)} (validation NDCG {choice['best_valid_ndcg']:.4f})",
+          flush=True)
+    return {"run_id": state["run_id"], "members": chosen,
+            "chosen": {"point": {"members": "+".join(chosen)},
+                       "valid_ndcg": choice["best_valid_ndcg"],
+                       "valid_recall_at_50": choice["best_valid_recall_at_50"],
+                       "best_epoch": 0, "trial": Ensemble.name, "trials": 2 ** len(models) - 1,
+                       "search_seconds": choice["wall_seconds"]},
+            "finals": finals, "final": finals[str(cfg.seed)]}
 
 
 def build_parser() -> argparse.ArgumentParser:

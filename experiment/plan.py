@@ -72,6 +72,12 @@ class ExperimentConfig:
                                                "above popularity's or its code collapsed (by "
                                                "default such a model is scored from its run, "
                                                "not registered)")
+    ensemble: str = option("", show_default=False, metavar="MODELS",
+                           help="comma-separated models of --models whose chosen trials are "
+                                "ensembled (an extension beyond the paper: experiment/ensemble.py):"
+                                " the subset best on validation, assembled from the same models' "
+                                "finals per seed, scored, evaluated and tabled as 'ensemble' "
+                                "(default: none)")
     stop_after: str = option("evaluate", choices=("search", "evaluate"),
                              help="search: stop once every model's trials ran and its best point "
                                   "is chosen (search.md ranks every trial), before the final "
@@ -80,6 +86,9 @@ class ExperimentConfig:
 
     def model_list(self) -> list[str]:
         return [m.strip() for m in self.models.split(",") if m.strip()]
+
+    def ensemble_list(self) -> list[str]:
+        return [m.strip() for m in self.ensemble.split(",") if m.strip()]
 
 
 def trial_config(cfg: ExperimentConfig, root: str, model: str, point: dict) -> TrainConfig:
@@ -106,6 +115,7 @@ def plan(cfg: ExperimentConfig, prep: Prepared, root: str) -> dict[str, list[dic
         raise UsageError(f"--data {cfg.data}: the dataset has no validation split, so nothing can "
                          "be selected; prepare it with a --holdout-fraction larger than "
                          "--test-fraction")
+    check_ensemble(cfg)
     axes = grids.grid(cfg.grid, cfg.model_list())
     out = {}
     for model, model_axes in axes.items():
@@ -118,6 +128,18 @@ def plan(cfg: ExperimentConfig, prep: Prepared, root: str) -> dict[str, list[dic
             check_trial_record(cfg, root, model, p)
         out[model] = pts
     return out
+
+
+def check_ensemble(cfg: ExperimentConfig) -> None:
+    """--ensemble names two or more of --models, each once."""
+    members = cfg.ensemble_list()
+    if not members:
+        return
+    unknown = [m for m in members if m not in cfg.model_list()]
+    if unknown or len(set(members)) != len(members) or len(members) < 2:
+        raise UsageError(f"--ensemble {cfg.ensemble}: name two or more of --models "
+                         f"({cfg.models}), each once"
+                         + (f"; {', '.join(unknown)} is not among them" if unknown else ""))
 
 
 def check_trial_record(cfg: ExperimentConfig, root: str, model: str, point: dict) -> None:

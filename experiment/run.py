@@ -19,6 +19,9 @@ Stages (a rerun with the same --name skips every finished one, trial by trial):
                (``--train-splits train,valid``: the protocol's final model), once per seed of
                --seeds N (seeds --seed .. --seed + N - 1; a resume with more runs only the new
                ones, with fewer uses the first N).
+  3b. ensemble with --ensemble M1,M2,..: every subset of those models' chosen trials scored on
+               validation, the best assembled from their finals per seed (experiment/ensemble.py;
+               an extension beyond the paper), then registered, scored and tabled as a model.
   4. register  the first seed's final model in the MLflow Model Registry as DATASET-MODEL
                (--register-as PREFIX: PREFIX-MODEL), alias @champion (the other seeds are
                scored from their runs); moving an alias another experiment set says so;
@@ -63,6 +66,7 @@ import time
 from evaluation.tables import fmt_point, seeds_paired_csv, table_csv
 
 # the stages, each in its module (this file runs them in order)
+from experiment.ensemble import experiment_stage as ensemble_stage
 from experiment.plan import ExperimentConfig, plan
 from experiment.records import read_json, write_json
 from experiment.register import register_if_healthy, registered_name
@@ -89,6 +93,7 @@ from experiment.selection import (
     select,
 )
 from experiment.state import PARENT, config_file, open_state, parent_runs
+from models.ensemble import Ensemble
 from prepared.errors import UsageError
 from prepared.protocol import TOP_K
 from prepared.reader import Prepared, open_prepared
@@ -98,6 +103,8 @@ from runtime.logs import no_bars_in_logs
 from runtime.paths import project_root
 from runtime.raycluster import join_address, local_cpus, ray_for
 from training.train import check_job_paths
+
+ENSEMBLE = Ensemble.name  # the row of --ensemble, beside the models'
 
 # -- the whole experiment --------------------------------------------------------------------------
 
@@ -152,6 +159,14 @@ def _run_experiment(cfg: ExperimentConfig, prep: Prepared, root: Path, mlflow_ur
         write_json(root / "experiment.json", state)
         retrain(cfg, root, model, state, prep, uri, ray_address)
 
+    scored = list(points)
+    if cfg.ensemble and cfg.stop_after != "search":  # 3b: the ensemble of the chosen models
+        state["models"][ENSEMBLE] = ensemble_stage(cfg, root, state)
+        scored.append(ENSEMBLE)
+    else:  # an earlier run's ensemble is not this run's table
+        state["models"].pop(ENSEMBLE, None)
+    write_json(root / "experiment.json", state)
+
     # every trial ranked, in every run: what a staged search reads to grow its grid
     write_text(root / "search.md", search_md(state, list(points), cfg.name))
     state["search"] = str(root / "search.md")
@@ -162,7 +177,7 @@ def _run_experiment(cfg: ExperimentConfig, prep: Prepared, root: Path, mlflow_ur
     from runtime.spark import get_spark
 
     spark = get_spark("experiment")
-    recs, labels = score_models(spark, cfg, root, list(points), state, prep.dataset, uri)
+    recs, labels = score_models(spark, cfg, root, scored, state, prep.dataset, uri)
     rows, files = evaluate_models(spark, cfg, root, points, state, prep.dataset, uri, recs, labels)
     publish_results(root, files)
     state["figures"] = sorted(str(root / k) for k in files if k.startswith("figures/"))

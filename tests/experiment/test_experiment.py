@@ -60,7 +60,7 @@ def killed_and_resumed(small_prepared, ray_head, mlflow_server, spark, tmp_path_
     stamps = {n: (base / "tiny" / "trials" / n / "run.json").stat().st_mtime for n in done_first}
     state = run_experiment(ExperimentConfig(**flags), mlflow_server.url, ray_head.address)
     return {"first_log": first_log, "done_first": done_first, "stamps": stamps, "state": state,
-            "root": base / "tiny"}
+            "root": base / "tiny", "flags": flags}
 
 
 def test_a_killed_experiment_resumes_without_rerunning_finished_trials(killed_and_resumed,
@@ -183,3 +183,57 @@ def test_the_experiment_selects_retrains_registers_scores_and_tables(killed_and_
         float(lines[0]["ndcg_seed_sd"]), abs=2e-6)
     assert run.data.metrics["test_paired_ndcg_puresvd_minus_first"] == pytest.approx(
         float(lines[1]["paired_ndcg_minus_first"]), abs=2e-6)
+
+
+@pytest.fixture(scope="module")
+def with_ensemble(killed_and_resumed, ray_head, mlflow_server):
+    """The finished experiment resumed with --ensemble autorec,puresvd (after the tests above
+    have read its first results): nothing is trained again; the ensemble is assembled, scored
+    and tabled beside the models."""
+    from experiment.plan import ExperimentConfig
+    from experiment.run import run_experiment
+
+    r = killed_and_resumed
+    stamps = {p: p.stat().st_mtime for p in (r["root"] / "final").glob("*/run.json")}
+    flags = {**r["flags"], "ensemble": "autorec,puresvd"}
+    return run_experiment(ExperimentConfig(**flags), mlflow_server.url, ray_head.address), stamps
+
+
+def test_an_ensemble_of_the_chosen_models_is_assembled_scored_and_tabled(
+        with_ensemble, killed_and_resumed, mlflow_server):
+    from mlflow.tracking import MlflowClient
+
+    from evaluation.tables import fmt_point
+
+    state, stamps = with_ensemble
+    root = killed_and_resumed["root"]
+    assert stamps and all(p.stat().st_mtime == s for p, s in stamps.items())  # nothing retrained
+    e = state["models"]["ensemble"]
+    # the subset validation chose among the two models' chosen trials
+    choice = json.loads((root / "trials" / "ensemble" / "run.json").read_text())
+    trials = {m: str(root / "trials" / state["models"][m]["chosen"]["trial"])
+              for m in ("autorec", "puresvd")}
+    assert choice["config"]["members"] == list(trials.values())
+    assert choice["summary"]["members"] == [trials[m] for m in e["members"]] and e["members"]
+    assert e["chosen"]["valid_ndcg"] == choice["summary"]["best_valid_ndcg"]
+    # per seed, the same models' finals of that seed, assembled whole
+    for seed, name in (("0", "ensemble-final"), ("1", "ensemble-final-seed1")):
+        final = json.loads((root / "final" / name / "run.json").read_text())
+        assert final["config"]["choose"] == "all"
+        assert final["summary"]["members"] == [state["models"][m]["finals"][seed]["model_path"]
+                                               for m in e["members"]]
+        assert e["finals"][seed]["mlflow_run_id"] == final["summary"]["mlflow_run_id"]
+    client = MlflowClient(mlflow_server.url)
+    run = client.get_run(e["final"]["mlflow_run_id"])
+    assert run.data.tags["mlflow.parentRunId"] == state["run_id"] and run.data.tags["seed"] == "0"
+    # registered and scored as a model, its seeds pooled in the table beside the others
+    recs = json.loads((root / "recs" / "ensemble" / "_manifest.json").read_text())
+    assert recs["model"] == "models:/ml-latest-small-ensemble@champion"
+    assert (root / "recs" / "ensemble-seed1" / "_manifest.json").is_file()
+    lines = list(csv.DictReader((root / "table.csv").open()))
+    assert [r["model"] for r in lines] == ["autorec", "puresvd", "ensemble"]
+    row = lines[2]
+    assert row["seeds"] == "2" and 0.03 < float(row["NDCG mean"]) < 0.6
+    assert row["chosen"] == fmt_point({"members": "+".join(e["members"])})
+    assert "| ensemble |" in (root / "table.md").read_text()
+

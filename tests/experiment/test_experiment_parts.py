@@ -108,6 +108,16 @@ def test_a_dataset_without_a_validation_split_is_refused(tmp_path):
         plan(exp(tmp_path), prep(valid=0), str(tmp_path))
 
 
+@pytest.mark.parametrize("ensemble, why", [
+    ("autorec", "name two or more of --models"), ("autorec,autorec", "each once"),
+    ("autorec,wrmf", "wrmf is not among them")])
+def test_an_ensemble_names_two_or_more_of_the_models(tmp_path, ensemble, why):
+    with pytest.raises(UsageError, match=f"--ensemble {ensemble}: .*{why}"):
+        plan(exp(tmp_path, models="autorec,puresvd", ensemble=ensemble), prep(), str(tmp_path))
+    assert plan(exp(tmp_path, models="autorec,puresvd", ensemble="puresvd,autorec"), prep(),
+                str(tmp_path))
+
+
 def test_points_are_the_product_of_the_axes():
     assert grids.points({"lam": [1.0, 2.0], "mode": ["joint", "alternating"]}) == [
         {"lam": 1.0, "mode": "joint"}, {"lam": 1.0, "mode": "alternating"},
