@@ -211,6 +211,9 @@ def assemble(cfg: EnsembleConfig, tags: dict[str, str] | None = None) -> dict:
     if fs.get_file_info(path).type.name != "NotFound" and not cfg.overwrite:
         raise UsageError(f"{run_dir} exists already; choose another --run-name or pass "
                          "--overwrite to replace it")
+    from runtime import tracking
+
+    tracking.check_reachable(tracking.tracking_uri(cfg.mlflow_uri))  # before minutes of scoring
     prep = open_prepared(cfg.data)
     sources = [load_source(m, cfg.mlflow_uri) for m in cfg.members]
     split = check_members(sources, prep, cfg.choose)

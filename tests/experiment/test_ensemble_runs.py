@@ -198,3 +198,8 @@ def test_what_it_refuses_says_the_fix(assembled, members, small_prepared, tmp_pa
     assert main(["--members", str(base / "runs" / "ar"), str(base / "runs" / "ar"), "--data",
                  str(small_prepared), "--run-name", "w", "--runs-dir", str(tmp_path)]) == 2
     assert "named twice" in capsys.readouterr().err
+    # a tracking server that does not answer: said before any scoring, nothing written
+    assert main(["--members", str(base / "runs" / "ar"), "--data", str(small_prepared),
+                 "--run-name", "m", "--runs-dir", str(tmp_path), "--mlflow-uri",
+                 "http://127.0.0.1:9"]) == 2
+    assert "make stack" in capsys.readouterr().err and not (tmp_path / "m").exists()
