@@ -86,7 +86,7 @@ def design_epoch(design: str, users: float, nodes: int, c: dict, gbps: float) ->
         step = F + LARGE_BATCH * u + ring_seconds(s, nodes, gbps, floor * s)
     elif design == "item-sharded":
         batch = FIXED_GLOBAL_BATCH
-        codes = 2 * batch * WIDTH * 4
+        codes = code_bytes(batch)
         step = (F + batch * u) / nodes + ring_seconds(codes, nodes, gbps, floor * codes)
     else:
         raise ValueError(design)
@@ -94,6 +94,12 @@ def design_epoch(design: str, users: float, nodes: int, c: dict, gbps: float) ->
     one_node = steps * (F + batch * u)  # the same global batch on one node
     return {"design": design, "nodes": nodes, "global_batch": batch, "step_s": step,
             "epoch_s": steps * step, "efficiency": one_node / (nodes * steps * step)}
+
+
+def code_bytes(batch: int) -> int:
+    """What item sharding sums each step: the batch's codes, forward and their gradients back
+    (float32, WIDTH wide)."""
+    return 2 * batch * WIDTH * 4
 
 
 def floor_epoch(design: str, users: float, c: dict, gbps: float) -> float:
@@ -107,7 +113,7 @@ def floor_epoch(design: str, users: float, c: dict, gbps: float) -> float:
                                                      c["loopback_s_per_byte"]
                                                      * c["allreduce_bytes"]))
     if design == "item-sharded":
-        codes = 2 * FIXED_GLOBAL_BATCH * WIDTH * 4
+        codes = code_bytes(FIXED_GLOBAL_BATCH)
         return math.ceil(users / FIXED_GLOBAL_BATCH) * ring_seconds(
             codes, 10**6, gbps, c["loopback_s_per_byte"] * codes)
     return 0.0  # a batch that grows with the nodes has no floor, only fewer steps
