@@ -144,10 +144,15 @@ def main(argv: list[str] | None = None) -> int:
         from models.registry import save
         from runtime.atomic import write_bytes
 
-        if r.get("best") is not None:  # the best epoch's, not the last's (a closed form: its fit)
+        # the best epoch's, not the last's, as a run's model.pt; a final retraining (train,valid)
+        # keeps its last epoch, as the protocol's final does (its validation has seen the items)
+        if r.get("best") is not None and not cfg.final_retraining:
             r["net"].load_state_dict(r["best"])
         buffer = io.BytesIO()
-        torch.save(save(r["net"]), buffer)
+        # the splits it trained on, as a run's model.pt says them: scoring reads a final
+        # (train,valid) with its validation items as input, never as candidates
+        torch.save(save(r["net"], config={"model": cfg.model, "train_splits": cfg.train_splits}),
+                   buffer)
         write_bytes(Path(args.save), buffer.getvalue())
     if args.out:
         with open(args.out, "a") as f:

@@ -98,8 +98,9 @@ def test_a_probe_takes_the_statistics_its_settings_need(small_prepared):
 
 def test_a_probe_applies_a_preset_under_its_settings_and_saves_its_model(small_prepared, tmp_path):
     """preset=sparse sets what the settings leave (--pos-weight 10, --lam 10) and not what they
-    give (width 16), as train.py does; --save writes the model as it is at the end, loadable as
-    scoring loads a run's model.pt, scoring as the probe's model did."""
+    give (width 16), as train.py does; --save writes the model (its best epoch's weights: here
+    the one epoch) loadable as scoring loads a run's model.pt, with the splits it trained on,
+    scoring as the probe's model did."""
     import json
 
     from models.registry import load_model_file
@@ -115,3 +116,6 @@ def test_a_probe_applies_a_preset_under_its_settings_and_saves_its_model(small_p
     recall, ndcg = probe.valid_metrics(model, valid)
     assert (line["valid_recall@20"], line["valid_ndcg@20"]) == (round(recall, 4), round(ndcg, 4))
     assert isinstance(torch.load(saved, weights_only=True), dict)  # plain data: weights-only
+    from evaluation.model_source import from_checkpoint
+
+    assert from_checkpoint(str(saved)).train_splits == "train"  # scoring's input: train only
