@@ -34,6 +34,11 @@ FLOOR = "popularity"  # a reference, not a baseline anyone would ship
 ENSEMBLE = "ensemble"  # experiment/run.py --ensemble's row: the listed models combined, no baseline
 
 
+def is_baseline(model: str) -> bool:
+    """A table row that competes as a baseline: not the family, the floor or an ensemble."""
+    return model not in FAMILY and model not in (FLOOR, ENSEMBLE)
+
+
 def read_csv(path: Path) -> list[dict]:
     if not path.is_file():
         raise SystemExit(f"{path}: missing; pass a folder written by experiment/run.py "
@@ -55,7 +60,7 @@ def summarise(folder: Path) -> dict:
     paired = {(r["label"], r["metric"]): r for r in read_csv(folder / "paired.csv")
               if r["reference"] == "nce-autorec" and r.get("seed", "pooled") == "pooled"}
     missing = [m for m in ("nce-autorec", "autorec") if m not in table]
-    baselines = [m for m in table if m not in FAMILY and m not in (FLOOR, ENSEMBLE)]
+    baselines = [m for m in table if is_baseline(m)]
     if missing or not baselines:
         raise SystemExit(f"{folder}: the experiment lacks {', '.join(missing) or 'a baseline'}; "
                          "the report compares NCE-AutoRec with AutoRec and at least one baseline")
@@ -140,7 +145,7 @@ def summarise_levers(folder: Path, protocol: Path | None) -> dict:
     exps = {"levers": read(folder), **({"protocol": read(protocol)} if protocol else {})}
     table, paired = exps["levers"]
     if not {"nce-autorec", "autorec"} <= set(table) or not [
-            m for m in table if m not in FAMILY and m not in (FLOOR, ENSEMBLE)]:
+            m for m in table if is_baseline(m)]:
         raise SystemExit(f"{folder}: a levers experiment needs nce-autorec, autorec and at least "
                          "one baseline (its --models)")
     # a protocol row competes only with as many final seeds as the levers experiment's: a choice
@@ -152,7 +157,7 @@ def summarise_levers(folder: Path, protocol: Path | None) -> dict:
                   and t[m].get("valid_ndcg") and (e == "levers" or seeds[e][m] >= need)]
     where, strongest = max(candidates, key=lambda c: float(exps[c[0]][0][c[1]]["valid_ndcg"]))
     st, sp = exps[where]
-    best = max((m for m in st if m not in FAMILY and m not in (FLOOR, ENSEMBLE)),
+    best = max((m for m in st if is_baseline(m)),
                key=lambda m: float(st[m]["NDCG mean"]))
     vs_best, increment = paired_diff(sp, strongest, best), paired_diff(paired, "nce-autorec",
                                                                        "autorec")
@@ -173,7 +178,7 @@ def summarise_levers(folder: Path, protocol: Path | None) -> dict:
                            for m in ("nce-autorec", "autorec")}}
     if protocol is not None:
         ptable = exps["protocol"][0]
-        pbase = [m for m in ptable if m not in FAMILY and m not in (FLOOR, ENSEMBLE)]
+        pbase = [m for m in ptable if is_baseline(m)]
         pbest = max(pbase, key=lambda m: float(ptable[m]["NDCG mean"])) if pbase else None
         out["paper_nce"] = ndcg_ci(ptable, "nce-autorec") if "nce-autorec" in ptable else None
         out["paper_nce_chosen"] = ptable.get("nce-autorec", {}).get("chosen")

@@ -45,7 +45,7 @@ from prepared import schema as S
 from prepared.errors import UsageError
 from prepared.protocol import TOP_K
 from prepared.reader import Prepared, open_prepared
-from prepared.uri import filesystem, join
+from prepared.uri import absolute, filesystem, join
 from runtime.atomic import write_bytes
 from runtime.cli import add_options, option, strict_parser, values
 from runtime.progress import EVERY, duration
@@ -139,16 +139,16 @@ def subset_metrics(models: list, rows, subsets: list[tuple[int, ...]],
     return {s: (n / users, r / users, users) for s, (n, r) in sums.items()}
 
 
-def best_subset(metrics: dict) -> tuple[int, ...]:
-    """The subset with the highest validation NDCG; a tie goes to fewer members, then to the
-    members given first."""
-    return min(metrics, key=lambda s: (-metrics[s][0], len(s), s))
+def ranked(metrics: dict) -> list[tuple[int, ...]]:
+    """The subsets by validation NDCG, best first; a tie goes to fewer members, then to the
+    members given first. The first is the choice."""
+    return sorted(metrics, key=lambda s: (-metrics[s][0], len(s), s))
 
 
 def subsets_table(metrics: dict, labels: list[str], chosen: tuple[int, ...]) -> str:
     """Markdown: every subset scored, best first, the chosen one marked."""
     lines = [f"| members | validation NDCG | Recall@{TOP_K} | |", "|---|---|---|---|"]
-    for s in sorted(metrics, key=lambda s: (-metrics[s][0], len(s), s)):
+    for s in ranked(metrics):
         mark = "chosen" if s == chosen else ""
         lines.append(f"| {' + '.join(labels[i] for i in s)} | {metrics[s][0]:.4f} | "
                      f"{metrics[s][1]:.4f} | {mark} |")
@@ -161,11 +161,6 @@ def log_to_mlflow(cfg: EnsembleConfig, prep: Prepared, model: Ensemble, state: d
     """(run id, tracking URI, model URI) of the ensemble's MLflow run: params naming the chosen
     members and their runs, the validation figures, the subsets' table and the model (the layout
     training logs, so a service or scoring loads it the same way)."""
-    import tempfile
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from runtime import tracking
 
     uri = tracking.tracking_uri(cfg.mlflow_uri)
@@ -182,15 +177,11 @@ def log_to_mlflow(cfg: EnsembleConfig, prep: Prepared, model: Ensemble, state: d
     tracking.describe_run(uri, run_id, title, summary)
     if table:
         tracking.log_text(uri, run_id, table + "\n", "subsets.md")
-    with tempfile.TemporaryDirectory() as d:
-        weights, item_ids = Path(d) / "weights.pt", Path(d) / "item_ids.parquet"
-        torch.save(state, weights)
-        pq.write_table(pa.table({"item_id": pa.array(prep.item_ids(), pa.string())}), item_ids)
-        model_uri = tracking.log_final(
-            uri, run_id, weights=weights, item_ids=item_ids, model=Ensemble.name,
-            model_args=model.model_args(), model_info={"train_splits": split},
-            manifest=prep.manifest, history=[],
-            summary={k: v for k, v in summary.items() if isinstance(v, int | float)}, title=title)
+    model_uri = tracking.log_trained(
+        uri, run_id, state_dict=state, item_ids=prep.item_ids(), model=Ensemble.name,
+        model_args=model.model_args(), model_info={"train_splits": split},
+        manifest=prep.manifest, history=[],
+        summary={k: v for k, v in summary.items() if isinstance(v, int | float)}, title=title)
     return run_id, uri, model_uri
 
 
@@ -205,8 +196,7 @@ def assemble(cfg: EnsembleConfig, tags: dict[str, str] | None = None) -> dict:
                          "subset is scored on validation): pass the strongest few")
     if len(set(cfg.members)) != len(cfg.members):
         raise UsageError("--members: a model is named twice; name each once")
-    runs_dir = cfg.runs_dir if "://" in cfg.runs_dir else str(Path(cfg.runs_dir).resolve())
-    run_dir = join(runs_dir, cfg.run_name)
+    run_dir = join(absolute(cfg.runs_dir), cfg.run_name)
     fs, path = filesystem(join(run_dir, RUN_RECORD))
     if fs.get_file_info(path).type.name != "NotFound" and not cfg.overwrite:
         raise UsageError(f"{run_dir} exists already; choose another --run-name or pass "
@@ -221,15 +211,14 @@ def assemble(cfg: EnsembleConfig, tags: dict[str, str] | None = None) -> dict:
     labels = [src.name for src in sources]
     metrics, table = {}, ""
     if split == "train":  # validation is unseen by every member: measure every subset on it
-        subsets = [s for r in range(1, len(models) + 1)
-                   for s in itertools.combinations(range(len(models)), r)]
-        if cfg.choose == "all":
-            subsets = [tuple(range(len(models)))]
+        every = range(len(models))
+        subsets = [tuple(every)] if cfg.choose == "all" else [
+            s for r in range(1, len(models) + 1) for s in itertools.combinations(every, r)]
         rows = read_rows(prep, [S.USER_INDEX, S.TRAIN_ITEMS, S.VALID_ITEMS])
         print(f"scoring {len(subsets)} subset(s) of {len(models)} members on the validation "
               f"users of {rows.num_rows:,} warm users", flush=True)
         metrics = subset_metrics(models, rows, subsets)
-    chosen = best_subset(metrics) if metrics else tuple(range(len(models)))
+    chosen = ranked(metrics)[0] if metrics else tuple(range(len(models)))
     if metrics:
         table = subsets_table(metrics, labels, chosen)
         print(table, flush=True)
@@ -258,8 +247,7 @@ def assemble(cfg: EnsembleConfig, tags: dict[str, str] | None = None) -> dict:
 def assembled(cfg: EnsembleConfig, tags: dict[str, str]) -> dict:
     """``assemble``'s summary, or that of the run already assembled under this name from the same
     candidates the same way (a resumed experiment does not redo it)."""
-    runs_dir = cfg.runs_dir if "://" in cfg.runs_dir else str(Path(cfg.runs_dir).resolve())
-    record = read_json(Path(runs_dir) / cfg.run_name / RUN_RECORD) or {}
+    record = read_json(Path(absolute(cfg.runs_dir)) / cfg.run_name / RUN_RECORD) or {}
     done = record.get("config", {})
     if record.get("summary") and list(done.get("members", ())) == list(cfg.members) \
             and done.get("choose") == cfg.choose:

@@ -97,6 +97,7 @@ from models.ensemble import Ensemble
 from prepared.errors import UsageError
 from prepared.protocol import TOP_K
 from prepared.reader import Prepared, open_prepared
+from prepared.uri import absolute
 from runtime.atomic import write_text
 from runtime.cli import stage_parser, values
 from runtime.logs import no_bars_in_logs
@@ -192,7 +193,7 @@ def resolved(cfg: ExperimentConfig, prep: Prepared) -> ExperimentConfig:
     """``cfg`` as the experiment records it: an absolute --data (a URI as given), its name
     (default DATASET-GRID) and an absolute --experiments-dir (default ./var/experiments)."""
     return dataclasses.replace(
-        cfg, data=cfg.data if "://" in cfg.data else str(Path(cfg.data).resolve()),
+        cfg, data=absolute(cfg.data),
         name=cfg.name or f"{prep.dataset}-{Path(cfg.grid).stem}",
         output=str(Path(cfg.output or project_root() / "var" / "experiments").resolve()))
 

@@ -341,6 +341,20 @@ def pyfunc_spec(*, weights: Path, item_ids: Path | None, model: str, model_args:
                 pip_requirements=["torch", "numpy", "pandas", "scipy", "scikit-learn", "pyarrow"])
 
 
+def log_trained(uri: str, run_id: str, *, state_dict: dict, item_ids: list[str], **final) -> str:
+    """``log_final`` of a model in memory: its weights and the dataset's item ids (index order)
+    written to the files the pyfunc ships, in a temporary folder; returns the model's URI."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+
+    with tempfile.TemporaryDirectory() as d:
+        weights, ids = Path(d) / "weights.pt", Path(d) / "item_ids.parquet"
+        torch.save(state_dict, weights)
+        pq.write_table(pa.table({"item_id": pa.array(item_ids, pa.string())}), ids)
+        return log_final(uri, run_id, weights=weights, item_ids=ids, **final)
+
+
 def log_final(uri: str, run_id: str, *, weights: Path, item_ids: Path | None, model: str,
               model_args: dict, model_info: dict, manifest: dict, history: list[dict],
               summary: dict, title: str) -> str:

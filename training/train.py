@@ -43,7 +43,7 @@ from prepared import schema as S
 from prepared.errors import UsageError
 from prepared.protocol import head_items
 from prepared.reader import Prepared, open_prepared
-from prepared.uri import filesystem, join
+from prepared.uri import absolute, filesystem, join
 from prepared.verify import naming_damaged_files
 from runtime.atomic import write_bytes
 from runtime.cli import flag_of, stage_parser, values
@@ -127,10 +127,8 @@ def config_from_args(args: argparse.Namespace, prep: Prepared) -> TrainConfig:
     run_name = given["run_name"] or "-".join(
         x for x in (given["model"], *map(str, labels(given["model"], given).values()),
                     given["preset"], prep.dataset, stamp) if x)
-    output = given["output"] or str(project_root() / "var" / "runs")
-    if "://" not in output:
-        output = str(Path(output).resolve())
-    data = given["data"] if "://" in given["data"] else str(Path(given["data"]).resolve())
+    output = absolute(given["output"] or str(project_root() / "var" / "runs"))
+    data = absolute(given["data"])
     return TrainConfig(**{**given, "data": data, "run_name": run_name, "output": output,
                           "experiment": given["experiment"] or prep.dataset})
 
@@ -493,10 +491,6 @@ def log_results(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, summary
     """The end of a run in MLflow: missing epochs, the model, curves, summary; returns the model
     URI. A server that is down gets a minute to come back, then the run stops with how to finish
     it (the trained model is already saved; a rerun logs without training)."""
-    import tempfile
-
-    import torch
-
     from runtime import tracking
 
     if not tracking.wait_reachable(uri, cfg.mlflow_wait):
@@ -513,19 +507,12 @@ def log_results(cfg: TrainConfig, prep: Prepared, uri: str, run_id: str, summary
     added = tracking.backfill(uri, run_id, history)
     if added and MODELS[cfg.model].kind == "gradient":  # a closed-form fit logs its one record here
         print(f"MLflow: logged {added} epoch(s) missed while the server was down", flush=True)
-    with tempfile.TemporaryDirectory() as d:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        weights, item_ids = Path(d) / "weights.pt", Path(d) / "item_ids.parquet"
-        torch.save(best, weights)
-        pq.write_table(pa.table({"item_id": pa.array(prep.item_ids(), pa.string())}), item_ids)
-        return tracking.log_final(
-            uri, run_id, weights=weights, item_ids=item_ids, model=cfg.model, model_args=model_args,
-            model_info={"train_splits": cfg.train_splits},
-            manifest=prep.manifest, history=history,
-            summary={k: v for k, v in summary.items() if k != "phase_epochs" and v is not None},
-            title=f"{model_title(cfg)} on {prep.dataset} ({cfg.run_name})")
+    return tracking.log_trained(
+        uri, run_id, state_dict=best, item_ids=prep.item_ids(), model=cfg.model,
+        model_args=model_args, model_info={"train_splits": cfg.train_splits},
+        manifest=prep.manifest, history=history,
+        summary={k: v for k, v in summary.items() if k != "phase_epochs" and v is not None},
+        title=f"{model_title(cfg)} on {prep.dataset} ({cfg.run_name})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -535,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         check_job_paths(args)
         join_address(args.ray_address)  # a job server's http address fails here, not mid-run
         check(TrainConfig(**values(args, TrainConfig)))  # flags first: no data read for a typo
-        prep = open_prepared(args.data if "://" in args.data else str(Path(args.data).resolve()))
+        prep = open_prepared(absolute(args.data))
         cfg = config_from_args(args, prep)
         with naming_damaged_files(prep.uri):  # a shard that fails to read: named in one line
             summary = run(cfg, args.mlflow_uri, args.ray_address, prep)
