@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
+import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.report import publish, stamp  # noqa: E402
+from evaluation.tables import verdict  # noqa: E402
 
 FAMILY = ("autorec", "ohns-autorec", "ns-autorec", "nce-autorec")  # the paper's models
 FLOOR = "popularity"  # a reference, not a baseline anyone would ship
@@ -99,10 +102,14 @@ def summarise(folder: Path) -> dict:
     }
 
 
+# what an experiment's name may add to its set's: ``experiment-ml-100k-levers`` ran on ml-100k
+SUFFIXES = ("-levers", "-modes", "-start", "-ensemble", "-wide", "-width")
+
+
 def dataset_of(folder: Path) -> str:
     """``experiment-ml-100k-levers`` -> ``ml-100k``: the set an experiment ran on, by its name."""
     name = folder.name.removeprefix("experiment-")
-    for suffix in ("-levers", "-modes"):
+    for suffix in SUFFIXES:
         name = name.removesuffix(suffix)
     return name
 
@@ -191,6 +198,151 @@ def summarise_levers(folder: Path, protocol: Path | None) -> dict:
     return out
 
 
+def table_pair(table: dict, a: str, b: str) -> tuple[float, float, float] | None:
+    """``a`` minus ``b`` in test NDCG (paired per user, pooled over seeds: mean, 95% CI) and the
+    equivalence test's p (``evaluation.significance.tost_p``, ±1% of the reference's NDCG; NaN
+    where the table predates it), read from an experiment's table.csv: each row carries its
+    difference from the first model and from the best after the first. None where the
+    experiment did not pair the two."""
+    first = next(iter(table))
+    best = next((r["best_after_first"] for r in table.values() if r.get("best_after_first")), "")
+    columns = {first: ("paired_ndcg_minus_first", "paired_ci95", "paired_tost_p"),
+               best: ("paired_ndcg_minus_best", "best_ci95", "best_tost_p")}
+    for row, reference, sign in ((a, b, 1.0), (b, a, -1.0)):
+        if reference not in columns or row not in table:
+            continue
+        d, ci, p = (table[row].get(c) for c in columns[reference])
+        if d:  # empty for the reference itself
+            return sign * float(d), float(ci), float(p) if p else math.nan
+    return None
+
+
+def final_in_process_rows(folder: Path) -> list[dict]:
+    """Baselines fitted beside an experiment by ``benchmarks/final_in_process.py`` (say EASE on
+    Gowalla, whose dense B the pipeline cannot carry here): its ``*-final.json`` files, each with
+    its test NDCG and, where it was paired with the experiment's NCE-AutoRec seeds, the
+    difference (this model minus NCE-AutoRec)."""
+    out = []
+    for f in sorted(folder.glob("*-final.json")):
+        d = json.loads(f.read_text())
+        pair = (d.get("paired") or {}).get("ndcg")
+        label = (d.get("paired") or {}).get("label", "")
+        out.append({"model": d["model"], "ndcg": (d["test"]["ndcg"]["mean"],
+                                                  d["test"]["ndcg"]["ci95"]),
+                    "chosen": ", ".join(f"{k}={v}" for k, v in sorted(d["settings"].items())),
+                    "minus_nce": ((pair["mean"], pair["ci95"], math.nan)
+                                  if pair and label.startswith("nce-autorec") else None),
+                    "source": f.name})
+    return out
+
+
+def summarise_set(folder: Path, protocol: Path | None) -> dict:
+    """Issue 57's reading of one set: the paper's NCE-AutoRec (from the set's protocol
+    experiment, where given), every row of the set's final experiment (the family searched with
+    its levers and start, an ensemble of it where one was run, every baseline), the strongest
+    family configuration chosen by validation NDCG (an ensemble of family models competes: it
+    is chosen on the same validation users), the best baseline by test NDCG (the bar only rises
+    that way), the strongest minus it and the NCE head's increment over AutoRec with the same
+    levers, each with its verdict: above / below where the CI excludes 0, level only where the
+    equivalence test (±1% of the reference's NDCG, TOST at 5%) says so, else not significantly
+    above / below."""
+    table = {r["model"]: r for r in read_csv(folder / "table.csv")}
+    ptable = {r["model"]: r for r in read_csv(protocol / "table.csv")} if protocol else {}
+    # every baseline of the set: the protocol experiment's that the final one did not rerun come
+    # along unpaired (they may still be the best, and then the difference is not given)
+    extra = final_in_process_rows(folder) + [
+        {"model": m, "ndcg": ndcg_ci(ptable, m), "chosen": ptable[m]["chosen"],
+         "minus_nce": None, "source": protocol.name} for m in ptable
+        if is_baseline(m) and m not in table]
+    family = [m for m in table if m in FAMILY or m == ENSEMBLE]
+    baselines = [m for m in table if is_baseline(m)] + [e["model"] for e in extra]
+    if not {"nce-autorec", "autorec"} <= set(table) or not baselines:
+        raise SystemExit(f"{folder}: a set's experiment needs nce-autorec, autorec and at least "
+                         "one baseline (its --models)")
+    ndcg = {m: ndcg_ci(table, m) for m in table} | {e["model"]: e["ndcg"] for e in extra}
+    valid = {m: float(table[m]["valid_ndcg"]) for m in family if table[m].get("valid_ndcg")}
+    strongest = max(valid, key=valid.get)
+    single = max((m for m in valid if m != ENSEMBLE), key=valid.get)
+    best = max(baselines, key=lambda m: ndcg[m][0])
+
+    def against_best(model: str) -> tuple[float, float, float] | None:
+        got = table_pair(table, model, best)
+        if got is None and model == "nce-autorec":  # a baseline fitted beside the experiment
+            e = next((e for e in extra if e["model"] == best), None)
+            got = e and e["minus_nce"] and (-e["minus_nce"][0], *e["minus_nce"][1:])
+        return got or None
+
+    def read(pair: tuple[float, float, float] | None) -> dict | None:
+        return pair and {"diff": pair[:2], "tost_p": pair[2],
+                         "verdict": verdict(pair[:2], None if math.isnan(pair[2]) else pair[2])}
+
+    def chosen(m: str) -> str:
+        if m not in table:
+            return next(e["chosen"] for e in extra if e["model"] == m)
+        if m == ENSEMBLE:  # "members=nce-autorec+autorec": each member named by its settings
+            members = table[m]["chosen"].removeprefix("members=").split("+")
+            return " + ".join(f"{x} ({table[x]['chosen']})" if x in table else x
+                              for x in members)
+        return table[m]["chosen"]
+
+    out = {"dataset": dataset_of(folder), "experiment": folder.name.removeprefix("experiment-"),
+           "seeds": int(table["nce-autorec"].get("seeds") or 1),
+           "rows": [{"model": m, "ndcg": ndcg[m], "valid_ndcg": valid.get(m),
+                     "chosen": chosen(m),
+                     "kind": ("ensemble" if m == ENSEMBLE else "family" if m in FAMILY
+                              else "floor" if m == FLOOR else "baseline"),
+                     "from": next((e["source"] for e in extra if e["model"] == m), None)}
+                    for m in [*table, *(e["model"] for e in extra)]],
+           "strongest": strongest, "strongest_single": single, "best_baseline": best,
+           "strongest_minus_best": read(against_best(strongest)),
+           "single_minus_best": read(against_best(single)),
+           "increment": read(table_pair(table, "nce-autorec", "autorec")),
+           "paper_nce": None, "paper_nce_chosen": None}
+    if "nce-autorec" in ptable:
+        out["paper_nce"] = ndcg_ci(ptable, "nce-autorec")
+        out["paper_nce_chosen"] = ptable["nce-autorec"]["chosen"]
+    return out
+
+
+def render_sets(rows: list[dict]) -> list[str]:
+    pm = lambda x, signed=False: "–" if x is None else (  # noqa: E731
+        f"{x[0]:+.4f} ± {x[1]:.4f}" if signed else f"{x[0]:.4f} ± {x[1]:.4f}")
+    said = lambda r: "–" if r is None else (  # noqa: E731
+        f"{pm(r['diff'], True)}: **{r['verdict']}**"
+        + ("" if math.isnan(r["tost_p"]) or r["verdict"] in ("above", "below")
+           else f" (TOST p {r['tost_p']:.2g})"))
+    lines = ["", "## Per set: the family at its strongest against every baseline (issue 57)", "",
+             "Each set's final experiment: the AutoRec family searched with its width, levers "
+             "and start (extensions beyond the paper), an ensemble of family models where one "
+             "was run (`--ensemble`, an extension), every baseline tuned on validation, 3 seeds "
+             "per final, test NDCG (the paper's) with 95% CIs over users and seeds on "
+             "Satterthwaite's t. Strongest: the family configuration (ensemble included) with "
+             "the best validation NDCG; best baseline: by test NDCG. Verdicts of a paired "
+             "difference: above / below where its CI excludes 0; level only where the two "
+             "one-sided tests put it within ±1% of the reference's NDCG; otherwise not "
+             "significantly above / below. The paper's NCE-AutoRec: the set's protocol "
+             "experiment (width 200, no levers; not paired with the rest). Baselines marked † "
+             "were fitted apart from the set's experiment: the protocol experiment's (unpaired) "
+             "or `benchmarks/final_in_process.py`'s (paired with NCE-AutoRec's seeds).", "",
+             "| set | the paper's NCE-AutoRec | strongest family configuration (valid) | "
+             "strongest − best baseline | best single family model | single − best baseline | "
+             "baselines | NCE head's increment (NCE − AutoRec, same levers) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        row = {x["model"]: x for x in r["rows"]}
+        s, one = row[r["strongest"]], row[r["strongest_single"]]
+        lines.append(
+            f"| {r['dataset']} ({r['experiment']}) | {pm(r['paper_nce'])} "
+            f"| {s['model']} {pm(s['ndcg'])} ({s['chosen']}; valid {s['valid_ndcg']:.4f}) "
+            f"| {said(r['strongest_minus_best'])} "
+            f"| {one['model']} {pm(one['ndcg'])} ({one['chosen']}) "
+            f"| {said(r['single_minus_best'])} "
+            f"| " + ", ".join(f"{x['model']} {x['ndcg'][0]:.4f}" + ("†" if x["from"] else "")
+                              for x in r["rows"] if x["kind"] in ("baseline", "floor"))
+            + f" | {said(r['increment'])} |")
+    return lines
+
+
 def render_levers(rows: list[dict]) -> list[str]:
     pm = lambda x, signed=False: "–" if x is None else (  # noqa: E731
         f"{x[0]:+.4f} ± {x[1]:.4f}" if signed else f"{x[0]:.4f} ± {x[1]:.4f}")
@@ -274,6 +426,10 @@ def main(argv: list[str] | None = None) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folders", nargs="+", type=Path,
                     help="experiment results folders (table.csv, paired.csv)")
+    ap.add_argument("--sets", nargs="+", type=Path, default=[],
+                    help="per set, its final experiment for issue 57's section (the family with "
+                         "its levers, an ensemble, every baseline; the paper's NCE-AutoRec from "
+                         "the set's protocol folder among FOLDERS) (default: none)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/nce_report"),
                     help="writes OUT.md and OUT.json (default: %(default)s)")
     args = ap.parse_args(argv)
@@ -283,6 +439,7 @@ def main(argv: list[str] | None = None) -> None:
     protocol = protocol_folders(args.folders)
     levers = [summarise_levers(f, protocol.get(dataset_of(f))) for f in args.folders
               if f.name.endswith("-levers")]
+    sets = [summarise_set(f, protocol.get(dataset_of(f))) for f in args.sets]
     run = stamp("nce_report.py", argv)
     lines = ["# NCE-AutoRec against AutoRec and the best baseline, per experiment", "",
              f"Command: `{run['command']}`  ", f"Date: {run['date']}.  ",
@@ -291,9 +448,10 @@ def main(argv: list[str] | None = None) -> None:
              "signed-rank test over users, Holm-corrected over the experiment's NDCG comparisons); "
              "every model chosen on validation (`experiment/run.py`). "
              "The goal's reading is in `benchmarks/nce_report.py`.", ""] + render(rows) \
-        + (render_levers(levers) if levers else [])
-    publish(args.out, {"run": run, "experiments": rows, "levers": levers}, lines)
-    print("\n".join(render(rows) + (render_levers(levers) if levers else [])))
+        + (render_levers(levers) if levers else []) + (render_sets(sets) if sets else [])
+    publish(args.out, {"run": run, "experiments": rows, "levers": levers, "sets": sets}, lines)
+    print("\n".join(render(rows) + (render_levers(levers) if levers else [])
+                    + (render_sets(sets) if sets else [])))
 
 
 if __name__ == "__main__":

@@ -24,8 +24,37 @@ def pm(value: list[float], signed: bool = False) -> str:
     return f"{mean:+.4f} ± {ci:.4f}" if signed else f"{mean:.3f} ± {ci:.3f}"
 
 
+def said(pair: dict | None) -> str:
+    """A paired difference and its verdict (above, below, level, not significantly ...)."""
+    return "–" if pair is None else f"{pm(pair['diff'], True)} {pair['verdict']}"
+
+
 def table(report: dict) -> list[str]:
-    """One row per experiment; markdown lines, no trailing newline."""
+    """Issue 57's per-set rows where the report has them, else one row per experiment; markdown
+    lines, no trailing newline."""
+    if report.get("sets"):
+        return sets_table(report["sets"])
+    return experiments_table(report)
+
+
+def sets_table(sets: list[dict]) -> list[str]:
+    """Per set: the paper's NCE-AutoRec, the strongest family configuration (by validation), the
+    best baseline, the difference with its verdict, the NCE head's increment with the same
+    levers."""
+    lines = ["| set | the paper's NCE-AutoRec | strongest family configuration | best baseline "
+             "| strongest − best | NCE − AutoRec, same levers |", "|---|---|---|---|---|---|"]
+    for r in sets:
+        row = {x["model"]: x for x in r["rows"]}
+        s, b = row[r["strongest"]], row[r["best_baseline"]]
+        lines.append(
+            f"| {r['dataset']} | {pm(r['paper_nce']) if r['paper_nce'] else '–'} "
+            f"| {s['model']} {pm(s['ndcg'])} ({s['chosen']}) | {b['model']} {pm(b['ndcg'])} "
+            f"| {said(r['strongest_minus_best'])} | {said(r['increment'])} |")
+    return lines
+
+
+def experiments_table(report: dict) -> list[str]:
+    """One row per experiment (issue 15's reading)."""
     lines = ["| experiment | NCE-AutoRec | AutoRec | best baseline | NCE − AutoRec | NCE − best "
              "| top-10% share NCE / AutoRec / best |",
              "|---|---|---|---|---|---|---|"]

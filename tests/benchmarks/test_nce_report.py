@@ -204,3 +204,106 @@ def test_a_levers_experiment_is_read_beside_its_sets_protocol_experiment(tmp_pat
     assert protocol_folders([f("experiment-toy-modes"), f("experiment-toy")]) == {
         "toy": f("experiment-toy")}
     assert protocol_folders([f("experiment-toy-levers")]) == {}
+
+
+SET = ["model", "NDCG mean", "NDCG ci95", "chosen", "valid_ndcg", "seeds",
+       "paired_ndcg_minus_first", "paired_ci95", "paired_tost_p", "best_after_first",
+       "paired_ndcg_minus_best", "best_ci95", "best_tost_p"]
+
+
+def set_experiment(tmp_path, name="experiment-toy-start", ensemble_valid=0.280,
+                   ease_minus_ensemble=("0.001", "0.004", "0.03")):
+    """A set's final experiment as experiment/run.py writes table.csv: nce-autorec first, the
+    ensemble the best after it by test NDCG; every row's difference from both."""
+    table = [["nce-autorec", 0.262, 0.01, "lam=30", 0.270, 3, "", "", "", "ensemble", "0.004",
+              "0.003", "0.2"],
+             ["autorec", 0.258, 0.01, "lam=30, width=1000", 0.275, 3, "-0.004", "0.003", "0.01",
+              "ensemble", "-0.008", "0.004", "0.9"],
+             ["ensemble", 0.266, 0.01, "members=nce-autorec+autorec", ensemble_valid, 3, "0.004",
+              "0.003", "0.2", "ensemble", "", "", ""],
+             ["ease", 0.265, 0.01, "lam=500", 0.266, 3, "0.003", "0.004", "0.3", "ensemble",
+              *ease_minus_ensemble],
+             ["popularity", 0.15, 0.01, "", 0.16, 3, "-0.1", "0.01", "1", "ensemble", "-0.11",
+              "0.01", "1"]]
+    return write(tmp_path / name, table, [], (SET, PAIRED))
+
+
+def test_a_pair_is_read_from_either_row_of_the_table_and_turned_round(tmp_path):
+    from benchmarks.nce_report import table_pair
+
+    table = {r["model"]: r for r in csv.DictReader((set_experiment(tmp_path) / "table.csv").open())}
+    assert table_pair(table, "autorec", "nce-autorec") == (-0.004, 0.003, 0.01)
+    assert table_pair(table, "nce-autorec", "autorec") == (0.004, 0.003, 0.01)
+    assert table_pair(table, "ensemble", "ease") == (-0.001, 0.004, 0.03)  # ease's row, turned
+    assert table_pair(table, "autorec", "ease") is None  # never paired in this experiment
+
+
+def test_the_per_set_section_chooses_by_validation_and_says_level_only_by_the_tost(tmp_path):
+    from benchmarks.nce_report import summarise_set
+
+    protocol = experiment(tmp_path)  # its nce-autorec is the paper's model
+    r = summarise_set(set_experiment(tmp_path), protocol)
+    assert r["dataset"] == "toy" and r["seeds"] == 3 and r["paper_nce"] == (0.25, 0.01)
+    assert (r["strongest"], r["strongest_single"], r["best_baseline"]) == (
+        "ensemble", "autorec", "ease")  # by validation: the ensemble, then autorec
+    assert next(x["chosen"] for x in r["rows"] if x["model"] == "ensemble") == (
+        "nce-autorec (lam=30) + autorec (lam=30, width=1000)")  # its members by their settings
+    s = r["strongest_minus_best"]
+    assert s["diff"] == (-0.001, 0.004) and s["verdict"] == "level"  # TOST p 0.03 < 0.05
+    assert r["single_minus_best"] is None  # autorec was not paired with ease
+    assert r["increment"]["diff"] == (0.004, 0.003) and r["increment"]["verdict"] == "above"
+    # the protocol's baselines the final experiment did not rerun come along, marked as its
+    assert {x["model"]: x["from"] for x in r["rows"] if x["kind"] == "baseline"} == {
+        "ease": None, "puresvd": "experiment-toy"}
+    # the same difference without the equivalence test's support is not "level"
+    r = summarise_set(set_experiment(tmp_path, name="experiment-toy-wide",
+                                     ease_minus_ensemble=("0.001", "0.004", "0.2")), None)
+    assert r["strongest_minus_best"]["verdict"] == "not significantly below"
+    assert r["paper_nce"] is None
+    # an ensemble that validates below a single model is not the strongest
+    r = summarise_set(set_experiment(tmp_path, name="experiment-toy-ensemble",
+                                     ensemble_valid=0.27), None)
+    assert r["strongest"] == "autorec"
+
+
+def test_a_baseline_fitted_beside_the_experiment_is_paired_with_nce_autorec(tmp_path):
+    """benchmarks/final_in_process.py's *-final.json (EASE on Gowalla): a baseline of the set,
+    its difference from NCE-AutoRec's seeds read as the strongest's where NCE-AutoRec is it."""
+    import json
+
+    from benchmarks.nce_report import summarise_set
+
+    folder = set_experiment(tmp_path)
+    table = [r for r in csv.reader((folder / "table.csv").open())
+             if r[0] not in ("ensemble", "ease")]  # no ensemble, ease fitted apart
+    table[2][4] = "0.26"  # autorec's validation NDCG below nce-autorec's 0.270
+    with (folder / "table.csv").open("w", newline="") as f:
+        csv.writer(f).writerows(table)
+    (folder / "ease-final.json").write_text(json.dumps({
+        "model": "ease", "settings": {"lam": 50},
+        "test": {"ndcg": {"mean": 0.27, "ci95": 0.01}},
+        "paired": {"label": "nce-autorec seed 0 + nce-autorec seed 1", "ndcg": {
+            "mean": 0.005, "ci95": 0.002}}}))
+    r = summarise_set(folder, None)
+    assert (r["strongest"], r["best_baseline"]) == ("nce-autorec", "ease")
+    assert r["strongest_minus_best"]["diff"] == (-0.005, 0.002)
+    assert r["strongest_minus_best"]["verdict"] == "below"
+    assert [x["model"] for x in r["rows"] if x["kind"] == "baseline"] == ["ease"]
+
+
+def test_the_readme_table_is_the_per_set_reading_where_the_report_has_one(tmp_path):
+    import json
+
+    from benchmarks.readme_table import table
+
+    out = tmp_path / "report"
+    main([str(experiment(tmp_path)), "--sets", str(set_experiment(tmp_path)), "--out", str(out)])
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert "## Per set: the family at its strongest" in out.with_suffix(".md").read_text()
+    lines = table(report)
+    assert lines[0].startswith("| set | the paper's NCE-AutoRec | strongest family configuration")
+    assert lines[2] == ("| toy | 0.250 ± 0.010 | ensemble 0.266 ± 0.010 (nce-autorec (lam=30) + "
+                        "autorec (lam=30, width=1000)) | ease 0.265 ± 0.010 | -0.0010 ± 0.0040 "
+                        "level | +0.0040 ± 0.0030 above |")
+    # a report without the per-set section keeps the per-experiment table
+    assert table({**report, "sets": []})[0].startswith("| experiment | NCE-AutoRec | AutoRec")
