@@ -273,8 +273,11 @@ def summarise_set(folder: Path, protocol: Path | None) -> dict:
         return got or None
 
     def read(pair: tuple[float, float, float] | None) -> dict | None:
-        return pair and {"diff": pair[:2], "tost_p": pair[2],
-                         "verdict": verdict(pair[:2], None if math.isnan(pair[2]) else pair[2])}
+        """The difference, its TOST p (None where not computed: JSON has no NaN), verdict."""
+        if not pair:
+            return None
+        p = None if math.isnan(pair[2]) else pair[2]
+        return {"diff": pair[:2], "tost_p": p, "verdict": verdict(pair[:2], p)}
 
     def chosen(m: str) -> str:
         if m not in table:
@@ -309,7 +312,7 @@ def render_sets(rows: list[dict]) -> list[str]:
         f"{x[0]:+.4f} ± {x[1]:.4f}" if signed else f"{x[0]:.4f} ± {x[1]:.4f}")
     said = lambda r: "–" if r is None else (  # noqa: E731
         f"{pm(r['diff'], True)}: **{r['verdict']}**"
-        + ("" if math.isnan(r["tost_p"]) or r["verdict"] in ("above", "below")
+        + ("" if r["tost_p"] is None or r["verdict"] in ("above", "below")
            else f" (TOST p {r['tost_p']:.2g})"))
     lines = ["", "## Per set: the family at its strongest against every baseline (issue 57)", "",
              "Each set's final experiment: the AutoRec family searched with its width, levers "

@@ -288,6 +288,7 @@ def test_a_baseline_fitted_beside_the_experiment_is_paired_with_nce_autorec(tmp_
     assert (r["strongest"], r["best_baseline"]) == ("nce-autorec", "ease")
     assert r["strongest_minus_best"]["diff"] == (-0.005, 0.002)
     assert r["strongest_minus_best"]["verdict"] == "below"
+    assert r["strongest_minus_best"]["tost_p"] is None  # not computed there: None, never NaN
     assert [x["model"] for x in r["rows"] if x["kind"] == "baseline"] == ["ease"]
 
 
