@@ -254,15 +254,23 @@ def summarise_set(folder: Path, protocol: Path | None) -> dict:
         {"model": m, "ndcg": ndcg_ci(ptable, m), "chosen": ptable[m]["chosen"],
          "minus_nce": None, "source": protocol.name} for m in ptable
         if is_baseline(m) and m not in table]
-    family = [m for m in table if m in FAMILY or m == ENSEMBLE]
+    # an ensemble is the family's configuration only where every member it chose is the family's
+    members = table.get(ENSEMBLE, {}).get("chosen", "").removeprefix("members=").split("+")
+    family_ensemble = ENSEMBLE in table and all(m in FAMILY for m in members)
+    family = [m for m in table if m in FAMILY or (m == ENSEMBLE and family_ensemble)]
     baselines = [m for m in table if is_baseline(m)] + [e["model"] for e in extra]
     if not {"nce-autorec", "autorec"} <= set(table) or not baselines:
         raise SystemExit(f"{folder}: a set's experiment needs nce-autorec, autorec and at least "
                          "one baseline (its --models)")
     ndcg = {m: ndcg_ci(table, m) for m in table} | {e["model"]: e["ndcg"] for e in extra}
     valid = {m: float(table[m]["valid_ndcg"]) for m in family if table[m].get("valid_ndcg")}
-    strongest = max(valid, key=valid.get)
     single = max((m for m in valid if m != ENSEMBLE), key=valid.get)
+    # an ensemble of several members was chosen over each of them alone on the same validation
+    # users (its own subset search), which may be more users than a trial's --valid-sample: where
+    # the best single model is a member, the ensemble is the stronger without comparing numbers
+    # taken over different users
+    strongest = (ENSEMBLE if family_ensemble and len(members) > 1 and single in members
+                 else max(valid, key=valid.get))
     best = max(baselines, key=lambda m: ndcg[m][0])
 
     def against_best(model: str) -> tuple[float, float, float] | None:
@@ -292,7 +300,8 @@ def summarise_set(folder: Path, protocol: Path | None) -> dict:
            "seeds": int(table["nce-autorec"].get("seeds") or 1),
            "rows": [{"model": m, "ndcg": ndcg[m], "valid_ndcg": valid.get(m),
                      "chosen": chosen(m),
-                     "kind": ("ensemble" if m == ENSEMBLE else "family" if m in FAMILY
+                     "kind": ("ensemble" if m == ENSEMBLE and family_ensemble
+                              else "mixed ensemble" if m == ENSEMBLE else "family" if m in FAMILY
                               else "floor" if m == FLOOR else "baseline"),
                      "from": next((e["source"] for e in extra if e["model"] == m), None)}
                     for m in [*table, *(e["model"] for e in extra)]],

@@ -212,14 +212,15 @@ SET = ["model", "NDCG mean", "NDCG ci95", "chosen", "valid_ndcg", "seeds",
 
 
 def set_experiment(tmp_path, name="experiment-toy-start", ensemble_valid=0.280,
-                   ease_minus_ensemble=("0.001", "0.004", "0.03")):
+                   ease_minus_ensemble=("0.001", "0.004", "0.03"),
+                   members="nce-autorec+autorec"):
     """A set's final experiment as experiment/run.py writes table.csv: nce-autorec first, the
     ensemble the best after it by test NDCG; every row's difference from both."""
     table = [["nce-autorec", 0.262, 0.01, "lam=30", 0.270, 3, "", "", "", "ensemble", "0.004",
               "0.003", "0.2"],
              ["autorec", 0.258, 0.01, "lam=30, width=1000", 0.275, 3, "-0.004", "0.003", "0.01",
               "ensemble", "-0.008", "0.004", "0.9"],
-             ["ensemble", 0.266, 0.01, "members=nce-autorec+autorec", ensemble_valid, 3, "0.004",
+             ["ensemble", 0.266, 0.01, f"members={members}", ensemble_valid, 3, "0.004",
               "0.003", "0.2", "ensemble", "", "", ""],
              ["ease", 0.265, 0.01, "lam=500", 0.266, 3, "0.003", "0.004", "0.3", "ensemble",
               *ease_minus_ensemble],
@@ -260,10 +261,27 @@ def test_the_per_set_section_chooses_by_validation_and_says_level_only_by_the_to
                                      ease_minus_ensemble=("0.001", "0.004", "0.2")), None)
     assert r["strongest_minus_best"]["verdict"] == "not significantly below"
     assert r["paper_nce"] is None
-    # an ensemble that validates below a single model is not the strongest
+    # validation choosing one member alone: the ensemble is that model, not a stronger one
     r = summarise_set(set_experiment(tmp_path, name="experiment-toy-ensemble",
-                                     ensemble_valid=0.27), None)
+                                     members="autorec", ensemble_valid=0.275), None)
     assert r["strongest"] == "autorec"
+    # several members, the best single model among them: the ensemble was chosen over it on
+    # the same users, whatever the trials' (perhaps sampled) validation NDCG says
+    r = summarise_set(set_experiment(tmp_path, name="experiment-toy-width",
+                                     ensemble_valid=0.27), None)
+    assert r["strongest"] == "ensemble"
+    # the best single model outside the ensemble: the two are compared by validation NDCG
+    r = summarise_set(set_experiment(tmp_path, name="experiment-toy-levers",
+                                     members="nce-autorec+ns-autorec", ensemble_valid=0.28), None)
+    assert r["strongest"] == "ensemble"
+    r = summarise_set(set_experiment(tmp_path, name="experiment-toy-probe",
+                                     members="nce-autorec+ns-autorec", ensemble_valid=0.27), None)
+    assert r["strongest"] == "autorec"
+    # an ensemble with a baseline among its members is not the family's, whatever it scores
+    r = summarise_set(set_experiment(tmp_path, name="experiment-toy-modes",
+                                     members="autorec+ease", ensemble_valid=0.29), None)
+    assert r["strongest"] == "autorec"
+    assert next(x["kind"] for x in r["rows"] if x["model"] == "ensemble") == "mixed ensemble"
 
 
 def test_a_baseline_fitted_beside_the_experiment_is_paired_with_nce_autorec(tmp_path):
