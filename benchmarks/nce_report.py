@@ -219,24 +219,43 @@ def table_pair(table: dict, a: str, b: str) -> tuple[float, float, float] | None
 
 def final_in_process_rows(folder: Path) -> list[dict]:
     """Baselines fitted beside an experiment by ``benchmarks/final_in_process.py`` (say EASE on
-    Gowalla, whose dense B the pipeline cannot carry here): its ``*-final.json`` files, each with
-    its test NDCG and, where it was paired with the experiment's NCE-AutoRec seeds, the
-    difference (this model minus NCE-AutoRec)."""
-    out = []
-    for f in sorted(folder.glob("*-final.json")):
+    Gowalla, whose dense B the pipeline cannot carry here): its ``*-final*.json`` files, one row
+    per model with its test NDCG and, per experiment model its fit was paired with (the
+    ``--paired`` labels' model, e.g. NCE-AutoRec's seeds), the difference (this one minus it)."""
+    rows: dict[str, dict] = {}
+    for f in sorted(folder.glob("*-final*.json")):
         d = json.loads(f.read_text())
-        pair = (d.get("paired") or {}).get("ndcg")
-        label = (d.get("paired") or {}).get("label", "")
-        out.append({"model": d["model"], "ndcg": (d["test"]["ndcg"]["mean"],
-                                                  d["test"]["ndcg"]["ci95"]),
-                    "chosen": ", ".join(f"{k}={v}" for k, v in sorted(d["settings"].items())),
-                    "minus_nce": ((pair["mean"], pair["ci95"], math.nan)
-                                  if pair and label.startswith("nce-autorec") else None),
-                    "source": f.name})
-    return out
+        row = rows.setdefault(d["model"], {
+            "model": d["model"], "ndcg": (d["test"]["ndcg"]["mean"], d["test"]["ndcg"]["ci95"]),
+            "chosen": ", ".join(f"{k}={v}" for k, v in sorted(d["settings"].items())),
+            "minus": {}, "source": f.name})
+        if (d["test"]["ndcg"]["mean"], d["test"]["ndcg"]["ci95"]) != row["ndcg"]:
+            raise SystemExit(f"{f}: {d['model']}'s test NDCG differs from {row['source']}'s; "
+                             "the files must hold one fit, paired with different models")
+        pair = d.get("paired") or {}
+        if pair.get("ndcg"):  # "nce-autorec seed 0 + nce-autorec seed 1": nce-autorec
+            other = pair["label"].split(" + ")[0].split(" seed ")[0]
+            row["minus"][other] = (pair["ndcg"]["mean"], pair["ndcg"]["ci95"], math.nan)
+    return list(rows.values())
 
 
-def summarise_set(folder: Path, protocol: Path | None) -> dict:
+def same_finals_increment(table: dict, others: list[Path]) -> tuple[float, float, float] | None:
+    """NCE-AutoRec minus AutoRec from another experiment of the set whose two rows are the same
+    finals as ``table``'s (same chosen points, same test NDCG to the digit): an experiment
+    resumed with ``--ensemble`` compares every model with the ensemble, not the two heads with
+    each other, while the run it resumed did."""
+    key = lambda t: tuple((t[m]["chosen"], t[m]["NDCG mean"])  # noqa: E731
+                          for m in ("nce-autorec", "autorec"))
+    for f in others:
+        t = {r["model"]: r for r in read_csv(f / "table.csv")}
+        if {"nce-autorec", "autorec"} <= set(t) and key(t) == key(table):
+            got = table_pair(t, "nce-autorec", "autorec")
+            if got:
+                return got
+    return None
+
+
+def summarise_set(folder: Path, protocol: Path | None, others: list[Path] = ()) -> dict:
     """Issue 57's reading of one set: the paper's NCE-AutoRec (from the set's protocol
     experiment, where given), every row of the set's final experiment (the family searched with
     its levers and start, an ensemble of it where one was run, every baseline), the strongest
@@ -252,7 +271,7 @@ def summarise_set(folder: Path, protocol: Path | None) -> dict:
     # along unpaired (they may still be the best, and then the difference is not given)
     extra = final_in_process_rows(folder) + [
         {"model": m, "ndcg": ndcg_ci(ptable, m), "chosen": ptable[m]["chosen"],
-         "minus_nce": None, "source": protocol.name} for m in ptable
+         "minus": {}, "source": protocol.name} for m in ptable
         if is_baseline(m) and m not in table]
     # an ensemble is the family's configuration only where every member it chose is the family's
     members = table.get(ENSEMBLE, {}).get("chosen", "").removeprefix("members=").split("+")
@@ -275,9 +294,10 @@ def summarise_set(folder: Path, protocol: Path | None) -> dict:
 
     def against_best(model: str) -> tuple[float, float, float] | None:
         got = table_pair(table, model, best)
-        if got is None and model == "nce-autorec":  # a baseline fitted beside the experiment
-            e = next((e for e in extra if e["model"] == best), None)
-            got = e and e["minus_nce"] and (-e["minus_nce"][0], *e["minus_nce"][1:])
+        if got is None:  # a baseline fitted beside the experiment, paired with this model
+            e = next((e for e in extra if e["model"] == best), {"minus": {}})
+            pair = e["minus"].get(model)
+            got = pair and (-pair[0], *pair[1:])
         return got or None
 
     def read(pair: tuple[float, float, float] | None) -> dict | None:
@@ -308,7 +328,8 @@ def summarise_set(folder: Path, protocol: Path | None) -> dict:
            "strongest": strongest, "strongest_single": single, "best_baseline": best,
            "strongest_minus_best": read(against_best(strongest)),
            "single_minus_best": read(against_best(single)),
-           "increment": read(table_pair(table, "nce-autorec", "autorec")),
+           "increment": read(table_pair(table, "nce-autorec", "autorec")
+                             or same_finals_increment(table, list(others))),
            "paper_nce": None, "paper_nce_chosen": None}
     if "nce-autorec" in ptable:
         out["paper_nce"] = ndcg_ci(ptable, "nce-autorec")
@@ -442,6 +463,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="per set, its final experiment for issue 57's section (the family with "
                          "its levers, an ensemble, every baseline; the paper's NCE-AutoRec from "
                          "the set's protocol folder among FOLDERS) (default: none)")
+    ap.add_argument("--beside", nargs="+", type=Path, default=[],
+                    help="more experiments of those sets, read only for the NCE head's increment "
+                         "where a set's experiment (resumed with --ensemble, say) no longer "
+                         "pairs NCE-AutoRec with AutoRec and one of these holds the same finals "
+                         "(default: none)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/nce_report"),
                     help="writes OUT.md and OUT.json (default: %(default)s)")
     args = ap.parse_args(argv)
@@ -451,7 +477,10 @@ def main(argv: list[str] | None = None) -> None:
     protocol = protocol_folders(args.folders)
     levers = [summarise_levers(f, protocol.get(dataset_of(f))) for f in args.folders
               if f.name.endswith("-levers")]
-    sets = [summarise_set(f, protocol.get(dataset_of(f))) for f in args.sets]
+    sets = [summarise_set(f, protocol.get(dataset_of(f)),
+                          [o for o in [*args.folders, *args.beside]
+                           if dataset_of(o) == dataset_of(f) and o != f])
+            for f in args.sets]
     run = stamp("nce_report.py", argv)
     lines = ["# NCE-AutoRec against AutoRec and the best baseline, per experiment", "",
              f"Command: `{run['command']}`  ", f"Date: {run['date']}.  ",

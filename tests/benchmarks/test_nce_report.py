@@ -310,6 +310,66 @@ def test_a_baseline_fitted_beside_the_experiment_is_paired_with_nce_autorec(tmp_
     assert [x["model"] for x in r["rows"] if x["kind"] == "baseline"] == ["ease"]
 
 
+def test_one_fit_beside_the_experiment_may_be_paired_with_several_of_its_models(tmp_path):
+    """The same EASE fit paired with NCE-AutoRec's seeds in one file and with the ensemble's in
+    another (final_in_process.py --reuse): one baseline row, each difference where it belongs;
+    two files that disagree on the fit's own score are refused."""
+    import json
+
+    from benchmarks.nce_report import summarise_set
+
+    folder = set_experiment(tmp_path)
+    table = [r for r in csv.reader((folder / "table.csv").open()) if r[0] != "ease"]
+    with (folder / "table.csv").open("w", newline="") as f:
+        csv.writer(f).writerows(table)
+
+    def fit(name, label, mean, score=0.27):
+        (folder / name).write_text(json.dumps({
+            "model": "ease", "settings": {"lam": 50},
+            "test": {"ndcg": {"mean": score, "ci95": 0.01}},
+            "paired": {"label": label, "ndcg": {"mean": mean, "ci95": 0.002}}}))
+
+    fit("ease-final.json", "nce-autorec seed 0 + nce-autorec seed 1", 0.008)
+    fit("ease-final-ensemble.json", "ensemble seed 0 + ensemble seed 1", 0.004)
+    r = summarise_set(folder, None)
+    assert (r["strongest"], r["strongest_single"], r["best_baseline"]) == (
+        "ensemble", "autorec", "ease")
+    assert r["strongest_minus_best"]["diff"] == (-0.004, 0.002)  # the ensemble's pairing
+    assert r["single_minus_best"] is None  # autorec was paired with neither
+    assert [x["model"] for x in r["rows"] if x["kind"] == "baseline"] == ["ease"]
+    fit("ease-final-ensemble.json", "ensemble seed 0", 0.004, score=0.28)
+    with pytest.raises(SystemExit, match="test NDCG differs"):
+        summarise_set(folder, None)
+
+
+def test_the_increment_comes_from_the_run_an_ensemble_resumed_when_it_holds_the_same_finals(
+        tmp_path):
+    """Resumed with --ensemble, an experiment whose first model is a baseline pairs every model
+    with the baseline and with the ensemble, no longer NCE-AutoRec with AutoRec; the run before
+    the resume did, and its two rows are the same finals: the increment is read there, and only
+    there."""
+    from benchmarks.nce_report import summarise_set
+
+    def folder(name, best, autorec_minus_best, autorec_ndcg=0.258):
+        table = [["nce-plrec", 0.25, 0.01, "rank=1000", 0.26, 3, "", "", "", best, "", "", ""],
+                 ["nce-autorec", 0.262, 0.01, "lam=30", 0.270, 3, "0.012", "0.003", "1", best,
+                  *(("", "", "") if best == "nce-autorec" else ("-0.004", "0.003", "0.2"))],
+                 ["autorec", autorec_ndcg, 0.01, "lam=3", 0.265, 3, "0.008", "0.003", "1", best,
+                  *autorec_minus_best]]
+        if best == "ensemble":
+            table.append(["ensemble", 0.266, 0.01, "members=nce-autorec+autorec", 0.28, 3, "0.016",
+                          "0.003", "1", best, "", "", ""])
+        return write(tmp_path / name, table, [], (SET, PAIRED))
+
+    resumed = folder("experiment-toy-ensemble", "ensemble", ("-0.008", "0.003", "0.9"))
+    before = folder("experiment-toy-wide", "nce-autorec", ("-0.004", "0.002", "0.3"))
+    other = folder("experiment-toy-width", "nce-autorec", ("-0.009", "0.002", "0.3"), 0.2581)
+    assert summarise_set(resumed, None)["increment"] is None
+    r = summarise_set(resumed, None, [other, before])  # other's autorec is another final
+    assert r["strongest"] == "ensemble"
+    assert r["increment"]["diff"] == (0.004, 0.002) and r["increment"]["verdict"] == "above"
+
+
 def test_the_readme_table_is_the_per_set_reading_where_the_report_has_one(tmp_path):
     import json
 
