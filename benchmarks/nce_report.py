@@ -274,6 +274,7 @@ def summarise_set(folder: Path, protocol: Path | None, others: list[Path] = ()) 
          "minus": {}, "source": protocol.name} for m in ptable
         if is_baseline(m) and m not in table]
     # an ensemble is the family's configuration only where every member it chose is the family's
+    # (its "chosen" reads "members=nce-autorec+autorec")
     members = table.get(ENSEMBLE, {}).get("chosen", "").removeprefix("members=").split("+")
     family_ensemble = ENSEMBLE in table and all(m in FAMILY for m in members)
     family = [m for m in table if m in FAMILY or (m == ENSEMBLE and family_ensemble)]
@@ -310,19 +311,20 @@ def summarise_set(folder: Path, protocol: Path | None, others: list[Path] = ()) 
     def chosen(m: str) -> str:
         if m not in table:
             return next(e["chosen"] for e in extra if e["model"] == m)
-        if m == ENSEMBLE:  # "members=nce-autorec+autorec": each member named by its settings
-            members = table[m]["chosen"].removeprefix("members=").split("+")
+        if m == ENSEMBLE:  # each member named by its settings
             return " + ".join(f"{x} ({table[x]['chosen']})" if x in table else x
                               for x in members)
         return table[m]["chosen"]
 
+    def kind(m: str) -> str:
+        if m == ENSEMBLE:
+            return "ensemble" if family_ensemble else "mixed ensemble"
+        return "family" if m in FAMILY else "floor" if m == FLOOR else "baseline"
+
     out = {"dataset": dataset_of(folder), "experiment": folder.name.removeprefix("experiment-"),
            "seeds": int(table["nce-autorec"].get("seeds") or 1),
            "rows": [{"model": m, "ndcg": ndcg[m], "valid_ndcg": valid.get(m),
-                     "chosen": chosen(m),
-                     "kind": ("ensemble" if m == ENSEMBLE and family_ensemble
-                              else "mixed ensemble" if m == ENSEMBLE else "family" if m in FAMILY
-                              else "floor" if m == FLOOR else "baseline"),
+                     "chosen": chosen(m), "kind": kind(m),
                      "from": next((e["source"] for e in extra if e["model"] == m), None)}
                     for m in [*table, *(e["model"] for e in extra)]],
            "strongest": strongest, "strongest_single": single, "best_baseline": best,
@@ -481,6 +483,8 @@ def main(argv: list[str] | None = None) -> None:
                           [o for o in [*args.folders, *args.beside]
                            if dataset_of(o) == dataset_of(f) and o != f])
             for f in args.sets]
+    body = render(rows) + (render_levers(levers) if levers else []) \
+        + (render_sets(sets) if sets else [])
     run = stamp("nce_report.py", argv)
     lines = ["# NCE-AutoRec against AutoRec and the best baseline, per experiment", "",
              f"Command: `{run['command']}`  ", f"Date: {run['date']}.  ",
@@ -488,11 +492,9 @@ def main(argv: list[str] | None = None) -> None:
              "other, 95% CI; where given, p-values of the paired t-test and the Wilcoxon "
              "signed-rank test over users, Holm-corrected over the experiment's NDCG comparisons); "
              "every model chosen on validation (`experiment/run.py`). "
-             "The goal's reading is in `benchmarks/nce_report.py`.", ""] + render(rows) \
-        + (render_levers(levers) if levers else []) + (render_sets(sets) if sets else [])
+             "The goal's reading is in `benchmarks/nce_report.py`.", ""] + body
     publish(args.out, {"run": run, "experiments": rows, "levers": levers, "sets": sets}, lines)
-    print("\n".join(render(rows) + (render_levers(levers) if levers else [])
-                    + (render_sets(sets) if sets else [])))
+    print("\n".join(body))
 
 
 if __name__ == "__main__":
