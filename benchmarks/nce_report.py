@@ -103,7 +103,7 @@ def summarise(folder: Path) -> dict:
 
 
 # what an experiment's name may add to its set's: ``experiment-ml-100k-levers`` ran on ml-100k
-SUFFIXES = ("-levers", "-modes", "-start", "-ensemble", "-wide", "-width")
+SUFFIXES = ("-levers", "-modes", "-start", "-ensemble", "-wide", "-width", "-top")
 
 
 def dataset_of(folder: Path) -> str:
@@ -274,9 +274,10 @@ def summarise_set(folder: Path, protocol: Path | None, others: list[Path] = ()) 
          "minus": {}, "source": protocol.name} for m in ptable
         if is_baseline(m) and m not in table]
     # an ensemble is the family's configuration only where every member it chose is the family's
-    # (its "chosen" reads "members=nce-autorec+autorec")
+    # (its "chosen" reads "members=nce-autorec+autorec"; "nce-autorec#2" is that model's
+    # second-best trial, an --ensemble-top candidate)
     members = table.get(ENSEMBLE, {}).get("chosen", "").removeprefix("members=").split("+")
-    family_ensemble = ENSEMBLE in table and all(m in FAMILY for m in members)
+    family_ensemble = ENSEMBLE in table and all(m.split("#")[0] in FAMILY for m in members)
     family = [m for m in table if m in FAMILY or (m == ENSEMBLE and family_ensemble)]
     baselines = [m for m in table if is_baseline(m)] + [e["model"] for e in extra]
     if not {"nce-autorec", "autorec"} <= set(table) or not baselines:

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from evaluation.model_source import ModelSource, load_source
+from evaluation.tables import fmt_point
 from experiment.records import read_json
 from models.ensemble import Ensemble, standardised
 from models.registry import save
@@ -255,39 +256,74 @@ def assembled(cfg: EnsembleConfig, tags: dict[str, str]) -> dict:
     return assemble(cfg, tags)
 
 
-def experiment_stage(cfg, root: Path, state: dict) -> dict:
-    """experiment/run.py's ``--ensemble``: the subset of those models' chosen trials that is best
-    on validation (run ``trials/ensemble``), then per seed the same models' finals (runs
-    ``final/ensemble-final[-seedS]``), each an MLflow run under the experiment's. Returns the
-    entry the scoring and the table read as a model's (``chosen``, ``finals``, ``final``)."""
-    from experiment.selection import final_name, final_seeds
+def candidates(state: dict, models: list[str], top: int) -> list[tuple[str, str, dict]]:
+    """(label, model, point) of each of ``models``' ``top`` best trials on validation: its
+    chosen trial first, labelled MODEL, then its other trials by validation NDCG, labelled
+    MODEL#2, MODEL#3, ... (the first of equals first, as the selection ranks them)."""
+    out = []
+    for m in models:
+        chosen = state["models"][m]["chosen"]
+        others = sorted((r for r in chosen["all"] if r["point"] != chosen["point"]),
+                        key=lambda r: -r["valid_ndcg"])
+        out.append((m, m, chosen["point"]))
+        out += [(f"{m}#{i}", m, r["point"]) for i, r in enumerate(others[:top - 1], start=2)]
+    return out
+
+
+def experiment_stage(cfg, root: Path, state: dict, points: dict[str, list[dict]],
+                     prep: Prepared, uri: str, ray_address: str | None) -> dict:
+    """experiment/run.py's ``--ensemble``: the subset of the candidates (``candidates``: each
+    model's chosen trial, and with --ensemble-top K its next K - 1) that is best on validation
+    (run ``trials/ensemble``), then per seed the same candidates' finals (runs
+    ``final/ensemble-final[-seedS]``), each an MLflow run under the experiment's. A chosen
+    candidate that is not its model's choice is retrained on train+valid per seed first
+    (``final/TRIAL-final[-seedS]``, under its model's MLflow run). Returns the entry the scoring
+    and the table read as a model's (``chosen``, ``finals``, ``final``)."""
+    from experiment.grids import point_name
+    from experiment.selection import final_name, final_seeds, select, train_finals
     from experiment.state import PARENT
 
     models = cfg.ensemble_list()
-    trials = {m: str(root / "trials" / state["models"][m]["chosen"]["trial"]) for m in models}
+    cands = candidates(state, models, cfg.ensemble_top)
+    trials = {label: str(root / "trials" / (state["models"][m]["chosen"]["trial"] if label == m
+                                            else point_name(m, point)))
+              for label, m, point in cands}
     common = {"data": cfg.data, "experiment": cfg.name, "mlflow_uri": state["mlflow_uri"],
               "overwrite": True}
     tags = {PARENT: state["run_id"], "model": Ensemble.name}
-    print(f"\n== ensemble of {', '.join(models)}: every subset of their chosen trials on "
-          "validation", flush=True)
+    print(f"\n== ensemble of {', '.join(trials)}: every subset of their trials on validation",
+          flush=True)
     choice = assembled(EnsembleConfig(members=tuple(trials.values()), run_name=Ensemble.name,
                                       choose="valid", runs_dir=str(root / "trials"), **common),
                        {**tags, "kind": "trial"})
-    chosen = [m for m in models if trials[m] in choice["members"]]
+    chosen = [c for c in cands if trials[c[0]] in choice["members"]]
+    finals_of = {}
+    for label, m, point in chosen:
+        s = state["models"][m]
+        if label == m:  # the model's own choice: its finals ran in stage 3
+            finals_of[label] = s["finals"]
+            continue
+        print(f"\n== {label} ({fmt_point(point)}), a member of the ensemble: ", end="",
+              flush=True)
+        finals_of[label] = train_finals(cfg, root, m, select(root, m, points[m], point), state,
+                                        prep, uri, ray_address, {PARENT: s["run_id"]},
+                                        name=point_name(m, point))
+    labels = [label for label, _, _ in chosen]
     finals = {}
     for seed in final_seeds(cfg):
-        paths = tuple(state["models"][m]["finals"][str(seed)]["model_path"] for m in chosen)
+        paths = tuple(finals_of[label][str(seed)]["model_path"] for label in labels)
         finals[str(seed)] = assembled(
             EnsembleConfig(members=paths, run_name=final_name(Ensemble.name, seed, cfg.seed),
                            choose="all", runs_dir=str(root / "final"), **common),
             {**tags, "kind": "final", "seed": str(seed)})
-    print(f"== ensemble: {' + '.join(chosen)} (validation NDCG {choice['best_valid_ndcg']:.4f})",
+    print(f"== ensemble: {' + '.join(labels)} (validation NDCG {choice['best_valid_ndcg']:.4f})",
           flush=True)
-    return {"run_id": state["run_id"], "members": chosen,
-            "chosen": {"point": {"members": "+".join(chosen)},
+    return {"run_id": state["run_id"], "members": labels,
+            "candidates": {label: Path(t).name for label, t in trials.items()},
+            "chosen": {"point": {"members": "+".join(labels)},
                        "valid_ndcg": choice["best_valid_ndcg"],
                        "valid_recall_at_50": choice["best_valid_recall_at_50"],
-                       "best_epoch": 0, "trial": Ensemble.name, "trials": 2 ** len(models) - 1,
+                       "best_epoch": 0, "trial": Ensemble.name, "trials": 2 ** len(cands) - 1,
                        "search_seconds": choice["wall_seconds"]},
             "finals": finals, "final": finals[str(cfg.seed)]}
 

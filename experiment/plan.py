@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiment import grids
+from experiment.ensemble import MAX_MEMBERS
 from experiment.records import read_json
 from models.registry import MODELS
 from prepared.errors import UsageError
@@ -78,6 +79,12 @@ class ExperimentConfig:
                                 " the subset best on validation, assembled from the same models' "
                                 "finals per seed, scored, evaluated and tabled as 'ensemble' "
                                 "(default: none)")
+    ensemble_top: int = option(1, metavar="K",
+                               help="with --ensemble: each model's K best trials on validation "
+                                    "are candidates (its chosen trial first), so two settings of "
+                                    "one model (two widths, say) can both be members; a chosen "
+                                    "candidate other than the model's choice gets its own finals "
+                                    "per seed (final/TRIAL-final[-seedS]). 1: the chosen trials")
     stop_after: str = option("evaluate", choices=("search", "evaluate"),
                              help="search: stop once every model's trials ran and its best point "
                                   "is chosen (search.md ranks every trial), before the final "
@@ -131,8 +138,14 @@ def plan(cfg: ExperimentConfig, prep: Prepared, root: str) -> dict[str, list[dic
 
 
 def check_ensemble(cfg: ExperimentConfig) -> None:
-    """--ensemble names two or more of --models, each once."""
+    """--ensemble names two or more of --models, each once; --ensemble-top K gives at most
+    MAX_MEMBERS candidates (every subset of them is scored on validation)."""
     members = cfg.ensemble_list()
+    if cfg.ensemble_top < 1 or len(members) * cfg.ensemble_top > MAX_MEMBERS:
+        raise UsageError(f"--ensemble-top {cfg.ensemble_top}: each --ensemble model's K best "
+                         f"trials are candidates, at most {MAX_MEMBERS} in all (every subset is "
+                         f"scored on validation); with {max(len(members), 1)} model(s) pass K "
+                         f"from 1 to {MAX_MEMBERS // max(len(members), 1)}")
     if not members:
         return
     unknown = [m for m in members if m not in cfg.model_list()]

@@ -19,9 +19,11 @@ Stages (a rerun with the same --name skips every finished one, trial by trial):
                (``--train-splits train,valid``: the protocol's final model), once per seed of
                --seeds N (seeds --seed .. --seed + N - 1; a resume with more runs only the new
                ones, with fewer uses the first N).
-  3b. ensemble with --ensemble M1,M2,..: every subset of those models' chosen trials scored on
-               validation, the best assembled from their finals per seed (experiment/ensemble.py;
-               an extension beyond the paper), then registered, scored and tabled as a model.
+  3b. ensemble with --ensemble M1,M2,..: every subset of those models' chosen trials (with
+               --ensemble-top K, each model's K best) scored on validation, the best assembled
+               from their finals per seed (a chosen trial other than its model's choice is
+               retrained on train+valid for it; experiment/ensemble.py; an extension beyond the
+               paper), then registered, scored and tabled as a model.
   4. register  the first seed's final model in the MLflow Model Registry as DATASET-MODEL
                (--register-as PREFIX: PREFIX-MODEL), alias @champion (the other seeds are
                scored from their runs); moving an alias another experiment set says so;
@@ -82,16 +84,7 @@ from experiment.report import (
 )
 from experiment.results import publish_results
 from experiment.search import check_trial_fits, search
-from experiment.selection import (
-    current_final,
-    final_config,
-    final_seeds,
-    reseed_choice,
-    run_finals,
-    seeded,
-    seeds_to_run,
-    select,
-)
+from experiment.selection import final_seeds, reseed_choice, seeded, select, train_finals
 from experiment.state import PARENT, config_file, open_state, parent_runs
 from models.ensemble import Ensemble
 from prepared.errors import UsageError
@@ -162,7 +155,8 @@ def _run_experiment(cfg: ExperimentConfig, prep: Prepared, root: Path, mlflow_ur
 
     scored = list(points)
     if cfg.ensemble and cfg.stop_after != "search":  # 3b: the ensemble of the chosen models
-        state["models"][ENSEMBLE] = ensemble_stage(cfg, root, state)
+        state["models"][ENSEMBLE] = ensemble_stage(cfg, root, state, points, prep, uri,
+                                                   ray_address)
         scored.append(ENSEMBLE)
     else:  # an earlier run's ensemble is not this run's table
         state["models"].pop(ENSEMBLE, None)
@@ -219,29 +213,15 @@ def connect(cfg: ExperimentConfig, models: list[str], mlflow_uri: str | None,
 
 def retrain(cfg: ExperimentConfig, root: Path, model: str, state: dict, prep: Prepared, uri: str,
             ray_address: str | None) -> None:
-    """3. retrain: the chosen point of ``model`` on train+valid, once per seed; the seeds' runs
-    side by side where the cluster takes several (``run_finals``), then each read back (or, should
-    one have failed, run here and its error reported) by train.py's resume."""
-    from training.train import run as train
-
+    """3. retrain: the chosen point of ``model`` on train+valid, once per seed
+    (``train_finals``)."""
     s = state["models"][model]
-    seeds = final_seeds(cfg)
-    todo = seeds_to_run(cfg, root, model, s["chosen"])
     print(f"\n== {model}: chose {fmt_point(s['chosen']['point'])} (validation NDCG "
-          f"{s['chosen']['valid_ndcg']:.4f} at epoch {s['chosen']['best_epoch']}); "
-          f"retraining on train+valid for {final_config(cfg, root, model, s['chosen']).epochs}"
-          f" epoch(s) with seed(s) {', '.join(map(str, seeds))}"
-          + (f" ({len(seeds) - len(todo)} finished already)" if len(todo) < len(seeds)
-             else ""), flush=True)
-    run_finals(cfg, root, model, s["chosen"], todo, state, prep.n_items)
-    finals = {}
-    for seed in seeds:  # a finished run is read back, not retrained (train.py's resume)
-        fc = current_final(cfg, root, model, s["chosen"], seed)
-        finals[str(seed)] = train(fc, uri, ray_address, prep,
-                                  tags={PARENT: s["run_id"], "kind": "final",
-                                        "seed": str(seed)})
-    s["finals"] = finals
-    s["final"] = finals[str(cfg.seed)]  # the first seed's: registered, and its epochs
+          f"{s['chosen']['valid_ndcg']:.4f} at epoch {s['chosen']['best_epoch']}); ",
+          end="", flush=True)
+    s["finals"] = train_finals(cfg, root, model, s["chosen"], state, prep, uri, ray_address,
+                               {PARENT: s["run_id"]})
+    s["final"] = s["finals"][str(cfg.seed)]  # the first seed's: registered, and its epochs
     write_json(root / "experiment.json", state)
 
 

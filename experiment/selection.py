@@ -141,9 +141,11 @@ def final_name(model: str, seed: int, first: int) -> str:
 
 
 def final_config(cfg: ExperimentConfig, root: Path, model: str, chosen: dict,
-                 seed: int | None = None) -> TrainConfig:
+                 seed: int | None = None, name: str | None = None) -> TrainConfig:
     """The chosen point on train+valid for the chosen epochs, with ``seed`` (default --seed):
-    phase 1 as long as the selection run's, phase 2 (or the only phase) up to its best epoch."""
+    phase 1 as long as the selection run's, phase 2 (or the only phase) up to its best epoch.
+    Its run is ``final_name(name)``, ``name`` the model's by default (another trial's final,
+    an ensemble candidate, is named by its point)."""
     seed = cfg.seed if seed is None else seed
     two_phase = len(chosen["phase_epochs"]) > 1
     pre = chosen["phase_epochs"][0] if two_phase else 0
@@ -153,15 +155,15 @@ def final_config(cfg: ExperimentConfig, root: Path, model: str, chosen: dict,
                                epochs=0 if chosen["best_epoch"] == 0
                                else max(1, chosen["best_epoch"] - pre), patience=None,
                                valid_sample=1.0, seed=seed,
-                               run_name=final_name(model, seed, cfg.seed),
+                               run_name=final_name(name or model, seed, cfg.seed),
                                output=str(root / "final"))
 
 
 def current_final(cfg: ExperimentConfig, root: Path, model: str, chosen: dict,
-                  seed: int) -> TrainConfig:
+                  seed: int, name: str | None = None) -> TrainConfig:
     """``final_config`` of ``seed``, with a final run on record of an earlier choice moved aside
     (``retire_stale_final``) and said so."""
-    fc = final_config(cfg, root, model, chosen, seed)
+    fc = final_config(cfg, root, model, chosen, seed, name)
     moved = retire_stale_final(fc)
     if moved:
         print(f"   the final run on record was of an earlier choice; moved to {moved}", flush=True)
@@ -169,7 +171,7 @@ def current_final(cfg: ExperimentConfig, root: Path, model: str, chosen: dict,
 
 
 def run_finals(cfg: ExperimentConfig, root: Path, model: str, chosen: dict, todo: list[int],
-               state: dict, n_items: int) -> None:
+               state: dict, n_items: int, name: str | None = None) -> None:
     """The final runs of the seeds in ``todo`` side by side, as the search runs its trials, where
     the cluster takes more than one at a time: one after another, each Ray Train run would leave
     the rest of the cluster idle. ``run_experiment`` then reads each back (train.py's resume)
@@ -177,12 +179,13 @@ def run_finals(cfg: ExperimentConfig, root: Path, model: str, chosen: dict, todo
     at_once = min(len(todo), memory_bound(model, n_items, concurrency(cfg)))
     if at_once < 2:
         return
-    configs = [current_final(cfg, root, model, chosen, seed) for seed in todo]
+    configs = [current_final(cfg, root, model, chosen, seed, name) for seed in todo]
     tune_trials(model, root, configs, state, at_once,
                 Progress(f"{model} finals", len(configs), 0, at_once), kind="final")
 
 
-def seeds_to_run(cfg: ExperimentConfig, root: Path, model: str, chosen: dict) -> list[int]:
+def seeds_to_run(cfg: ExperimentConfig, root: Path, model: str, chosen: dict,
+                 name: str | None = None) -> list[int]:
     """The seeds of ``final_seeds`` whose final run has not finished with this choice: what a
     (re)run retrains. A finished run of another choice (a grown grid chose anew) is retired and
     runs again; seeds beyond --seeds are left alone (a resume with fewer uses the first N)."""
@@ -190,7 +193,7 @@ def seeds_to_run(cfg: ExperimentConfig, root: Path, model: str, chosen: dict) ->
 
     todo = []
     for seed in final_seeds(cfg):
-        fc = final_config(cfg, root, model, chosen, seed)
+        fc = final_config(cfg, root, model, chosen, seed, name)
         record = read_json(Path(fc.output) / fc.run_name / RUN_RECORD)
         try:
             check_resume(fc, record)
@@ -200,6 +203,27 @@ def seeds_to_run(cfg: ExperimentConfig, root: Path, model: str, chosen: dict) ->
         if finished_summary(record) is None:
             todo.append(seed)
     return todo
+
+
+def train_finals(cfg: ExperimentConfig, root: Path, model: str, chosen: dict, state: dict,
+                 prep, uri: str, ray_address: str | None, tags: dict[str, str],
+                 name: str | None = None) -> dict[str, dict]:
+    """{seed: summary} of ``chosen``'s final runs on train+valid, one per seed: those not
+    finished with this choice side by side where the cluster takes several (``run_finals``),
+    then each read back (or, should one have failed, run here and its error reported) by
+    train.py's resume. The runs are tagged with ``tags`` and the seed."""
+    from training.train import run as train
+
+    seeds = final_seeds(cfg)
+    todo = seeds_to_run(cfg, root, model, chosen, name)
+    print(f"retraining on train+valid for {final_config(cfg, root, model, chosen).epochs}"
+          f" epoch(s) with seed(s) {', '.join(map(str, seeds))}"
+          + (f" ({len(seeds) - len(todo)} finished already)" if len(todo) < len(seeds)
+             else ""), flush=True)
+    run_finals(cfg, root, model, chosen, todo, state, prep.n_items, name)
+    return {str(seed): train(current_final(cfg, root, model, chosen, seed, name), uri,
+                             ray_address, prep, tags={**tags, "kind": "final", "seed": str(seed)})
+            for seed in seeds}
 
 
 def retire_stale_final(fc: TrainConfig) -> Path | None:

@@ -282,6 +282,13 @@ def test_the_per_set_section_chooses_by_validation_and_says_level_only_by_the_to
                                      members="autorec+ease", ensemble_valid=0.29), None)
     assert r["strongest"] == "autorec"
     assert next(x["kind"] for x in r["rows"] if x["model"] == "ensemble") == "mixed ensemble"
+    # --ensemble-top's candidates: MODEL#2 is that model's second trial, still the family's
+    (tmp_path / "top").mkdir()
+    r = summarise_set(set_experiment(tmp_path / "top", name="experiment-toy-start",
+                                     members="nce-autorec+nce-autorec#2+autorec",
+                                     ensemble_valid=0.27), None)
+    assert r["strongest"] == "ensemble"
+    assert "nce-autorec#2" in next(x["chosen"] for x in r["rows"] if x["model"] == "ensemble")
 
 
 def test_a_baseline_fitted_beside_the_experiment_is_paired_with_nce_autorec(tmp_path):

@@ -187,15 +187,16 @@ def test_the_experiment_selects_retrains_registers_scores_and_tables(killed_and_
 
 @pytest.fixture(scope="module")
 def with_ensemble(killed_and_resumed, ray_head, mlflow_server):
-    """The finished experiment resumed with --ensemble autorec,puresvd (after the tests above
-    have read its first results): nothing is trained again; the ensemble is assembled, scored
-    and tabled beside the models."""
+    """The finished experiment resumed with --ensemble autorec,puresvd --ensemble-top 2 (after
+    the tests above have read its first results): no final run is trained again; the ensemble
+    of the candidates (autorec's two trials, puresvd's one) is assembled, scored and tabled
+    beside the models."""
     from experiment.plan import ExperimentConfig
     from experiment.run import run_experiment
 
     r = killed_and_resumed
     stamps = {p: p.stat().st_mtime for p in (r["root"] / "final").glob("*/run.json")}
-    flags = {**r["flags"], "ensemble": "autorec,puresvd"}
+    flags = {**r["flags"], "ensemble": "autorec,puresvd", "ensemble_top": 2}
     return run_experiment(ExperimentConfig(**flags), mlflow_server.url, ray_head.address), stamps
 
 
@@ -204,25 +205,40 @@ def test_an_ensemble_of_the_chosen_models_is_assembled_scored_and_tabled(
     from mlflow.tracking import MlflowClient
 
     from evaluation.tables import fmt_point
+    from experiment import grids
+    from experiment.selection import seeded
 
     state, stamps = with_ensemble
     root = killed_and_resumed["root"]
     assert stamps and all(p.stat().st_mtime == s for p, s in stamps.items())  # nothing retrained
     e = state["models"]["ensemble"]
-    # the subset validation chose among the two models' chosen trials
+    # the subset validation chose among the candidates: each model's chosen trial, then
+    # autorec's other point (--ensemble-top 2; puresvd has one)
     choice = json.loads((root / "trials" / "ensemble" / "run.json").read_text())
-    trials = {m: str(root / "trials" / state["models"][m]["chosen"]["trial"])
-              for m in ("autorec", "puresvd")}
+    other = next(r["point"] for r in state["models"]["autorec"]["chosen"]["all"]
+                 if r["point"] != state["models"]["autorec"]["chosen"]["point"])
+    assert e["candidates"] == {"autorec": state["models"]["autorec"]["chosen"]["trial"],
+                               "autorec#2": grids.point_name("autorec", other),
+                               "puresvd": state["models"]["puresvd"]["chosen"]["trial"]}
+    trials = {label: str(root / "trials" / t) for label, t in e["candidates"].items()}
     assert choice["config"]["members"] == list(trials.values())
     assert choice["summary"]["members"] == [trials[m] for m in e["members"]] and e["members"]
     assert e["chosen"]["valid_ndcg"] == choice["summary"]["best_valid_ndcg"]
-    # per seed, the same models' finals of that seed, assembled whole
+    assert e["chosen"]["trials"] == 7  # every subset of the three
+    # per seed, the members' finals of that seed, assembled whole: a model's choice's from
+    # stage 3, autorec's second point's (where chosen) retrained on train+valid for it
     for seed, name in (("0", "ensemble-final"), ("1", "ensemble-final-seed1")):
         final = json.loads((root / "final" / name / "run.json").read_text())
         assert final["config"]["choose"] == "all"
-        assert final["summary"]["members"] == [state["models"][m]["finals"][seed]["model_path"]
-                                               for m in e["members"]]
+        own = {m: state["models"][m]["finals"][seed]["model_path"] for m in ("autorec", "puresvd")}
+        own["autorec#2"] = str(root / "final" / seeded(f"{e['candidates']['autorec#2']}-final",
+                                                       int(seed), 0) / "model.pt")
+        assert final["summary"]["members"] == [own[m] for m in e["members"]]
         assert e["finals"][seed]["mlflow_run_id"] == final["summary"]["mlflow_run_id"]
+        if "autorec#2" in e["members"]:
+            second = json.loads((Path(own["autorec#2"]).parent / "run.json").read_text())
+            assert second["config"]["train_splits"] == "train,valid"
+            assert second["config"]["lam"] == other["lam"] and second["config"]["seed"] == int(seed)
     client = MlflowClient(mlflow_server.url)
     run = client.get_run(e["final"]["mlflow_run_id"])
     assert run.data.tags["mlflow.parentRunId"] == state["run_id"] and run.data.tags["seed"] == "0"

@@ -118,6 +118,85 @@ def test_an_ensemble_names_two_or_more_of_the_models(tmp_path, ensemble, why):
                 str(tmp_path))
 
 
+@pytest.mark.parametrize("top", [0, 5])
+def test_ensemble_top_keeps_the_candidates_within_the_subset_search(tmp_path, top):
+    # two models x 5 > MAX_MEMBERS (8): 1023 subsets, each scored on every validation user
+    with pytest.raises(UsageError, match=f"--ensemble-top {top}: .*pass K from 1 to 4"):
+        plan(exp(tmp_path, models="autorec,puresvd", ensemble="autorec,puresvd",
+                 ensemble_top=top), prep(), str(tmp_path))
+    assert plan(exp(tmp_path, models="autorec,puresvd", ensemble="autorec,puresvd",
+                    ensemble_top=4), prep(), str(tmp_path))
+
+
+def test_the_ensemble_candidates_are_each_models_chosen_trial_then_its_next_best():
+    from experiment.ensemble import candidates
+
+    def model(chosen, *others):
+        rows = [{"point": {"lam": lam}, "valid_ndcg": v} for lam, v in (chosen, *others)]
+        return {"chosen": {"point": rows[0]["point"], "all": rows[::-1]}}
+
+    # the seeds chose lam 3 over lam 1 (higher on the search's seed): the choice comes first
+    state = {"models": {"autorec": model((3, 0.20), (1, 0.21), (10, 0.19), (30, 0.10)),
+                        "puresvd": model((50, 0.15))}}
+    assert candidates(state, ["autorec", "puresvd"], 1) == [
+        ("autorec", "autorec", {"lam": 3}), ("puresvd", "puresvd", {"lam": 50})]
+    assert candidates(state, ["autorec", "puresvd"], 3) == [
+        ("autorec", "autorec", {"lam": 3}), ("autorec#2", "autorec", {"lam": 1}),
+        ("autorec#3", "autorec", {"lam": 10}), ("puresvd", "puresvd", {"lam": 50})]
+
+
+def test_a_chosen_candidate_beside_its_models_choice_gets_finals_of_its_own(tmp_path,
+                                                                           monkeypatch):
+    """--ensemble-top 2: where validation takes a model's second trial into the ensemble, that
+    trial is retrained on train+valid per seed under its own name (its model's choice keeps
+    its finals), and each seed's ensemble is assembled from the members' finals of that seed."""
+    from experiment import ensemble as E
+    from experiment import selection
+
+    root = tmp_path / "e"
+    cfg = exp(tmp_path, models="autorec,puresvd", ensemble="autorec,puresvd", ensemble_top=2,
+              seeds=2)
+    rows = [{"point": {"lam": 3.0}, "valid_ndcg": 0.2}, {"point": {"lam": 1.0}, "valid_ndcg": 0.1}]
+    state = {"run_id": "exp", "mlflow_uri": "http://x", "models": {
+        "autorec": {"run_id": "ar", "chosen": {"point": {"lam": 3.0}, "trial": "autorec-lam3",
+                                               "all": rows},
+                    "finals": {s: {"model_path": f"final/autorec-{s}"} for s in "01"}},
+        "puresvd": {"run_id": "ps", "chosen": {"point": {}, "trial": "puresvd-defaults",
+                                               "all": [{"point": {}, "valid_ndcg": 0.1}]},
+                    "finals": {s: {"model_path": f"final/puresvd-{s}"} for s in "01"}}}}
+    made, trained = [], []
+
+    def assembled(ecfg, tags):
+        made.append((ecfg, tags))
+        members = ecfg.members if ecfg.choose == "all" else ecfg.members[1:]  # autorec#2 + ps
+        return {"members": list(members), "best_valid_ndcg": 0.3,
+                "best_valid_recall_at_50": 0.4, "wall_seconds": 1.0, "model_path": ecfg.run_name}
+
+    def train_finals(cfg, root, model, chosen, state, prep, uri, ray, tags, name=None):
+        trained.append((model, chosen["point"], tags, name))
+        return {s: {"model_path": f"final/{name}-{s}"} for s in "01"}
+
+    monkeypatch.setattr(E, "assembled", assembled)
+    monkeypatch.setattr(selection, "train_finals", train_finals)
+    monkeypatch.setattr(selection, "select", lambda root, model, points, point: {"point": point})
+    e = E.experiment_stage(cfg, root, state, {"autorec": [], "puresvd": []}, None, "u", None)
+    assert made[0][0].members == tuple(str(root / "trials" / t) for t in (
+        "autorec-lam3", "autorec-lam1", "puresvd-defaults"))
+    assert trained == [("autorec", {"lam": 1.0}, {"mlflow.parentRunId": "ar"}, "autorec-lam1")]
+    assert e["members"] == ["autorec#2", "puresvd"]
+    assert e["candidates"] == {"autorec": "autorec-lam3", "autorec#2": "autorec-lam1",
+                               "puresvd": "puresvd-defaults"}
+    assert [(c.run_name, c.members) for c, _ in made[1:]] == [
+        ("ensemble-final", ("final/autorec-lam1-0", "final/puresvd-0")),
+        ("ensemble-final-seed1", ("final/autorec-lam1-1", "final/puresvd-1"))]
+    assert e["chosen"]["point"] == {"members": "autorec#2+puresvd"} and e["chosen"]["trials"] == 7
+    # a candidate's final is the chosen-epochs retraining under the trial's name
+    fc = selection.final_config(cfg, root, "autorec", {"point": {"lam": 1.0}, "best_epoch": 4,
+                                                       "phase_epochs": [4]}, 1, "autorec-lam1")
+    assert (fc.run_name, fc.train_splits, fc.epochs) == ("autorec-lam1-final-seed1",
+                                                         "train,valid", 4)
+
+
 def test_points_are_the_product_of_the_axes():
     assert grids.points({"lam": [1.0, 2.0], "mode": ["joint", "alternating"]}) == [
         {"lam": 1.0, "mode": "joint"}, {"lam": 1.0, "mode": "alternating"},
