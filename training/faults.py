@@ -28,13 +28,20 @@ def kill_a_rank(context: dict, epoch: str | None) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+RELEASE = "release.txt"
+
+
 def hold_rank0(context: dict, epoch: str | None) -> None:
     """Rank 0 stops at the start of 0-based ``epoch`` for up to 10 minutes, once per run
-    directory (RUN_DIR/held.txt): a test kills a service under a run that is surely mid-way,
-    without training dozens of epochs to make the race unlikely; the rerun goes on."""
+    directory (RUN_DIR/held.txt), or until the test writes RUN_DIR/release.txt: a test kills a
+    service under a run that is surely mid-way, without training dozens of epochs to make the
+    race unlikely; the rerun (or, released, the run itself) goes on."""
     if context["epoch"] != int(epoch) or context["rank"] != 0:
         return
     marker = Path(context["run_dir"] + "/held.txt")
     if not marker.exists():
         marker.write_text(f"held rank 0 at the start of epoch {context['epoch'] + 1}\n")
-        time.sleep(600)
+        release = Path(context["run_dir"] + "/" + RELEASE)
+        deadline = time.monotonic() + 600
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)

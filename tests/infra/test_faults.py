@@ -25,10 +25,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.spark, pytest.mark.ray]
-# long enough that the fault lands mid-training: an ml-latest-small epoch of this model takes about 1 s
-# (validation and checkpoint included) and the faults land after epoch 2 or 3 (plus up to ~5 s of
-# log latency and a checkpoint's grace), so 12 epochs leave the run at least ~8 epochs to go
-EPOCHS = 12
+# the MLflow fault lands while rank 0 is held at the start of epoch 3 (training.faults.hold_rank0),
+# so two epochs run with the server down: no race with the epochs' pace, no epochs to spare
+EPOCHS = 4
 
 
 class Streamed:
@@ -66,6 +65,16 @@ def train_cmd(data: Path, out: Path, name: str, mlflow_uri: str, *extra: str) ->
             "--runs-dir", str(out), "--run-name", name, "--mlflow-uri", mlflow_uri, *extra]
 
 
+def wait_for_file(path: Path, job: Streamed, timeout: float = 300.0) -> None:
+    """Wait until ``path`` exists (a hook's marker), failing with the job's output should the
+    job end or the time run out first."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if job.proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"{path} never appeared; output:\n{job.text[-4000:]}")
+        time.sleep(0.1)
+
+
 def registered_epoch(run_dir: Path, at_least: int, timeout: float = 120.0) -> int:
     """The epoch of the latest checkpoint Ray Train's controller has registered for ``run_dir``
     (its ``checkpoint_manager_snapshot.json``), once it is ``at_least``; waits on the file."""
@@ -87,23 +96,26 @@ def test_mlflow_killed_during_training_loses_no_run(small_prepared, ray_head, tm
     from mlflow.tracking import MlflowClient
 
     from infra.services import free_port, start_mlflow, stop
+    from training.faults import RELEASE
 
     port = free_port()
     server = start_mlflow(tmp_path / "mlflow", port, owner=os.getpid())
     cmd = [sys.executable, *train_cmd(small_prepared, tmp_path / "runs", "mlflow-fault",
                                       server.url, "--num-workers", "1", "--mlflow-wait", "3",
                                       "--ray-address", ray_head.address)[1:]]
+    run_dir = tmp_path / "runs" / "mlflow-fault"
     try:
-        first = Streamed(cmd)
-        first.wait_for(r"epoch +2\b")
-        stop(server.proc)  # the tracking server dies mid-training
+        first = Streamed(cmd, {"NCE_TEST_HOOK": "training.faults:hold_rank0:2"})
+        wait_for_file(run_dir / "held.txt", first)
+        stop(server.proc)  # the tracking server dies mid-training (rank 0 held at epoch 3)
+        (run_dir / RELEASE).write_text("go on\n")
         rc = first.finish()
         assert rc == 1, first.text[-3000:]
         assert re.search(r"warning: MLflow at .* failed at epoch \d", first.text)
         assert re.search(rf"epoch +{EPOCHS}\b", first.text)  # training went on to the end
         assert "model saved at" in first.text and "does not answer" in first.text
         assert "rerun the same command" in first.text
-        run_dir = tmp_path / "runs" / "mlflow-fault"
+        assert "held rank 0 at the start of epoch 3" in (run_dir / "held.txt").read_text()
         assert (run_dir / "model.pt").exists()
         assert "summary" not in json.loads((run_dir / "run.json").read_text())
 
