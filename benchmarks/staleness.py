@@ -117,6 +117,8 @@ MEASURES: dict[str, tuple[str, ...]] = {
                                 "benchmarks/final_in_process.py"),
     "experiment-gowalla-ensemble": (*EXPERIMENT, GRIDS + "gowalla-wide.yaml", "models/ensemble.py",
                                     "experiment/ensemble.py", "benchmarks/final_in_process.py"),
+    "experiment-gowalla-top": (*EXPERIMENT, GRIDS + "gowalla-wide.yaml", "models/ensemble.py",
+                               "experiment/ensemble.py", "benchmarks/final_in_process.py"),
     "experiment-citeulike-a-ensemble": (*EXPERIMENT, GRIDS + "levers-citeulike-a-finals.yaml",
                                         "models/ensemble.py", "experiment/ensemble.py"),
     "experiment-ml-latest-small-ensemble": (*EXPERIMENT, GRIDS + "ensemble-ml-latest-small.yaml",
@@ -134,7 +136,7 @@ DERIVED_FROM = {"nce_report": ("experiment-ml-100k",
                                "experiment-ml-latest-small-levers",
                                "experiment-ml-100k-start", "experiment-ml-latest-small-start",
                                "experiment-citeulike-a-ensemble", "experiment-gowalla-wide",
-                               "experiment-gowalla-ensemble"),
+                               "experiment-gowalla-ensemble", "experiment-gowalla-top"),
                 # its full-scale point is the committed yahoo_scale.json
                 "projection": ("yahoo_scale",),
                 "ensemble_check": ("experiment-gowalla-width", "experiment-gowalla-wide")}
