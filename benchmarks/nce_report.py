@@ -255,6 +255,25 @@ def same_finals_increment(table: dict, others: list[Path]) -> tuple[float, float
     return None
 
 
+def member_point(folder: Path, member: str, table: dict) -> str | None:
+    """An ensemble member's settings: a model's row's choice, or for MODEL#K (``--ensemble-top``'s
+    candidate) that model's K-th trial by validation NDCG once its choice is left out, read from
+    the experiment's ``search.md`` (its trials best first); None where neither says."""
+    model, _, k = member.partition("#")
+    if model not in table:
+        return None
+    if not k:
+        return table[model]["chosen"]
+    search = folder / "search.md"
+    text = search.read_text() if search.is_file() else ""
+    section = text.split(f"## {model}:", 1)[1].split("\n## ", 1)[0] if f"## {model}:" in text \
+        else ""
+    points = [cells[2].strip() for line in section.splitlines()
+              if len(cells := line.split("|")) > 3 and cells[1].strip().isdigit()]
+    others = [p for p in points if p != table[model]["chosen"]]
+    return others[int(k) - 2] if k.isdigit() and 2 <= int(k) <= len(others) + 1 else None
+
+
 def summarise_set(folder: Path, protocol: Path | None, others: list[Path] = ()) -> dict:
     """Issue 57's reading of one set: the paper's NCE-AutoRec (from the set's protocol
     experiment, where given), every row of the set's final experiment (the family searched with
@@ -313,8 +332,8 @@ def summarise_set(folder: Path, protocol: Path | None, others: list[Path] = ()) 
         if m not in table:
             return next(e["chosen"] for e in extra if e["model"] == m)
         if m == ENSEMBLE:  # each member named by its settings
-            return " + ".join(f"{x} ({table[x]['chosen']})" if x in table else x
-                              for x in members)
+            return " + ".join(f"{x} ({member_point(folder, x, table)})"
+                              if member_point(folder, x, table) else x for x in members)
         return table[m]["chosen"]
 
     def kind(m: str) -> str:

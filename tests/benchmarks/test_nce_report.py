@@ -284,11 +284,18 @@ def test_the_per_set_section_chooses_by_validation_and_says_level_only_by_the_to
     assert next(x["kind"] for x in r["rows"] if x["model"] == "ensemble") == "mixed ensemble"
     # --ensemble-top's candidates: MODEL#2 is that model's second trial, still the family's
     (tmp_path / "top").mkdir()
-    r = summarise_set(set_experiment(tmp_path / "top", name="experiment-toy-start",
-                                     members="nce-autorec+nce-autorec#2+autorec",
-                                     ensemble_valid=0.27), None)
+    folder = set_experiment(tmp_path / "top", name="experiment-toy-start",
+                            members="nce-autorec+nce-autorec#2+autorec", ensemble_valid=0.27)
+    # its settings are the model's best trial but its choice (the seeds may have chosen the
+    # second), from the experiment's search.md
+    (folder / "search.md").write_text(
+        "# toy\n\n## nce-autorec: 3 of 3 trial(s) finished\n\n| rank | point | valid NDCG | best "
+        "epoch |\n|---|---|---|---|\n| 1 | lam=10 | 0.28 | 3 |\n| 2 | lam=30 | 0.27 | 4 |\n"
+        "| 3 | lam=100 | 0.26 | 5 |\n\n## autorec: 1 of 1 trial(s) finished\n")
+    r = summarise_set(folder, None)
     assert r["strongest"] == "ensemble"
-    assert "nce-autorec#2" in next(x["chosen"] for x in r["rows"] if x["model"] == "ensemble")
+    assert next(x["chosen"] for x in r["rows"] if x["model"] == "ensemble") == (
+        "nce-autorec (lam=30) + nce-autorec#2 (lam=10) + autorec (lam=30, width=1000)")
 
 
 def test_a_baseline_fitted_beside_the_experiment_is_paired_with_nce_autorec(tmp_path):
