@@ -332,8 +332,8 @@ def summarise_set(folder: Path, protocol: Path | None, others: list[Path] = ()) 
         if m not in table:
             return next(e["chosen"] for e in extra if e["model"] == m)
         if m == ENSEMBLE:  # each member named by its settings
-            return " + ".join(f"{x} ({member_point(folder, x, table)})"
-                              if member_point(folder, x, table) else x for x in members)
+            points = {x: member_point(folder, x, table) for x in members}
+            return " + ".join(f"{x} ({points[x]})" if points[x] else x for x in members)
         return table[m]["chosen"]
 
     def kind(m: str) -> str:

@@ -285,9 +285,7 @@ def experiment_stage(cfg, root: Path, state: dict, points: dict[str, list[dict]]
 
     models = cfg.ensemble_list()
     cands = candidates(state, models, cfg.ensemble_top)
-    trials = {label: str(root / "trials" / (state["models"][m]["chosen"]["trial"] if label == m
-                                            else point_name(m, point)))
-              for label, m, point in cands}
+    trials = {label: str(root / "trials" / point_name(m, point)) for label, m, point in cands}
     common = {"data": cfg.data, "experiment": cfg.name, "mlflow_uri": state["mlflow_uri"],
               "overwrite": True}
     tags = {PARENT: state["run_id"], "model": Ensemble.name}
