@@ -16,17 +16,19 @@ from runtime.atomic import write_text
 
 
 def stamp(script: str, argv: list[str] | None = None) -> dict:
-    """The command (as typed), machine (CPU model and vector flags, cores, torch threads), date
-    and commit of this run (the
+    """The command (as typed), machine (CPU model and vector flags, cores, torch threads, the BLAS
+    kernels numpy's library picked and what pinned them), date and commit of this run (the
     commit lets `benchmarks/staleness.py` tell when the code it measured changed since)."""
-    from runtime.machine import cpu, describe_cpu
+    import numpy  # noqa: F401  (its BLAS loaded, so that ``blas`` can name it)
+
+    from runtime.machine import blas, cpu, describe_cpu
 
     args = sys.argv[1:] if argv is None else argv
-    info = cpu()
+    info, kernels = cpu(), blas()
     return {"command": f"python benchmarks/{script} " + " ".join(args),
             "machine": f"{platform.node()}, {describe_cpu(info)}, "
-                       f"{torch.get_num_threads()} torch threads",
-            "cpu": info, "date": time.strftime("%Y-%m-%d"), "commit": commit()}
+                       f"{torch.get_num_threads()} torch threads, {kernels}",
+            "cpu": info, "blas": kernels, "date": time.strftime("%Y-%m-%d"), "commit": commit()}
 
 
 def commit() -> str:

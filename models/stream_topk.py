@@ -25,13 +25,15 @@ are broken as they always were. Those rows are recomputed together in a block of
 ``MIN_GEMM_ROWS`` rows, because a GEMM of fewer rows takes another path with other rounding (MKL
 below 16 rows on the Xeon 6/207, OpenBLAS at 1).
 
-Are the tiles' scores the whole product's? OpenBLAS's are, bit for bit, at every width tried (its
-blocking of the inner dimension does not depend on the columns); MKL's are at width 200 but not at
+Are the tiles' scores the whole product's? That is the library's and the CPU's: OpenBLAS's
+AVX-512 kernels (SkylakeX, its choice on a Zen 4 and a Zen 5) gave them bit for bit at every
+width tried; its Haswell kernels (``OPENBLAS_CORETYPE=Haswell``, which some hosts set) did not,
+on a Zen 5: columns at its blocks' edges differ by an ulp; MKL's are at width 200 but not at
 width 1000, where about 2% of the scores of a 640-column tile differ from the whole product's by
-one unit in the last place (tests/models/test_stream_topk.py checks the first, measured the
-second). So with MKL at large widths a list can differ from the unfused path's only where two
-scores are within that rounding; on the Gowalla NCE-AutoRec of width 1000, 3,000 users, every
-list was the same and 10 of 150,000 values differed by 6e-8.
+one unit in the last place. So a list can differ from the unfused path's only where two scores
+are within that rounding; on the Gowalla NCE-AutoRec of width 1000 (MKL), 3,000 users, every
+list was the same and 10 of 150,000 values differed by 6e-8. The tests check the fused path bit
+for bit on operands every kernel multiplies exactly (tests/models/test_stream_topk.py).
 
 ``NCE_SCORE_TOPK=torch`` keeps the product-then-``top_k`` path; without a C compiler it is kept
 anyway (``available`` says why)."""

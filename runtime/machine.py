@@ -48,3 +48,22 @@ def describe_cpu(info: dict | None = None) -> str:
     family = f" (family/model {info['family']})" if info.get("family") else ""
     return (f"{info['model']}{family}, {info['cores']} cores, "
             f"flags {' '.join(info['flags']) or 'none'}")
+
+
+# the environment variables that pick a BLAS library's kernels or threads behind its back
+BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")
+
+
+def blas(env: dict | None = None) -> str:
+    """The BLAS libraries loaded in this process with the kernels they picked (threadpoolctl's
+    'architecture'), and the variables that pinned them: ``OPENBLAS_CORETYPE=Haswell``, set on
+    some hosts, holds numpy's OpenBLAS to its AVX2 kernels on an AVX-512 CPU (on a Zen 5, scoring's
+    product ran at 100 GFLOP/s a core where OpenBLAS's own choice, SkylakeX, ran 171)."""
+    from threadpoolctl import threadpool_info
+
+    env = os.environ if env is None else env
+    libs = sorted({f"{i.get('internal_api')} {i.get('version') or ''}".strip()
+                   + (f" ({i['architecture']})" if i.get("architecture") else "")
+                   for i in threadpool_info() if i.get("user_api") == "blas"})
+    pinned = [f"{k}={env[k]}" for k in BLAS_ENV if env.get(k)]
+    return (", ".join(libs) or "no BLAS loaded") + (f"; {' '.join(pinned)}" if pinned else "")

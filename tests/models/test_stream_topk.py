@@ -1,6 +1,14 @@
 """models.stream_topk: the product and its top-k fused over cache-sized tiles give torch.topk's
 values and items on the unfused product (ties, NaN, excluded items and short rows included), and
-models.native builds its C once, atomically, or says why it cannot."""
+models.native builds its C once, atomically, or says why it cannot.
+
+The operands are exact in float32 (small integers times multiples of a power of two, every
+partial sum under 2**24), so each kernel's scores are the exact ones whatever its blocking, FMA
+use or order of summation, on every CPU: the tests check the fused path's logic bit for bit on
+torch's and numpy's kernels alike. Whether a kernel's rounded scores of a tile equal its whole
+product's is the library's and the CPU's (OpenBLAS 0.3.31 on a Zen 5 takes its Haswell kernels,
+whose tiles differ by an ulp at its blocks' edges); benchmarks/scoring_exact.py measures what
+that does to trained models' lists."""
 
 from __future__ import annotations
 
@@ -17,16 +25,24 @@ needs_cc = pytest.mark.skipif(S.library()[0] is None, reason="no C compiler here
                               "test_without_a_compiler_scoring_keeps_torch covers that case")
 
 
-@pytest.fixture
-def numpy_kernel(monkeypatch):
-    """OpenBLAS: its tiles' scores are the whole product's, bit for bit (checked below)."""
-    monkeypatch.setenv(product.KERNEL_ENV, "numpy")
+@pytest.fixture(params=product.KERNELS)
+def kernel(request, monkeypatch):
+    """Each scoring kernel in turn (torch's MKL, numpy's OpenBLAS), pinned."""
+    monkeypatch.setenv(product.KERNEL_ENV, request.param)
+    return request.param
 
 
 def operands(rows=70, n=5000, d=24, seed=0):
+    """a: integers in [-8, 8]; b and the bias: multiples of 2**-bits in [-1, 1] and [-1/8, 1/8],
+    bits as many as keep d * 8 * 2**bits under 2**24: every product, partial sum and score is
+    a float32 exactly, in any order of summation."""
+    bits = int(np.log2(2**24 / (d * 8 + 1)))
+    unit = 2.0 ** -bits
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(rows, d, generator=g), torch.randn(d, n, generator=g) * 0.3,
-            torch.randn(n, generator=g) * 0.1)
+    a = torch.randint(-8, 9, (rows, d), generator=g).float()
+    b = torch.randint(-2**bits, 2**bits + 1, (d, n), generator=g).float() * unit
+    bias = torch.randint(-2**(bits - 3), 2**(bits - 3) + 1, (n,), generator=g).float() * unit
+    return a, b, bias
 
 
 def unfused(a, b, bias, exclude, k):
@@ -43,23 +59,29 @@ def exclusions(rows, n, per, seed=0):
     return sparse_rows([rng.choice(n, per, replace=False) for _ in range(rows)])
 
 
-def test_a_column_tile_of_openblas_product_is_the_whole_products_bits(numpy_kernel):
+def test_operands_are_exact_and_a_column_tile_is_the_whole_products_columns(kernel):
     a, b, bias = operands(rows=40, n=6000, d=200)
     whole = product.product(a, b, bias)
+    exact = a.double() @ b.double() + bias.double()
+    assert torch.equal(whole.double(), exact)  # no rounding anywhere: the premise above
     run = product.kernel_of(a, b, bias)
-    for lo in range(0, 6000, 640):
-        tile = run(a, b[:, lo:lo + 640], bias[lo:lo + 640], None)
+    for lo in range(0, 6000, 640):  # a slice's columns and its bias's line up
+        tile = run(a, b[:, lo:lo + 640], bias[lo:lo + 640], product.scratch(40, min(640, 6000 - lo)))
         assert torch.equal(tile, whole[:, lo:lo + 640])
 
 
 @needs_cc
 @pytest.mark.parametrize("k", [1, 10, 50])
-def test_distinct_scores_give_torch_topk_exactly(numpy_kernel, k):
+def test_distinct_scores_give_torch_topk_exactly(kernel, monkeypatch, k):
     a, b, bias = operands()
     exclude = exclusions(70, 5000, 30)
+    recomputed = []
+    real = S.rank_whole
+    monkeypatch.setattr(S, "rank_whole", lambda *x: recomputed.append(x[5].tolist()) or real(*x))
     got = S.top_k(a, b, bias, exclude, k)
     want = unfused(a, b, bias, exclude, k)
     assert torch.equal(got[0], want.values) and torch.equal(got[1], want.indices)
+    assert recomputed == []  # every row's list came from its heap, none was ranked whole
 
 
 def crowded(rows: int, n: int, user: int, left: int):
@@ -74,7 +96,7 @@ def crowded(rows: int, n: int, user: int, left: int):
 
 @needs_cc
 @pytest.mark.parametrize("nan", [False, True])
-def test_ties_short_rows_and_nan_are_ranked_whole_as_before(numpy_kernel, monkeypatch, nan):
+def test_ties_short_rows_and_nan_are_ranked_whole_as_before(kernel, monkeypatch, nan):
     a, b, _ = operands(rows=20)
     k = 10
     a[0] = 0.0                            # every score of user 0 tied at 0
@@ -110,7 +132,7 @@ def test_exclusions_are_sorted_within_rows_and_walked_once():
 
 
 @needs_cc
-def test_recommend_streams_a_large_catalogue_to_the_same_lists(numpy_kernel, monkeypatch):
+def test_recommend_streams_a_large_catalogue_to_the_same_lists(kernel, monkeypatch):
     """recommend of an AutoRec above MIN_ITEMS: the fused path (asserted taken) gives the values
     and items of NCE_SCORE_TOPK=torch's product-then-top_k path, in several of its blocks."""
     items, users = 6000, 90

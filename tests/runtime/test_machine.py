@@ -1,6 +1,8 @@
 """runtime.machine: the CPU every timing records, read from /proc/cpuinfo."""
 
-from runtime.machine import cpu, describe_cpu
+import numpy  # noqa: F401  (its BLAS loaded for blas())
+
+from runtime.machine import blas, cpu, describe_cpu
 
 ZEN4 = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -39,3 +41,14 @@ def test_an_unknown_vendor_id_is_kept_as_written(tmp_path):
     assert cpu(str(f))["vendor"] == "HygonGenuine"
     f.write_text(ZEN4.replace("AuthenticAMD", "GenuineIntel"))
     assert cpu(str(f))["vendor"] == "Intel"
+
+
+def test_blas_names_numpys_library_its_kernels_and_what_pinned_them():
+    from threadpoolctl import threadpool_info
+    (lib, *_) = [i for i in threadpool_info() if i["user_api"] == "blas"]
+    plain = blas({})
+    assert plain.startswith(f"{lib['internal_api']} {lib['version']}") and ";" not in plain
+    if lib.get("architecture"):
+        assert f"({lib['architecture']})" in plain
+    pinned = blas({"OPENBLAS_CORETYPE": "Haswell", "MKL_CBWR": "", "OTHER": "x"})
+    assert pinned == plain + "; OPENBLAS_CORETYPE=Haswell"  # set and empty: only the set one
