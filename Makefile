@@ -71,9 +71,11 @@ java-check:
 demo: venv java-check
 	$(PY) -m infra.demo --var $(VAR)
 
+# two pytest processes side by side: the Spark/Ray tier and the rest (tests/tiers.py); a
+# PYTEST_ARGS with its own -m runs one plain pytest
 test: venv java-check
 	$(PY) -m ruff check prepared runtime models etl training evaluation experiment infra tests benchmarks
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m tests.tiers $(PYTEST_ARGS)
 
 # the edit loop: numpy/torch-level tests only (no Spark session, no Ray head, nothing marked slow)
 test-fast: venv

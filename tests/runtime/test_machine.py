@@ -43,12 +43,13 @@ def test_an_unknown_vendor_id_is_kept_as_written(tmp_path):
     assert cpu(str(f))["vendor"] == "Intel"
 
 
-def test_blas_names_numpys_library_its_kernels_and_what_pinned_them():
+def test_blas_names_every_blas_loaded_its_kernels_and_what_pinned_them():
     from threadpoolctl import threadpool_info
-    (lib, *_) = [i for i in threadpool_info() if i["user_api"] == "blas"]
+    libs = [i for i in threadpool_info() if i["user_api"] == "blas"]  # numpy's, scipy's, ...
     plain = blas({})
-    assert plain.startswith(f"{lib['internal_api']} {lib['version']}") and ";" not in plain
-    if lib.get("architecture"):
-        assert f"({lib['architecture']})" in plain
+    assert libs and ";" not in plain
+    for lib in libs:
+        arch = f" ({lib['architecture']})" if lib.get("architecture") else ""
+        assert f"{lib['internal_api']} {lib['version']}{arch}" in plain.split(", ")
     pinned = blas({"OPENBLAS_CORETYPE": "Haswell", "MKL_CBWR": "", "OTHER": "x"})
     assert pinned == plain + "; OPENBLAS_CORETYPE=Haswell"  # set and empty: only the set one
