@@ -25,6 +25,7 @@ import zipfile
 from pathlib import Path
 
 from prepared.errors import UsageError
+from runtime.publish import pid_alive
 
 log = logging.getLogger("etl")
 
@@ -49,9 +50,15 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+CODE_PREFIX = "nce-autorec-code-"
+
+
 def _code_zip() -> str:
-    """The project's packages as one zip for ``addPyFile`` (rebuilt per session: it is small)."""
-    folder = tempfile.mkdtemp(prefix="nce-autorec-code-")
+    """The project's packages as one zip for ``addPyFile`` (rebuilt per session: it is small), in
+    a folder named by this process's pid: removed at exit, and by the next session's sweep
+    (``sweep_code_folders``) where the process was killed before its exit ran."""
+    sweep_code_folders()
+    folder = tempfile.mkdtemp(prefix=f"{CODE_PREFIX}{os.getpid()}-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     path = Path(folder) / "project.zip"
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -59,6 +66,23 @@ def _code_zip() -> str:
             for f in (ROOT / pkg).rglob("*.py"):
                 zf.write(f, f.relative_to(ROOT))
     return str(path)
+
+
+def sweep_code_folders(where: str | None = None) -> list[str]:
+    """Remove the code folders of this user's processes that no longer run (each ~250 KB, left
+    by a SIGKILL: the fault tests kill ETLs on purpose); the removed paths. A folder whose pid is
+    alive, is another user's, or is not named ``CODE_PREFIX<pid>-...`` is left alone."""
+    removed = []
+    for path in Path(where or tempfile.gettempdir()).glob(f"{CODE_PREFIX}*-*"):
+        pid = path.name[len(CODE_PREFIX):].split("-", 1)[0]
+        try:
+            mine = path.is_dir() and not path.is_symlink() and path.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if mine and pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return removed
 
 
 def loopback_conf(master: str, submitted: dict[str, str]) -> dict[str, str]:

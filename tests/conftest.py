@@ -173,7 +173,13 @@ SERVICE_MARKS = {"spark": "spark", "small_prepared": "spark", "local_stack": "ra
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        for fixture in getattr(item, "fixturenames", ()):
-            mark = SERVICE_MARKS.get(fixture)
-            if mark and mark not in {m.name for m in item.iter_markers()}:
+        uses = SERVICE_MARKS.keys() & set(getattr(item, "fixturenames", ()))
+        for fixture in uses:
+            mark = SERVICE_MARKS[fixture]
+            if mark not in {m.name for m in item.iter_markers()}:
                 item.add_marker(getattr(pytest.mark, mark))
+        # make test's first process (tests/tiers.py): the tests of the session's Spark session
+        # and stack, and every Spark test (some start an in-process session of their own); the
+        # Ray tests that bring their own stack run in the second process
+        if uses or item.get_closest_marker("spark"):
+            item.add_marker(pytest.mark.session)

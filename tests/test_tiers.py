@@ -9,7 +9,7 @@ def test_every_test_is_in_exactly_one_tier_whatever_its_markers():
     from _pytest.mark.expression import Expression
 
     tiers = [Expression.compile(SERVICES), Expression.compile(REST)]
-    names = ("spark", "ray", "slow", "parametrize")
+    names = ("session", "spark", "ray", "slow")
     for n in range(len(names) + 1):
         for marks in combinations(names, n):
             hits = [t.evaluate(lambda name, marks=marks, **kw: name in marks) for t in tiers]

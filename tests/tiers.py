@@ -1,8 +1,9 @@
 """``make test``: the suite as two pytest processes side by side, one per core.
 
-The services tier (``-m "spark or ray"``: one Spark session, one stack, every integration test)
-is almost all of the suite's time and uses the services one at a time, so it runs alone in one
-process, streamed as usual. The rest (numpy/torch tests, about 1.5 of its 17 minutes) runs
+The services tier (``-m session``, marked by tests/conftest.py: every test of the session's Spark
+session or stack, and every Spark test) is almost all of the suite's time and uses the services
+one at a time, so it runs alone in one process, streamed as usual. The rest (the numpy/torch
+tests, about 1.5 of its 17 minutes, and the Ray tests that start a stack of their own) runs
 beside it in a second process whose report is printed when both have ended. A run given its own
 ``-m`` is one plain pytest process, as before.
 
@@ -19,8 +20,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVICES = "spark or ray"
-REST = "not spark and not ray"
+SERVICES = "session"
+REST = "not session"
 
 
 def plain(args: list[str]) -> bool:
