@@ -62,11 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         log.seek(0)
         print(f"\n==== the rest of the suite (-m '{REST}'), run beside the services tier ====")
         print(log.read(), end="", flush=True)
-    took = time.monotonic() - start
-    ok = "passed" if services == code == 0 else "FAILED"
-    print(f"\ntests {ok}: services tier exit {services}, the rest exit {code}; "
-          f"{took:.0f} s ({took / 60:.1f} min) for both", flush=True)
-    return combined(services, code)
+    took, result = time.monotonic() - start, combined(services, code)
+    print(f"\ntests {'passed' if result == 0 else 'FAILED'}: services tier exit {services}, "
+          f"the rest exit {code}; {took:.0f} s ({took / 60:.1f} min) for both", flush=True)
+    return result
 
 
 def combined(*codes: int) -> int:
