@@ -32,14 +32,17 @@ def plain(args: list[str]) -> bool:
 def rest_args(args: list[str]) -> list[str]:
     """``args`` for the second process: its own cache folder (the two --lf records apart) and
     its own JUnit file beside the one asked for (``X.xml`` -> ``X-rest.xml``)."""
-    out, follows = ["-o", "cache_dir=.pytest_cache/rest"], False
-    for a in args:
-        if follows or a.startswith(("--junitxml=", "--junit-xml=")):
-            head, _, path = a.rpartition("=") if not follows else ("", "", a)
-            p = Path(path)
-            a = f"{head}={p.with_name(p.stem + '-rest' + p.suffix)}" if head else \
-                str(p.with_name(p.stem + "-rest" + p.suffix))
-        follows = a in ("--junitxml", "--junit-xml")
+    def beside(path: str) -> str:
+        p = Path(path)
+        return str(p.with_name(f"{p.stem}-rest{p.suffix}"))
+
+    out, flags = ["-o", "cache_dir=.pytest_cache/rest"], ("--junitxml", "--junit-xml")
+    for i, a in enumerate(args):
+        flag, eq, value = a.partition("=")
+        if eq and flag in flags:          # --junitxml=PATH
+            a = f"{flag}={beside(value)}"
+        elif i and args[i - 1] in flags:  # --junitxml PATH
+            a = beside(a)
         out.append(a)
     return out
 
