@@ -234,6 +234,16 @@ def loss_speed_width(d: dict) -> list[str]:
           num(r["users"] / max(r["dense"], r["fast"]))] for r in rows])
 
 
+def train_step(d: dict) -> list[str]:
+    """The step by kernel and threads, against torch's kernel and the physical peak."""
+    return [f"{d['model']} at the {d['shape']} shape, batch {num(d['batch'])}, the fast loss "
+            "(products: the loss's timed `models.product.mm` calls):", ""] + table(
+        ["width", "threads", "kernel", "ms/step", "vs torch", "products GFLOP/s", "of peak"],
+        [[num(r["width"]), str(r["threads"]), r["kernel"], f"{r['step_s'] * 1e3:.1f}",
+          f"{r['vs_torch']:.2f}x", f"{r['product_gflops']:.1f}",
+          f"{r['of_peak']:.2f}" if r["of_peak"] is not None else "–"] for r in d["rows"]])
+
+
 def nce_report(d: dict) -> list[str]:
     return nce_sets(d.get("sets") or []) + nce_experiments(d)
 
@@ -484,7 +494,7 @@ HEADLINES: dict[str, Callable[[dict], list[str]]] = {
     "validation_speed": validation_speed, "verify_cost": verify_cost, "yahoo_scale": yahoo_scale,
     "scoring_exact": scoring_exact, "alternatives": alternatives, "preset_check": preset_check,
     "scoring_exact_openblas": scoring_exact, "ensemble_check": ensemble_check,
-    "scale_out": scale_out,
+    "scale_out": scale_out, "train_step": train_step,
 }
 
 

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", action="append", required=True, help="a trained model.pt")
     p.add_argument("--data", action="append", required=True, help="its prepared directory")
     p.add_argument("--product-kernel", choices=("auto", "torch", "numpy"), default="auto",
-                   help="the product's kernel on both paths (NCE_SCORE_KERNEL): auto = timed "
+                   help="the product's kernel on both paths (NCE_KERNEL): auto = timed "
                         "per product shape, as scoring runs; torch (MKL) or numpy (OpenBLAS) "
                         "pinned, which separates the fused top-k's own exactness from two "
                         "kernels' rounding")

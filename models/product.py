@@ -1,22 +1,25 @@
-"""Scoring's dense product, users' vectors times every item's, on the faster exact float32 kernel
-this process has: torch's (MKL in the x86 wheels) or numpy's (OpenBLAS in its wheels).
+"""The float32 products of scoring and of the fast loss's training step, on the faster exact
+kernel this process has: torch's (MKL in the x86 wheels) or numpy's (OpenBLAS in its wheels).
 
 Why: MKL takes a generic path on AMD CPUs. At the Yahoo shape (44,865 items, width 200, blocks
 of 93 users, one thread) ``F.linear`` ran at 36 GFLOP/s where ``numpy.matmul`` ran at 69-77 on
-the same AMD EPYC (Zen 3, AVX2) host; on the Intel hosts MKL is the faster one. Which is faster
-depends on the CPU and the libraries installed, not on a vendor string, so the first product
-of each shape (items, width, threads) in a process times both on its own operands and keeps
-numpy's only where it is ``MARGIN`` faster (near-equal kernels keep torch's, so the choice does
-not flip between processes on noise). ``NCE_SCORE_KERNEL=torch|numpy`` pins one; products of
-fewer than ``MIN_CHOSEN`` weights (small catalogues: no time to win) always use torch's.
+the same AMD EPYC (Zen 3, AVX2) host; on the Intel hosts MKL is the faster one. Training's
+products differ again: numpy runs the Gram W'W as a SYRK (half the arithmetic), which MKL's
+matmul never does. Which is faster depends on the CPU, the product and the libraries installed,
+not on a vendor string, so the first product of each shape in a process times both on its own
+operands and keeps numpy's only where it is ``MARGIN`` faster (near-equal kernels keep torch's,
+so the choice does not flip between processes on noise). ``NCE_KERNEL=torch|numpy`` pins one
+(for runs that must repeat bit for bit across processes); products too small to win anything
+(``MIN_CHOSEN`` weights for scoring, ``MIN_MACS`` for ``mm``) always use torch's.
 
-Exactness: both are float32 GEMMs accumulating in float32, so their scores differ by rounding
+Exactness: both are float32 GEMMs accumulating in float32, so their results differ by rounding
 only, and a top-k list can differ only between scores that close (tests/models/test_product.py
 checks the lists of both against a float64 reference). Neither gives a row a result that
 depends on that row alone: OpenBLAS's rounding changes with the block's number of rows, MKL's
 below 7 rows (a GEMV), so ``recommend``'s lists match across blocks up to those near-ties.
 
-Only inference is routed here: with autograd recording (training's forward) it is torch's."""
+Only products outside autograd are routed here: scoring's, validation's, and those inside the fast
+loss's own autograd Function (``models.autorec.losses``); a product autograd records is torch's."""
 
 from __future__ import annotations
 
@@ -28,13 +31,14 @@ import time
 import numpy as np
 import torch
 
-KERNEL_ENV = "NCE_SCORE_KERNEL"
+KERNEL_ENV = "NCE_KERNEL"
 KERNELS = ("torch", "numpy")
 MARGIN = 1.15          # numpy's must take under 1 / MARGIN of torch's time to be chosen
 MIN_CHOSEN = 1 << 20   # weights (items x width) below which torch's is used unmeasured
+MIN_MACS = 1 << 24     # multiply-adds (m x k x n) below which ``mm`` uses torch's unmeasured
 TRIES = 3              # timed products of each kernel (the least of each is compared)
 
-_chosen: dict[tuple[int, int, int], str] = {}
+_chosen: dict[tuple, str] = {}
 _scratch = threading.local()  # each thread's reusable score buffer (``scratch``)
 
 
@@ -83,19 +87,53 @@ def scratch(rows: int, n: int) -> torch.Tensor:
 
 def kernel_for(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
                total: int | None = None) -> str:
-    """The kernel for ``a @ b`` in this process: pinned by ``NCE_SCORE_KERNEL``, else chosen
-    once per (items, width, threads) by timing both on these operands (``total``: the weights of
-    the whole product ``b`` is a slice of, where it is one)."""
-    pinned = os.environ.get(KERNEL_ENV, "auto")
-    if pinned in KERNELS:
-        return pinned
-    if pinned != "auto":
-        raise ValueError(f"{KERNEL_ENV}={pinned!r}: use one of {', '.join(KERNELS)} or auto "
-                         "(time both on the first product of each shape)")
+    """The kernel for ``a @ b`` in this process: pinned by ``NCE_KERNEL``, else chosen once per
+    (items, width, threads) by timing both on these operands (``total``: the weights of the
+    whole product ``b`` is a slice of, where it is one)."""
     d, n = b.shape
-    if (total or n * d) < MIN_CHOSEN:
+    if pinned() is None and (total or n * d) < MIN_CHOSEN:
         return "torch"
-    key = (n, d, torch.get_num_threads())
+    return pick((n, d, torch.get_num_threads()), a, b, bias)
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` of 2-D float32 CPU tensors outside autograd (views fine; ``a`` may be ``b.T``:
+    numpy then runs a SYRK), for the fast loss's products (``models.autorec.losses``): on the
+    kernel chosen once per (shapes, strides, whether ``a`` is ``b``'s transpose) in a one-thread
+    process; torch's where numpy's cannot take part, the product is under ``MIN_MACS``, or torch
+    runs more than one thread (unless ``NCE_KERNEL`` pins numpy).
+
+    Why one thread only: numpy's kernels win there (a Yahoo-shape step of NCE-AutoRec at batch
+    8,192: 219 ms against torch's 314, AMD Zen 5), but with two threads OpenBLAS's idle threads
+    spin beside torch's OpenMP ones between the products (367 ms), and split over two one-thread
+    calls the products, twice as fast alone, made the step no faster (201 against 197 ms): libgomp's
+    threads spin after each torch op too. DDP ranks and Spark tasks run one thread each."""
+    if not _numpy_can(a, b, None):
+        return a @ b
+    fixed = pinned()
+    m, k = a.shape
+    if fixed is None and (m * k * b.shape[1] < MIN_MACS or torch.get_num_threads() > 1):
+        return a @ b
+    key = ("mm", tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), is_gram(a, b))
+    return (_numpy if pick(key, a, b, None) == "numpy" else _torch)(a, b, None)
+
+
+def pinned() -> str | None:
+    """The kernel ``NCE_KERNEL`` pins, or None (auto: timed)."""
+    value = os.environ.get(KERNEL_ENV, "auto")
+    if value in KERNELS:
+        return value
+    if value != "auto":
+        raise ValueError(f"{KERNEL_ENV}={value!r}: use one of {', '.join(KERNELS)} or auto "
+                         "(time both on the first product of each shape)")
+    return None
+
+
+def pick(key: tuple, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> str:
+    """The pinned kernel, else the one ``choose`` measured for ``key`` (once per process)."""
+    fixed = pinned()
+    if fixed is not None:
+        return fixed
     if key not in _chosen:
         _chosen[key] = choose(a, b, bias)
     return _chosen[key]
@@ -116,8 +154,9 @@ def choose(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -
     return "numpy" if best["numpy"] * MARGIN < best["torch"] else "torch"
 
 
-def chosen() -> dict[tuple[int, int, int], str]:
-    """The choices made so far in this process, (items, width, threads) -> kernel (reports)."""
+def chosen() -> dict[tuple, str]:
+    """The choices made so far in this process (reports): (items, width, threads) -> kernel for
+    scoring's products, ("mm", shapes, strides, SYRK) -> kernel for ``mm``'s (one thread)."""
     return dict(_chosen)
 
 
@@ -150,6 +189,11 @@ def _numpy(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
     if bias is not None:
         result += bias.detach().numpy()
     return torch.from_numpy(result) if out is None else out
+
+
+def is_gram(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` is ``b``'s transpose, a view of the same memory (numpy runs a SYRK)."""
+    return a.data_ptr() == b.data_ptr() and a.T.shape == b.shape and a.T.stride() == b.stride()
 
 
 def limit_blas_threads(threads: int) -> None:

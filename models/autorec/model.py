@@ -385,26 +385,34 @@ class AutoRec(Recommender):
         keep = (dropout_weights(len(items), self.dropout, self.encoder.weight)
                 if self.training and self.dropout else None)
         h = self.code(items, offsets, frozen, keep)
-        terms = {name: head_loss(name, self.heads[name](h), batch, **self.levers(name, keep))
-                 if self.dense_for(name, len(offsets))
-                 else linear_head_loss(name, self.heads[name], h, batch,
-                                       **self.levers(name, keep))
-                 for name in step.heads}
+        rows = self.l2_rows()  # every matrix here has a row per item
+        terms, squares = {}, {}  # squares: mean(W^2) of the heads whose fast loss gave it
+        for name in step.heads:
+            levers = self.levers(name, keep)
+            if self.dense_for(name, len(offsets)):
+                terms[name] = head_loss(name, self.heads[name](h), batch, **levers)
+            elif name != "ns" and rows is None:  # the MSE heads' loss also gives their plain L2
+                terms[name], squares[name] = linear_head_loss(name, self.heads[name], h, batch,
+                                                              with_l2=True, **levers)
+            else:
+                terms[name] = linear_head_loss(name, self.heads[name], h, batch, **levers)
         if "ns" in terms and self.ns_scale != 1.0:  # per (user, item) entry, as the MSE heads
             terms["ns"] = terms["ns"] * self.ns_scale
         if "nce" in terms and self.nce_weight != 1.0:  # --nce-scale head-weight
             terms["nce"] = terms["nce"] * self.nce_weight
         if self.embed_head in terms and self.mode is not None:
             terms[self.embed_head] = terms[self.embed_head] * self.embed_weight
-        weights = [self.heads[name].weight for name in step.heads
-                   if self.mode is None or name != self.embed_head or self.embed_lam is None]
+        l2 = []  # (lambda, the matrices it weighs)
+        for name in step.heads:
+            own = self.mode is not None and name == self.embed_head and self.embed_lam is not None
+            l2.append((self.embed_lam if own else self.lam, name))
         if step.train_encoder:
-            weights.append(self.encoder.weight)
-        rows = self.l2_rows()  # every matrix here has a row per item
-        terms["l2"] = l2_penalty(weights, self.lam * self.lam_scale, rows)
-        if self.mode is not None and self.embed_head in step.heads and self.embed_lam is not None:
-            terms["l2"] = terms["l2"] + l2_penalty([self.heads[self.embed_head].weight],
-                                                   self.embed_lam * self.lam_scale, rows)
+            l2.append((self.lam, None))
+        terms["l2"] = sum(
+            lam * self.lam_scale * squares[name] if name in squares
+            else l2_penalty([self.encoder.weight if name is None else self.heads[name].weight],
+                            lam * self.lam_scale, rows)
+            for lam, name in l2)
         return terms
 
 
@@ -437,16 +445,17 @@ def head_loss(name: str, scores: torch.Tensor, batch: Batch,
 
 
 def linear_head_loss(name: str, head: nn.Linear, h: torch.Tensor, batch: Batch,
-                     pos_weight: float | torch.Tensor = 0.0, rstar_scale: float = 1.0
-                     ) -> torch.Tensor:
+                     pos_weight: float | torch.Tensor = 0.0, rstar_scale: float = 1.0,
+                     with_l2: bool = False):
     """``head_loss(name, head(h), batch, ...)`` without the (B, n_items) scores
-    (models/autorec/losses.py)."""
+    (models/autorec/losses.py); ``with_l2`` (the MSE heads): (loss, mean(W^2)) (``linear_mse``)."""
     w, b = head.weight, head.bias
     if name == "predict":
-        return linear_mse(h, w, b, batch.train_items, batch.train_offsets, pos_weight=pos_weight)
+        return linear_mse(h, w, b, batch.train_items, batch.train_offsets, pos_weight=pos_weight,
+                          with_l2=with_l2)
     if name == "nce":
         return linear_mse(h, w, b, batch.train_items, batch.train_offsets,
-                          rstar_target(batch, rstar_scale), pos_weight)
+                          rstar_target(batch, rstar_scale), pos_weight, with_l2=with_l2)
     if name == "ns":
         return linear_ns(h, w, b, batch.train_items, batch.train_offsets, batch.neg_items,
                          batch.neg_counts, batch.neg_offsets)

@@ -126,6 +126,42 @@ def test_linear_mse_equals_the_dense_mse_with_its_gradients(with_values):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-12)
 
 
+@pytest.mark.parametrize("pos_weight", [0.0, 2.5])
+def test_linear_mse_with_l2_gives_the_mean_square_and_its_folded_gradient(pos_weight):
+    """with_l2: the second output is mean(W^2) (the Gram's trace), and the gradient of loss +
+    lam * mean(W^2), folded into the loss's product, equals the dense MSE's plus l2_penalty's
+    (float64), with the gradient of h and b untouched by the L2."""
+    from models.autorec.losses import linear_mse
+
+    h, w, bias, idx, offsets = random_head(seed=5)
+    values = (torch.rand(len(idx)) * 3).double()
+    loss, square = linear_mse(h, w, bias, idx, offsets, values, pos_weight, with_l2=True)
+    assert square.item() == pytest.approx((w.detach() ** 2).mean().item(), rel=1e-12)
+    assert loss.item() == pytest.approx(
+        linear_mse(h, w, bias, idx, offsets, values, pos_weight).item(), rel=1e-12)
+    lam = 0.7
+    fast = grads(loss + lam * square, (h, w, bias))
+    dense = grads(mse_loss(torch.nn.functional.linear(h, w, bias), idx, offsets, values, pos_weight)
+                  + l2_penalty([w], lam), (h, w, bias))
+    for a, b in zip(fast, dense):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-12)
+
+
+def test_target_transpose_is_the_sparse_target_times_h():
+    """T'h per item with a positive (items sorted, each once), against the dense T' h in
+    float64; an item no user has is absent, a repeated one sums its users."""
+    from models.autorec.losses import target_transpose
+
+    h = torch.randn(4, 3, dtype=torch.float64)
+    idx = torch.tensor([5, 1, 1, 7, 5, 0])           # users: [5, 1], [1, 7, 5], [], [0]
+    offsets = torch.tensor([0, 2, 5, 5])
+    t = torch.tensor([1.0, 2.0, 0.5, 3.0, -1.0, 4.0], dtype=torch.float64)
+    items, sums = target_transpose(idx, offsets, t, h)
+    dense = densify(idx, offsets, t, 8, torch.float64)  # (users, items)
+    assert items.tolist() == [0, 1, 5, 7]
+    torch.testing.assert_close(sums, (dense.T @ h)[items], rtol=1e-12, atol=1e-12)
+
+
 def test_linear_ns_equals_the_dense_ns_with_its_gradients():
     from models.autorec.losses import linear_ns
 
@@ -184,8 +220,9 @@ def test_autorec_picks_the_cheaper_loss_per_batch(monkeypatch):
     from models.batch import Batch
 
     calls = []
+    zero = torch.tensor(0.0)
     monkeypatch.setattr(autorec, "linear_mse", lambda *a, **k: calls.append(len(a[0])) or
-                        torch.tensor(0.0))
+                        ((zero, zero) if k.get("with_l2") else zero))
     model = build("autorec", {"lam_units": "plain", "n_items": 11, "width": 6})
     for b in (3, 4):  # 3 * 3 < 2 * 6: dense; 3 * 4 >= 12: fast
         rows = [torch.tensor([1, 2])] * b
@@ -287,7 +324,8 @@ LEVERED = [(m, mode, levers) for m, levers in (
     ("nce-autorec", {"pos_weight": 3.0, "nce_pos_weight": 20.0, "dropout": 0.5,
                      "emphasis": 4.0}),
     ("autorec", {"pos_weight": 3.0, "pop_l2": 1.0}),
-    ("nce-autorec", {"pos_weight": 3.0, "pop_l2": 0.5, "embed_lam": 2.0}))
+    ("nce-autorec", {"pos_weight": 3.0, "pop_l2": 0.5, "embed_lam": 2.0}),
+    ("nce-autorec", {"embed_lam": 2.0}))
     for mode in ((None,) if m in ("autorec", "ohns-autorec") else
                  ("joint", "alternating", "limited-finetune", "full-finetune"))]
 

@@ -60,7 +60,7 @@ def test_choice_small_shapes_torch_and_a_bad_pin_says_the_fix(pinned, monkeypatc
     h, w, bias = operands(n=100, d=16)
     assert product.kernel_for(h, w.T, bias) == "torch"  # under MIN_CHOSEN weights: unmeasured
     pinned("mkl")
-    with pytest.raises(ValueError, match="NCE_SCORE_KERNEL='mkl': use one of torch, numpy or auto"):
+    with pytest.raises(ValueError, match="NCE_KERNEL='mkl': use one of torch, numpy or auto"):
         product.kernel_for(h, w.T, bias)
 
 
@@ -209,3 +209,73 @@ def test_recommend_of_a_factored_model_equals_its_masked_scores_top_k(name, monk
         s[row_ids(off, len(it)), it] = -torch.inf
         want = top_k(s, 30)
         assert torch.equal(values[lo:hi], want.values) and torch.equal(top[lo:hi], want.indices)
+
+
+# -- mm: the fast loss's products ------------------------------------------------------------
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_mm_numpy_kernel_gram_and_product_up_to_float32_rounding(pinned):
+    """numpy's kernel for the Gram W'W (a SYRK: exactly symmetric) and for W M, within the
+    float32 dot-product bound of the float64 products, as torch's kernel is."""
+    g = torch.Generator().manual_seed(1)
+    w, m = torch.randn(700, 40, generator=g), torch.randn(40, 40, generator=g)
+    for kernel in product.KERNELS:
+        pinned(kernel)
+        for a, b in ((w.T, w), (w, m)):
+            got = product.mm(a, b)
+            exact = a.double() @ b.double()
+            bound = a.shape[1] * torch.finfo(torch.float32).eps * (a.double().abs() @ b.double().abs())
+            assert got.dtype == torch.float32 and ((got.double() - exact).abs() <= bound).all()
+        assert kernel == "torch" or torch.equal(product.mm(w.T, w), product.mm(w.T, w).T)
+
+
+def test_mm_times_once_per_shape_at_one_thread_and_keeps_torch_otherwise(monkeypatch, one_thread):
+    monkeypatch.delenv(product.KERNEL_ENV, raising=False)
+    monkeypatch.setattr(product, "_chosen", {})
+    calls = []
+    monkeypatch.setattr(product, "choose", lambda a, b, bias: calls.append(
+        (tuple(a.shape), tuple(b.shape))) or "numpy")
+    w = torch.randn(1 << 12, 64)  # 4096 x 64 x 64 = 2^24 multiply-adds: measured
+    for _ in range(3):
+        product.mm(w.T, w)
+    assert calls == [((64, 4096), (4096, 64))]
+    key, = product.chosen()
+    assert key[0] == "mm" and key[-1] is True  # a Gram: numpy's SYRK
+    product.mm(w, torch.randn(64, 64))          # another shape: measured once more
+    assert len(calls) == 2
+    assert product.mm(w[:100], torch.randn(64, 64)) is not None and len(calls) == 2  # too small
+    torch.set_num_threads(2)  # torch's threads spin beside OpenBLAS's: torch's kernel, untimed
+    product.mm(torch.randn(1 << 13, 64).T, torch.randn(1 << 13, 64))
+    assert len(calls) == 2
+
+
+def test_the_fast_loss_trains_the_same_on_either_kernel(pinned, one_thread):
+    """The fast MSE's value and gradients in float32 through numpy's products (the Gram, h G,
+    h'h, W M) equal torch's up to float32 rounding."""
+    from models.autorec.losses import linear_mse
+
+    g = torch.Generator().manual_seed(2)
+    h = torch.rand(300, 32, generator=g)
+    w = (torch.randn(2000, 32, generator=g) * 0.1).requires_grad_(True)
+    bias = (torch.randn(2000, generator=g) * 0.01).requires_grad_(True)
+    rows = [torch.randperm(2000, generator=g)[:k] for k in torch.randint(1, 30, (300,), generator=g)]
+    idx = torch.cat(rows)
+    offsets = torch.tensor([0] + [len(r) for r in rows[:-1]]).cumsum(0)
+    out = {}
+    for kernel in product.KERNELS:
+        pinned(kernel)
+        hk = h.clone().requires_grad_(True)
+        loss, square = linear_mse(hk, w, bias, idx, offsets, with_l2=True)
+        got = torch.autograd.grad(loss + 0.3 * square, (hk, w, bias))
+        out[kernel] = (loss.item(), square.item(), got)
+    assert out["numpy"][0] == pytest.approx(out["torch"][0], rel=1e-4)
+    assert out["numpy"][1] == pytest.approx(out["torch"][1], rel=1e-5)
+    for a, b in zip(out["numpy"][2], out["torch"][2]):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-7)
