@@ -238,8 +238,10 @@ def train_step(d: dict) -> list[str]:
     """The step by kernel and threads, against torch's kernel and the physical peak."""
     return [f"{d['model']} at the {d['shape']} shape, batch {num(d['batch'])}, the fast loss "
             "(products: the loss's timed `models.product.mm` calls):", ""] + table(
-        ["width", "threads", "kernel", "ms/step", "vs torch", "products GFLOP/s", "of peak"],
-        [[num(r["width"]), str(r["threads"]), r["kernel"], f"{r['step_s'] * 1e3:.1f}",
+        ["width", "pos_weight", "threads", "kernel", "ms/step", "vs torch", "products GFLOP/s",
+         "of peak"],
+        [[num(r["width"]), f"{r.get('pos_weight', 0):g}", str(r["threads"]), r["kernel"],
+          f"{r['step_s'] * 1e3:.1f}",
           f"{r['vs_torch']:.2f}x", f"{r['product_gflops']:.1f}",
           f"{r['of_peak']:.2f}" if r["of_peak"] is not None else "–"] for r in d["rows"]])
 

@@ -2,7 +2,8 @@
 item 3: the step's products against the machine's peak, and against torch's own kernel).
 
     .venv/bin/python benchmarks/train_step.py [--shape yahoo] [--batch 8192] [--widths 200]
-                                              [--threads 1,2] [--steps 4] [--rounds 3]
+                                              [--pos-weights 0,10] [--threads 1,2]
+                                              [--steps 4] [--rounds 3]
                                               [--model nce-autorec]
 
 The bare step (``training.step.train_batch``: forward, backward, fused Adam) through the fast
@@ -23,6 +24,7 @@ the ``rest`` column. Results: ``benchmarks/results/train_step.{json,md}``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -74,12 +76,13 @@ def peak_per_core(seconds: float = 1.0) -> float | None:
 
 
 def measure(model_name: str, n_items: int, width: int, batches: list, threads: int,
-            rounds: int) -> dict[str, dict]:
+            rounds: int, pos_weight: float = 0.0) -> dict[str, dict]:
     """Per kernel: the best round's seconds per step and its products' FLOPs and seconds."""
     torch.set_num_threads(threads)
     product.forget_choices()
     torch.manual_seed(0)
-    model = MODELS[model_name].from_config(n_items, {"width": width, "lam_units": "plain"})
+    model = MODELS[model_name].from_config(n_items, {"width": width, "lam_units": "plain",
+                                                     "pos_weight": pos_weight})
     model.dense_loss = False
     policy = model.trainer(model)
     steps = policy.phases()[0]
@@ -119,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=8192, help="users per step (default 8192)")
     p.add_argument("--widths", default="200", help="comma-separated widths (default 200)")
     p.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
+    p.add_argument("--pos-weights", default="0,10",
+                   help="comma-separated confidences on positives (the models' --pos-weight; 0 "
+                        "is the paper's loss, 10 the recipe's on Gowalla; default 0,10)")
     p.add_argument("--steps", type=int, default=4, help="timed steps per round (default 4)")
     p.add_argument("--rounds", type=int, default=3, help="rounds per kernel; the best is kept")
     p.add_argument("--out", default=str(RESULTS))
@@ -131,19 +137,22 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     core_peak = peak_per_core()
     rows = []
-    for width in (int(w) for w in a.widths.split(",")):
-        for threads in (int(t) for t in a.threads.split(",")):
-            got = measure(a.model, shape["items"], width, batches, threads, a.rounds)
-            for kernel in KERNELS:
-                r = got[kernel]
-                rate = r["product_gflop"] / r["product_s"]
-                rows.append({"width": width, "threads": threads, "kernel": kernel, **r,
-                             "users_per_s": a.batch / r["step_s"], "product_gflops": rate,
-                             "of_peak": (rate * 1e9 / (core_peak * threads) if core_peak
-                                         else None),
-                             "vs_torch": got["torch"]["step_s"] / r["step_s"]})
-                print(f"width {width} threads {threads} {kernel:5s} {r['step_s'] * 1e3:7.1f} ms/step"
-                      f"  products {rate:6.1f} GFLOP/s", flush=True)
+    for width, alpha, threads in itertools.product(
+            [int(w) for w in a.widths.split(",")], [float(x) for x in a.pos_weights.split(",")],
+            [int(t) for t in a.threads.split(",")]):
+        got = measure(a.model, shape["items"], width, batches, threads, a.rounds, alpha)
+        for kernel in KERNELS:
+            r = got[kernel]
+            rate = r["product_gflop"] / r["product_s"]
+            rows.append({"width": width, "pos_weight": alpha, "threads": threads,
+                         "kernel": kernel, **r,
+                         "users_per_s": a.batch / r["step_s"], "product_gflops": rate,
+                         "of_peak": (rate * 1e9 / (core_peak * threads) if core_peak
+                                     else None),
+                         "vs_torch": got["torch"]["step_s"] / r["step_s"]})
+            print(f"width {width} alpha {alpha:g} threads {threads} {kernel:5s} "
+                  f"{r['step_s'] * 1e3:7.1f} ms/step"
+                  f"  products {rate:6.1f} GFLOP/s", flush=True)
     payload = {**stamp, "shape": a.shape, "items": shape["items"], "model": a.model,
                "batch": a.batch, "peak_per_core_gflops": core_peak and core_peak / 1e9,
                "rows": rows}
@@ -155,7 +164,8 @@ def markdown(p: dict) -> list[str]:
     peak = p["peak_per_core_gflops"]
     lines = [f"# {p['model']}'s training step at the {p['shape']} shape, by product kernel",
              "", f"Command: `{p['command']}`  ", f"Machine: {p['machine']}; {p['date']}.  ",
-             f"{p['items']:,} items, batch {p['batch']:,}, joint mode, the fast loss; the bare step "
+             f"{p['items']:,} items, batch {p['batch']:,}, joint mode, the fast loss (pos_weight: "
+             "the confidence on positives, 0 the paper's loss); the bare step "
              "(forward, backward, fused Adam) on in-memory batches, kernels interleaved in one "
              "process, the best of the rounds. Reference: torch's kernel (`NCE_KERNEL=torch`, MKL "
              "on x86), what the same step in a user's own torch code runs. Products: the fast "
@@ -163,13 +173,14 @@ def markdown(p: dict) -> list[str]:
              "SYRK does half its FLOPs); of peak: their GFLOP/s over the physical fp32 peak "
              + (f"({peak:,.1f} GFLOP/s a core, benchmarks/peak.py's FMA loop, times the threads)."
                 if peak else "(not measured: no C compiler)."), "",
-             "| width | threads | kernel | ms/step | users/s | vs torch | products GFLOP/step "
+             "| width | pos_weight | threads | kernel | ms/step | users/s | vs torch | products GFLOP/step "
              "| products ms/step | products GFLOP/s | of peak | rest ms/step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in p["rows"]:
         kernel = r["kernel"] + (f" ({', '.join(r['chosen'])})" if r.get("chosen") else "")
         of_peak = f"{r['of_peak']:.2f}" if r["of_peak"] is not None else "–"
-        lines.append(f"| {r['width']} | {r['threads']} | {kernel} | {r['step_s'] * 1e3:.1f} | "
+        lines.append(f"| {r['width']} | {r.get('pos_weight', 0):g} | {r['threads']} | {kernel} | "
+                     f"{r['step_s'] * 1e3:.1f} | "
                      f"{r['users_per_s']:,.0f} | {r['vs_torch']:.2f}x | {r['product_gflop']:.1f} | "
                      f"{r['product_s'] * 1e3:.1f} | {r['product_gflops']:.1f} | {of_peak} | "
                      f"{(r['step_s'] - r['product_s']) * 1e3:.1f} |")

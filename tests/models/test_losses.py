@@ -147,6 +147,22 @@ def test_linear_mse_with_l2_gives_the_mean_square_and_its_folded_gradient(pos_we
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-12)
 
 
+def test_positive_scores_in_chunks_equal_the_gathered_scores():
+    """The confidence term's scores at the positives, a few pairs at a time (chunks of 3 over 22
+    pairs, the last one short), equal the linear head's scores there (float64)."""
+    from models.autorec.losses import linear_at, positive_scores
+    from models.batch import row_ids
+
+    h, w, bias, idx, offsets = random_head(seed=6)
+    rows = row_ids(offsets, len(idx))
+    want = linear_at(h, w, bias, rows, idx)
+    for chunk in (3, len(idx), 4096):
+        torch.testing.assert_close(positive_scores(h, w, bias, rows, idx, chunk=chunk), want,
+                                   rtol=1e-12, atol=1e-12)
+    dense = torch.nn.functional.linear(h, w, bias)
+    torch.testing.assert_close(want, dense[rows, idx], rtol=1e-12, atol=1e-12)
+
+
 def test_target_transpose_is_the_sparse_target_times_h():
     """T'h per item with a positive (items sorted, each once), against the dense T' h in
     float64; an item no user has is absent, a repeated one sums its users."""
