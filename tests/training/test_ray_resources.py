@@ -69,8 +69,9 @@ def test_a_driver_joining_the_local_stack_takes_its_token_settings(monkeypatch, 
     assert rc.stack_auth("10.0.0.5:6379", record) == {}
     assert rc.stack_auth("127.0.0.1:6379", tmp_path / "none.json") == {}
     monkeypatch.setattr(rc, "STACK_RECORD", record)
-    for k in rc.AUTH_VARS:
-        monkeypatch.delenv(k, raising=False)
+    for k in rc.AUTH_VARS:  # set, then removed: monkeypatch then restores what was there, and
+        monkeypatch.setenv(k, "")  # removes what apply_ray_env sets (a stack started by a later
+        monkeypatch.delenv(k)  # test would read this test's token path otherwise)
     rc.apply_ray_env("127.0.0.1:6379")
     assert {k: os.environ[k] for k in auth} == auth
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", "/mine")
