@@ -199,6 +199,37 @@ def positive_scores(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     return out.add_(bias.index_select(0, idx))
 
 
+def bag_with_l2(items: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None,
+                weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``F.embedding_bag(items, weight, offsets, mode="sum", per_sample_weights=weights)``,
+    mean(weight^2)): the encoder's input layer and its plain L2 in one autograd node
+    (``_BagWithL2``)."""
+    return _BagWithL2.apply(items, offsets, weights, weight)
+
+
+class _BagWithL2(torch.autograd.Function):
+    """The encoder's EmbeddingBag and its weight's mean square, with one (n, d) gradient: the
+    L2's 2 g V / numel, into which the bag's T'G is added per touched item (``target_transpose``).
+    autograd made three: the bag's (zeroed, then scattered into), the L2's, and their sum."""
+
+    @staticmethod
+    def forward(ctx, items, offsets, weights, weight):
+        ctx.save_for_backward(items, offsets, weights, weight)
+        flat = weight.reshape(-1)
+        return (F.embedding_bag(items, weight, offsets, mode="sum", per_sample_weights=weights),
+                flat.dot(flat) / weight.numel())
+
+    @staticmethod
+    def backward(ctx, grad_bag, grad_square):
+        items, offsets, weights, weight = ctx.saved_tensors
+        grad_weight = (torch.zeros_like(weight) if grad_square is None
+                       else weight * (2 * grad_square / weight.numel()))
+        t = torch.ones(len(items), dtype=weight.dtype) if weights is None else weights
+        touched, sums = target_transpose(items, offsets, t.to(grad_bag.dtype), grad_bag)
+        grad_weight.index_add_(0, touched, sums.to(weight.dtype))
+        return None, None, None, grad_weight
+
+
 def target_transpose(idx: torch.Tensor, offsets: torch.Tensor, t: torch.Tensor, h: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """T'h of the sparse target T (values ``t`` at ``idx``, users by ``offsets``): the items

@@ -98,7 +98,7 @@ import torch
 from torch import nn
 
 from models.autorec import ridge
-from models.autorec.losses import linear_mse, linear_ns, mse_loss, ns_loss
+from models.autorec.losses import bag_with_l2, linear_mse, linear_ns, mse_loss, ns_loss
 from models.autorec.presets import AUTOREC, NCE_AUTOREC
 from models.autorec.training import MODES, AutoRecTraining, NCETraining, OHNSTraining, Step, TwoHeadedTraining
 from models.base import NEGATIVES, RSTAR, Recommender
@@ -384,9 +384,13 @@ class AutoRec(Recommender):
         # input dropout while training only; the targets stay the uncorrupted rows
         keep = (dropout_weights(len(items), self.dropout, self.encoder.weight)
                 if self.training and self.dropout else None)
-        h = self.code(items, offsets, frozen, keep)
         rows = self.l2_rows()  # every matrix here has a row per item
-        terms, squares = {}, {}  # squares: mean(W^2) of the heads whose fast loss gave it
+        terms, squares = {}, {}  # squares: mean(W^2) of the matrices whose own node gave it
+        if step.train_encoder and rows is None:  # the bag and its plain L2 in one node
+            bag, squares[None] = bag_with_l2(items, offsets, keep, self.encoder.weight)
+            h = torch.relu(bag + self.encoder_bias)
+        else:
+            h = self.code(items, offsets, frozen, keep)
         for name in step.heads:
             levers = self.levers(name, keep)
             if self.dense_for(name, len(offsets)):

@@ -163,6 +163,26 @@ def test_positive_scores_in_chunks_equal_the_gathered_scores():
     torch.testing.assert_close(want, dense[rows, idx], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+def test_bag_with_l2_equals_autograds_embedding_bag_and_mean_square(weighted):
+    """The encoder's node: its sums and mean(V^2), and the gradient of V through both (one
+    array), equal autograd's EmbeddingBag plus l2_penalty (float64); with dropout's per-entry
+    weights (a dropped entry weighs 0) and without."""
+    from models.autorec.losses import bag_with_l2
+
+    _, v, _, idx, offsets = random_head(seed=7)
+    weights = torch.tensor([0.0, 2.0] * (len(idx) // 2), dtype=torch.float64) if weighted else None
+    g = torch.randn(len(offsets), v.shape[1], dtype=torch.float64)
+    bag, square = bag_with_l2(idx, offsets, weights, v)
+    want = torch.nn.functional.embedding_bag(idx, v, offsets, mode="sum",
+                                             per_sample_weights=weights)
+    torch.testing.assert_close(bag, want, rtol=1e-12, atol=1e-12)
+    assert square.item() == pytest.approx((v.detach() ** 2).mean().item(), rel=1e-12)
+    (got,) = grads((bag * g).sum() + 0.7 * square, (v,))
+    (ref,) = grads((want * g).sum() + l2_penalty([v], 0.7), (v,))
+    torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-12)
+
+
 def test_target_transpose_is_the_sparse_target_times_h():
     """T'h per item with a positive (items sorted, each once), against the dense T' h in
     float64; an item no user has is absent, a repeated one sums its users."""
