@@ -496,7 +496,7 @@ HEADLINES: dict[str, Callable[[dict], list[str]]] = {
     "validation_speed": validation_speed, "verify_cost": verify_cost, "yahoo_scale": yahoo_scale,
     "scoring_exact": scoring_exact, "alternatives": alternatives, "preset_check": preset_check,
     "scoring_exact_openblas": scoring_exact, "ensemble_check": ensemble_check,
-    "scale_out": scale_out, "train_step": train_step,
+    "scale_out": scale_out, "train_step": train_step, "train_step_unpinned": train_step,
 }
 
 

@@ -76,6 +76,8 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "loss_speed": ("benchmarks/loss_speed.py", *AUTOREC, "training/step.py"),
     "train_step": ("benchmarks/train_step.py", "benchmarks/loss_speed.py", *AUTOREC,
                    "training/step.py", "models/product.py"),
+    "train_step_unpinned": ("benchmarks/train_step.py", "benchmarks/loss_speed.py", *AUTOREC,
+                            "training/step.py", "models/product.py"),
     "loss_speed_width": ("benchmarks/loss_speed.py", *AUTOREC, "training/step.py"),
     "nce_report": ("benchmarks/nce_report.py",),
     "negative_draws": ("benchmarks/negative_draws.py", "prepared/protocol.py"),
