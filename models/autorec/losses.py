@@ -224,7 +224,8 @@ class _BagWithL2(torch.autograd.Function):
         items, offsets, weights, weight = ctx.saved_tensors
         grad_weight = (torch.zeros_like(weight) if grad_square is None
                        else weight * (2 * grad_square / weight.numel()))
-        t = torch.ones(len(items), dtype=weight.dtype) if weights is None else weights
+        t = (torch.ones(len(items), dtype=weight.dtype, device=weight.device) if weights is None
+             else weights)
         touched, sums = target_transpose(items, offsets, t.to(grad_bag.dtype), grad_bag)
         grad_weight.index_add_(0, touched, sums.to(weight.dtype))
         return None, None, None, grad_weight
