@@ -110,9 +110,8 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     threads spin after each torch op too. DDP ranks and Spark tasks run one thread each."""
     if not _numpy_can(a, b, None):
         return a @ b
-    fixed = pinned()
     m, k = a.shape
-    if fixed is None and (m * k * b.shape[1] < MIN_MACS or torch.get_num_threads() > 1):
+    if pinned() is None and (m * k * b.shape[1] < MIN_MACS or torch.get_num_threads() > 1):
         return a @ b
     key = ("mm", tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), is_gram(a, b))
     return (_numpy if pick(key, a, b, None) == "numpy" else _torch)(a, b, None)
