@@ -150,13 +150,12 @@ class _LinearMSE(torch.autograd.Function):
         every = hg.flatten().dot(h.flatten()) + 2 * (h.sum(0) @ wtb) + b * bias.dot(bias)
         at_target = sums.flatten().dot(h.flatten()) + t.dot(bias.index_select(0, idx))
         loss = (every - 2 * at_target + t.dot(t)) / (b * n)
-        err = None
+        weighted_err = None  # alpha (t - y) at the positives, where the confidence term is on
         if torch.is_tensor(alpha) or alpha:
             err = t - positive_scores(h, weight, bias, row_ids(offsets, len(idx)), idx)
-            alpha = alpha * err  # alpha (t - y): the confidence term's error, weighted
-            loss = loss + alpha.dot(err) / (b * n)
-        ctx.save_for_backward(h, weight, bias, idx, offsets, t, hg, wtb, sums, alpha
-                              if err is not None else None)
+            weighted_err = alpha * err
+            loss = loss + weighted_err.dot(err) / (b * n)
+        ctx.save_for_backward(h, weight, bias, idx, offsets, t, hg, wtb, sums, weighted_err)
         return loss, gram.diagonal().sum() / weight.numel()
 
     @staticmethod
