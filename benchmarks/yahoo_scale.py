@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -54,6 +55,19 @@ def used_bytes() -> int:
     return info["MemTotal"] - info["MemAvailable"]
 
 
+ETL_STEP = re.compile(r"\[etl\] (\w+)\s+([\d.]+)s\s")  # etl/prepare.py's "[etl] dedup  57.0s  rows=.."
+EVAL_PHASES = "evaluation phase seconds: "            # evaluation/evaluate.py's last log line
+
+
+def stage_phases(line: str) -> dict[str, float]:
+    """The seconds of a stage's steps that ``line`` reports (the ETL's steps, the evaluation's
+    phases), so that the report shows where a stage's time goes beside its floor."""
+    if EVAL_PHASES in line:
+        return json.loads(line.split(EVAL_PHASES, 1)[1])
+    m = ETL_STEP.search(line)
+    return {m.group(1): float(m.group(2))} if m else {}
+
+
 def run_stage(name: str, cmd: list[str], env: dict | None = None) -> dict:
     """Run ``cmd`` with its output passed through; wall seconds and peak memory."""
     print(f"\n== {name}: {' '.join(cmd)}", flush=True)
@@ -70,10 +84,11 @@ def run_stage(name: str, cmd: list[str], env: dict | None = None) -> dict:
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    summary = None
+    summary, phases = None, {}
     for line in proc.stdout:
         if summary_text(line) is not None:
             summary = json.loads(summary_text(line))
+        phases.update(stage_phases(line))
         print("   " + line, end="", flush=True)
     rc = proc.wait()
     wall = time.perf_counter() - t0
@@ -86,6 +101,8 @@ def run_stage(name: str, cmd: list[str], env: dict | None = None) -> dict:
            "peak_over_start_gib": round((peak[0] - base) / GIB, 2), "cpu": floors.cpu()}
     if summary is not None:
         out["summary"] = summary
+    if phases:
+        out["phases"] = phases
     print(f"== {name}: {wall / 60:.1f} min, peak {out['peak_used_gib']} GiB used "
           f"(+{out['peak_over_start_gib']} GiB)", flush=True)
     return out
@@ -223,6 +240,16 @@ def main(argv: list[str] | None = None) -> int:
                          f"{r['peak_used_gib']} | {r['peak_over_start_gib']} | "
                          f"{r.get('date', '')}{cpu_note(r, stamp['cpu'])} |")
     lines.append(f"| **total** | **{total / 60:.1f} min** | | | | |")
+    timed = [name for name in STAGES if results.get(name, {}).get("phases")]
+    if timed:
+        lines += ["", "Where the ETL's and the evaluation's time goes (their own log lines: the "
+                  "ETL's steps, the evaluation's phases, seconds; outside them: spark-submit's "
+                  "JVM, the Spark session and Python's imports):", ""]
+        for name in timed:
+            r = results[name]
+            steps = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items())
+            outside = r["wall_s"] - sum(r["phases"].values())
+            lines.append(f"- {name}: {steps}; outside them {outside:.1f} s of {r['wall_s']:.1f}")
     if "train" in results:
         lines += ["", "| epoch | training pass s | ratio to the epoch's floor | validation s "
                   "(users) | whole epoch s (checkpoint included) | users/s | valid NDCG |",

@@ -35,7 +35,7 @@ from prepared import protocol
 from prepared import schema as S
 from prepared.errors import InputDataError
 from prepared.uri import filesystem
-from runtime.spark import one_task_each
+from runtime.spark import few_tasks, one_task_each
 
 log = logging.getLogger("etl")
 
@@ -193,8 +193,10 @@ class Work:
             return pa.ipc.open_file(f).read_all()
 
     def tasks(self, spark: SparkSession) -> DataFrame:
-        """One Spark task per partition (``part int``)."""
-        return one_task_each(spark, list(range(self.partitions)), "part int")
+        """The partitions (``part int``), consecutive ones in each of a few Spark tasks per core
+        (``few_tasks``): the passes over them take a fraction of a second a partition, and a
+        Python task's start-up ~60 ms."""
+        return one_task_each(spark, list(range(self.partitions)), "part int", few_tasks(spark))
 
 
 def user_lists(rows: DataFrame, cfg: ETLConfig, work: Work, progress: Progress,

@@ -310,13 +310,16 @@ def per_user_table(spark, prep, cfg: EvaluateConfig, files: list[Recs], ids, cat
 
 def summaries(wide, files: list[Recs], target: str, group) -> tuple[object, list[dict]]:
     """(the long per-user rows: label, group, user_id and the metrics of each file's listed
-    users; the rows of means and CIs per label, group and metric). The means come from the
-    partitions' moments: P rows reach the driver, not an aggregation over every user."""
+    users that ``wide`` holds (every one; from sharded files, whose tasks wrote the per-user rows
+    themselves, the paired ones); the rows of means and CIs per label, group and metric). The
+    means come from the partitions' moments: P rows reach the driver, not an aggregation over
+    every user."""
     from pyspark.sql import functions as F
 
     per_file = [wide.filter(F.col(column(i, "listed"))).select(
         F.lit(f.label).alias("label"), group.alias("group"), "user_id",
-        *[F.col(column(i, metric_key(m))).alias(metric_key(m)) for m in metrics_for(f.k)])
+        *[F.col(column(i, metric_key(m))).alias(metric_key(m)) for m in metrics_for(f.k)
+          if column(i, metric_key(m)) in wide.columns])  # sharded: the paired ones only
         for i, f in enumerate(files)]
     users_df = per_file[0]
     for df in per_file[1:]:  # a file of shorter lists lacks some metric columns: null

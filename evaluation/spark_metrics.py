@@ -67,14 +67,6 @@ def _flat(col) -> tuple[object, np.ndarray, np.ndarray]:
     return col.flatten(), lengths, owner
 
 
-def _sequential_sum(x: np.ndarray) -> np.ndarray:
-    """Row sums of (U, n) ``x`` added left to right, as SQL ``aggregate(..., 0D, acc + v)`` does
-    (numpy's ``sum`` adds pairwise: a different rounding)."""
-    if x.shape[1] == 0:
-        return np.zeros(x.shape[0])
-    return np.cumsum(x, axis=1)[:, -1]
-
-
 def metric_arrays(hits: np.ndarray, n: np.ndarray, k: int,
                   inverse_log: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Every metric of ``metrics_for(k)`` per user, as the SQL reference computes it: ``hits``
@@ -96,17 +88,22 @@ def metric_arrays(hits: np.ndarray, n: np.ndarray, k: int,
     rows = np.arange(len(n))
     found = hits.any(axis=1)
     first = np.where(found, hits.argmax(axis=1) + 1, 0)  # array_position: 0 when none
-    out = {"NDCG": _sequential_sum(gains) / ideal[n.astype(np.int64) - 1],
+    # running sums added left to right, as SQL ``aggregate(..., 0D, acc + v)`` adds (numpy's
+    # ``sum`` adds pairwise: a different rounding); column K - 1 is the sum of the first K
+    # entries, so one pass serves every K
+    gain_sums = np.cumsum(gains, axis=1)
+    precision_sums = np.cumsum(cum / ranks, axis=1)
+    out = {"NDCG": gain_sums[:, -1] / ideal[n.astype(np.int64) - 1],
            "R-Precision": cum[rows, np.minimum(n, length).astype(np.int64) - 1] / n}
     for K in ks:
         h = cum[:, K - 1]
         p, r = h / K, h / n
         out[f"Precision@{K}"] = p
         out[f"Recall@{K}"] = r
-        out[f"MAP@{K}"] = _sequential_sum(cum[:, :K] / ranks[:K]) / K
+        out[f"MAP@{K}"] = precision_sums[:, K - 1] / K
         s = p + r
         out[f"F1@{K}"] = np.where(s > 0, 2 * p * r / np.where(s > 0, s, 1.0), 0.0)
-        out[f"NDCG@{K} (truncated)"] = (_sequential_sum(gains[:, :K])
+        out[f"NDCG@{K} (truncated)"] = (gain_sums[:, K - 1]
                                         / ideal[np.minimum(n, K).astype(np.int64) - 1])
         out[f"HR@{K}"] = (h > 0).astype(np.float64)
         out[f"MRR@{K}"] = np.where((first > 0) & (first <= K), 1.0 / np.maximum(first, 1), 0.0)
@@ -151,6 +148,9 @@ def encode_batch(batch, catalogue, recs_col: str = "item_ids"):
                 .fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
             code[outside] = len(catalogue) + 1 + strays
         keys = owner * (int(code.max()) + 2) + code
+        ordered = np.sort(keys)  # whether any key repeats: 5x faster than the argsort below
+        if not (ordered[1:] == ordered[:-1]).any():
+            keys = keys[:0]  # none (the usual case): nothing to find
         order = np.argsort(keys, kind="stable")  # equal keys keep their list order
         later = np.zeros(len(keys), bool)
         later[order[1:]] = keys[order[1:]] == keys[order[:-1]]
@@ -189,11 +189,10 @@ def inverse_logs(spark, top: int) -> np.ndarray:
     small job."""
     from pyspark.sql import functions as F
 
-    rows = spark.range(1, top + 1).select(  # from 1: 1 / log2(1) divides by zero (ANSI: fails)
-        "id", (F.lit(1.0) / F.log2(F.col("id") + 1)).alias("v")).collect()
+    table = spark.range(1, top + 1).select(  # from 1: 1 / log2(1) divides by zero (ANSI: fails)
+        "id", (F.lit(1.0) / F.log2(F.col("id") + 1)).alias("v")).toArrow()  # not 45k Row objects
     out = np.full(top + 1, np.inf)  # j = 0 is never read
-    for r in rows:
-        out[r["id"]] = r["v"]
+    out[table.column("id").to_numpy()] = table.column("v").to_numpy()
     return out
 
 

@@ -5,9 +5,9 @@ and every recommendation file's lists (``encode_batch``'s item indices with thei
 and first repeat) are brought together so that a user's rows all land in the same partition:
 
 - ``sharded_user_table``: files that evaluation/score.py wrote hold one file per rows shard,
-  named as the shard and holding exactly its users (``co_sharded`` checks the manifest), so one
-  task per shard reads the shard and its files with pyarrow. No shuffle; the JVM never touches
-  the lists.
+  named as the shard and holding exactly its users (``co_sharded`` checks the manifest), so a
+  task reads a shard and its files with pyarrow (a few shards each). No shuffle; the JVM never
+  touches the lists.
 - ``user_table``: any other file is hash-partitioned with the rows by user_id (one shuffle).
 
 Each partition is then read whole into numpy and gives one wide row per user:
@@ -33,12 +33,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from evaluation.paired import PAIRED
 from evaluation.spark_metrics import _flat, metric_arrays, metric_key, metrics_for
 from prepared import schema as S
 from prepared.protocol import KS, TOP_K
-from runtime.spark import shard_tasks
+from runtime.spark import few_tasks, shard_tasks
 
 GROUPS = ("warm", "cold")
+# the metrics read per user once the table is built (the paired tests'; NDCG also for the
+# cold-start plot): the only ones ``sharded_user_table`` hands to the JVM
+WIDE_METRICS = tuple(dict.fromkeys(("NDCG",) + PAIRED))
 USERS_PER_PARTITION = 100_000  # a partition is held whole in a Python worker: ~0.3 GB per file
 
 
@@ -50,11 +54,18 @@ def column(i: int, name: str) -> str:
 
 def _member(keys: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
     """Whether each of ``keys`` is in ``sorted_keys`` (ascending, distinct): a binary search,
-    without the sort of both that ``np.isin`` does."""
+    without the sort of both that ``np.isin`` does (and faster here than Arrow's hash lookup)."""
     if not len(sorted_keys):
         return np.zeros(len(keys), bool)
     at = np.searchsorted(sorted_keys, keys).clip(0, len(sorted_keys) - 1)
     return sorted_keys[at] == keys
+
+
+def _distinct_sorted(keys: np.ndarray) -> np.ndarray:
+    """``np.unique(keys)``: a sort and a comparison of neighbours, where numpy 2's ``unique``
+    hashes (10x slower on a partition's keys)."""
+    keys = np.sort(keys)
+    return keys[np.concatenate(([True], keys[1:] != keys[:-1]))] if len(keys) else keys
 
 
 def partition_rows(table, ks: list[int], target: str, inverse_log: np.ndarray, n_items: int):
@@ -90,7 +101,7 @@ def partition_rows(table, ks: list[int], target: str, inverse_log: np.ndarray, n
         item = values.to_numpy(zero_copy_only=False).astype(np.int64)
         take = (cold[user] | (split == target)) & (item >= 0)
         keys.append(user[take] * width + item[take])
-    truth_keys = np.unique(np.concatenate(keys))
+    truth_keys = _distinct_sorted(np.concatenate(keys))
     n = np.bincount(truth_keys // width, minlength=n_users)
     evaluated = np.flatnonzero(known & (n > 0))
     slot = np.full(n_users, -1, np.int64)
@@ -178,8 +189,9 @@ def keep_truth_of(rows, users: str, ids: frozenset[str] | None):
     return rows
 
 
-def wide_schema(ks: list[int]):
-    """The Spark schema of ``partition_rows``' output."""
+def wide_schema(ks: list[int], metrics: tuple[str, ...] | None = None):
+    """The Spark schema of ``partition_rows``' output; with ``metrics`` (names as ``METRICS``),
+    only those of each file's metric columns (the rest stay in the tasks: ``sharded_user_table``)."""
     from pyspark.sql.types import (
         ArrayType,
         BooleanType,
@@ -198,7 +210,8 @@ def wide_schema(ks: list[int]):
                    StructField(column(i, "stray"), StringType()),
                    StructField(column(i, "repeat"), StringType()),
                    StructField(column(i, "listed"), BooleanType())]
-        fields += [StructField(column(i, metric_key(m)), DoubleType()) for m in metrics_for(k)]
+        fields += [StructField(column(i, metric_key(m)), DoubleType()) for m in metrics_for(k)
+                   if metrics is None or m in metrics]
         fields += [StructField(column(i, "moments"), ArrayType(DoubleType())),
                    StructField(column(i, "pop"), ArrayType(LongType()))]
     return StructType(fields)
@@ -315,10 +328,13 @@ def sharded_user_table(spark, prep, paths: list[str], ks: list[int], target: str
                        inverse_log: np.ndarray, catalogue: list[str],
                        per_user: tuple[str, list[str]] | None = None, users: str = "all",
                        ids: frozenset[str] | None = None):
-    """``user_table`` without its shuffle, for files that ``co_sharded`` accepts: one task per rows
-    shard reads the shard and each file's file of the same name with pyarrow (a user's row and
-    lists are in them, and nowhere else), encodes the lists and runs ``partition_rows``. The JVM
-    never reads the lists nor moves them between tasks. Lazy: the caller caches it.
+    """``user_table`` without its shuffle, for files that ``co_sharded`` accepts: for each rows
+    shard, a task (of ``runtime.spark.few_tasks``, each taking consecutive shards) reads the
+    shard and each file's file of the same name with pyarrow (a user's row and lists are in
+    them, and nowhere else), encodes the lists and runs ``partition_rows`` on the shard: the
+    partition sums (``moments``, ``pop``) are per shard. The JVM never reads the lists nor moves
+    them between tasks; it gets the metrics of ``WIDE_METRICS`` only where the tasks write the
+    per-user rows themselves (``per_user``). Lazy: the caller caches it.
 
     ``per_user`` (a directory, the files' labels): each task also writes its users' per-user rows
     (``long_rows``) there, as one Parquet file named as the shard, from the arrays it already
@@ -333,12 +349,16 @@ def sharded_user_table(spark, prep, paths: list[str], ks: list[int], target: str
     from prepared.uri import filesystem, join
 
     shards = list(prep.row_shards())
-    rows_uri, n_items, ids = prep.rows_uri, len(catalogue), list(catalogue)
-    schema = wide_schema(ks)
+    rows_uri, n_items, item_ids = prep.rows_uri, len(catalogue), list(catalogue)
+    # With the per-user rows written here, the JVM gets only what evaluate.py reads per user
+    # after this pass (the checks' columns, the paired tests' and the cold-start plot's metrics,
+    # the partitions' sums): converting and caching every metric of 1.9M users took longer
+    # than computing them (benchmarks/results/evaluate_speed.md).
+    schema = wide_schema(ks, WIDE_METRICS if per_user else None)
     names = schema.fieldNames()
 
     def run(batches):
-        items = pa.array(ids, pa.string())
+        items = pa.array(item_ids, pa.string())
         fs, root = filesystem(rows_uri)
         sources = [filesystem(p) for p in paths]
         out_fs, out_root = filesystem(per_user[0]) if per_user else (None, None)
@@ -367,7 +387,8 @@ def sharded_user_table(spark, prep, paths: list[str], ks: list[int], target: str
                                    filesystem=out_fs)
                 yield pa.RecordBatch.from_arrays([cols[c] for c in names], names=names)
 
-    return shard_tasks(spark, shards).mapInArrow(run, schema)
+    # a few shards per task: a Python task's start-up (~60 ms) is a third of a shard's work here
+    return shard_tasks(spark, shards, few_tasks(spark)).mapInArrow(run, schema)
 
 
 def summary_rows(parts: list, labels: list[str], ks: list[int]) -> list[dict]:

@@ -178,18 +178,41 @@ class heartbeat:
         self._thread.join()
 
 
-def one_task_each(spark, values: list, schema: str):
-    """A DataFrame of one row per value (one column, ``schema`` in DDL), each in its own
-    partition: a ``mapInArrow`` over it runs one Spark task per value, for work that reads and
-    writes its own files with pyarrow inside the task."""
-    return spark.createDataFrame(spark.sparkContext.parallelize([(v,) for v in values],
-                                                                max(1, len(values))), schema)
+#: tasks per core for a pass whose values (shards, partitions) each take well under a second:
+#: enough to balance the cores, few enough that the tasks' start-up stays small
+TASKS_PER_CORE = 4
 
 
-def shard_tasks(spark, shards: list[str]):
-    """One task per shard (``shard string``, ``one_task_each``): the unit in which scoring
-    writes the lists and evaluation reads them beside the rows."""
-    return one_task_each(spark, shards, "shard string")
+def few_tasks(spark) -> int:
+    """``TASKS_PER_CORE`` tasks for each core Spark has (``one_task_each``'s ``tasks``)."""
+    return TASKS_PER_CORE * spark.sparkContext.defaultParallelism
+
+
+def one_task_each(spark, values: list, schema: str, tasks: int | None = None):
+    """A DataFrame of one row per value (one column, ``schema`` in DDL: ``name type``), each in
+    its own partition, or with ``tasks``, in that many partitions of consecutive values: a
+    ``mapInArrow`` over it runs one Spark task per partition, for work that reads and writes its
+    own files with pyarrow inside the task.
+
+    The rows come from ``spark.range`` and a literal array, all in the JVM: a DataFrame made
+    from a parallelized Python list runs a Python stage of its own first (1-4 s for 98 values
+    on 2 cores, measured 2026-12-07), and each task costs ~60 ms of Python start-up, which
+    ``tasks`` lets a cheap per-value pass spread over fewer tasks."""
+    from pyspark.sql import functions as F
+
+    name, kind = schema.split(None, 1)
+    n = len(values)
+    parts = max(1, min(tasks or n, n))
+    lookup = F.array(*[F.lit(v) for v in values]) if n else F.array()
+    return spark.range(0, n, 1, parts).select(
+        F.element_at(lookup, (F.col("id") + 1).cast("int")).cast(kind).alias(name))
+
+
+def shard_tasks(spark, shards: list[str], tasks: int | None = None):
+    """One task per shard (``shard string``, ``one_task_each``), or ``tasks`` tasks of
+    consecutive shards: the unit in which scoring writes the lists and evaluation reads them
+    beside the rows."""
+    return one_task_each(spark, shards, "shard string", tasks)
 
 
 def broadcast_room(spark) -> int:

@@ -424,6 +424,25 @@ def test_a_file_covering_some_users_is_refused_unless_users_names_them(spark, sc
                  output=str(tmp_path / "x"), no_mlflow=True, users=f"{some[0]},nobody")
 
 
+def test_users_named_in_scorings_own_sharded_files_are_the_ones_evaluated(spark, scored, evaluated,
+                                                                        small_prepared, tmp_path):
+    """``--users`` naming raw user ids over score.py's own files, read shard by shard beside the
+    rows: exactly those users are evaluated, each as the full run did (the shard pass once took
+    the catalogue's item ids for the named users)."""
+    _, base, _ = scored
+    full = pd.read_parquet(base / "eval" / "per_user").set_index("user_id")
+    some = sorted(full.index[full["group"] == "warm"])[:7]
+    (tmp_path / "ids.txt").write_text("\n".join(some) + "\n")
+    m = evaluate(spark, recs=[str(base / "recs")], data=str(small_prepared),
+                 output=str(tmp_path / "o"), no_mlflow=True, users=f"@{tmp_path / 'ids.txt'}")
+    assert m["lists_read"] == "beside their rows shards"
+    assert {(r["group"], r["users"]) for r in m["rows"]} == {("warm", 7)}
+    got = pd.read_parquet(tmp_path / "o" / "per_user").set_index("user_id")
+    assert sorted(got.index) == some
+    for key in (metric_key("NDCG"), metric_key("Recall@10"), metric_key("MAP@50")):
+        np.testing.assert_array_equal(got.loc[some, key], full.loc[some, key])
+
+
 def test_evaluation_refuses_recommendations_that_differ_from_their_manifest(spark, scored,
                                                                          small_prepared, tmp_path):
     import shutil
