@@ -492,6 +492,7 @@ HEADLINES: dict[str, Callable[[dict], list[str]]] = {
     "negative_draws": negative_draws,
     "peruser_step_speed": peruser_step_speed, "projection": projection,
     "quality_ml100k": quality_ml100k, "score_throughput": score_throughput,
+    "score_throughput_unpinned": score_throughput,
     "train_throughput": train_throughput, "tune_defaults": tune_defaults,
     "validation_speed": validation_speed, "verify_cost": verify_cost, "yahoo_scale": yahoo_scale,
     "scoring_exact": scoring_exact, "alternatives": alternatives, "preset_check": preset_check,

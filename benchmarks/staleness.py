@@ -86,6 +86,10 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "score_throughput": ("benchmarks/score_throughput.py", "evaluation/score.py",
                          "models/serving.py", "models/topk.py", "models/base.py",
                          "models/autorec/model.py", *SCORING_KERNEL),
+    # the same run with the host's OPENBLAS_CORETYPE pin removed (env -u): OpenBLAS's own kernel
+    "score_throughput_unpinned": ("benchmarks/score_throughput.py", "evaluation/score.py",
+                                  "models/serving.py", "models/topk.py", "models/base.py",
+                                  "models/autorec/model.py", *SCORING_KERNEL),
     "scoring_exact": ("benchmarks/scoring_exact.py", "models/base.py", "models/topk.py",
                       *SCORING_KERNEL),
     "scoring_exact_openblas": ("benchmarks/scoring_exact.py", "models/base.py", "models/topk.py",
