@@ -46,10 +46,16 @@ EVALUATION = ("evaluation/evaluate.py", "evaluation/spark_metrics.py",
 EXPERIMENT = ("experiment", "models", "training", "evaluation")
 GRIDS = "benchmarks/grids/"
 
-# result name (a file stem in benchmarks/results, a folder there, or "local_cluster") -> the
-# paths (files or folders, from the repository root) whose behaviour sets its numbers
 # scoring's product and its fused top-k (models.stream_topk, built by models.native)
 SCORING_KERNEL = ("models/product.py", "models/stream_topk.py", "models/native.py")
+# two results each (as run, and with the host's OPENBLAS_CORETYPE pin removed): the same paths
+TRAIN_STEP = ("benchmarks/train_step.py", "benchmarks/loss_speed.py", *AUTOREC,
+              "training/step.py", "models/product.py")
+SCORE_THROUGHPUT = ("benchmarks/score_throughput.py", "evaluation/score.py", "models/serving.py",
+                    "models/topk.py", "models/base.py", "models/autorec/model.py", *SCORING_KERNEL)
+
+# result name (a file stem in benchmarks/results, a folder there, or "local_cluster") -> the
+# paths (files or folders, from the repository root) whose behaviour sets its numbers
 MEASURES: dict[str, tuple[str, ...]] = {
     "batch_defaults": ("benchmarks/batch_defaults.py", *AUTOREC, *TRAINING, "training/config.py"),
     "collapse": ("benchmarks/collapse.py", *AUTOREC, *TRAINING, "training/config.py"),
@@ -74,22 +80,15 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "fresh_clone_alone_loaded": ("benchmarks/fresh_clone.py", "Makefile", "pyproject.toml",
                                  "infra/demo.py", "tests", ".ci"),
     "loss_speed": ("benchmarks/loss_speed.py", *AUTOREC, "training/step.py"),
-    "train_step": ("benchmarks/train_step.py", "benchmarks/loss_speed.py", *AUTOREC,
-                   "training/step.py", "models/product.py"),
-    "train_step_unpinned": ("benchmarks/train_step.py", "benchmarks/loss_speed.py", *AUTOREC,
-                            "training/step.py", "models/product.py"),
+    "train_step": TRAIN_STEP,
+    "train_step_unpinned": TRAIN_STEP,
     "loss_speed_width": ("benchmarks/loss_speed.py", *AUTOREC, "training/step.py"),
     "nce_report": ("benchmarks/nce_report.py",),
     "negative_draws": ("benchmarks/negative_draws.py", "prepared/protocol.py"),
     "peruser_step_speed": ("benchmarks/peruser_step_speed.py", "models/peruser.py"),
     "quality_ml100k": ("benchmarks/quality_ml100k.py", *AUTOREC, *TRAINING),
-    "score_throughput": ("benchmarks/score_throughput.py", "evaluation/score.py",
-                         "models/serving.py", "models/topk.py", "models/base.py",
-                         "models/autorec/model.py", *SCORING_KERNEL),
-    # the same run with the host's OPENBLAS_CORETYPE pin removed (env -u): OpenBLAS's own kernel
-    "score_throughput_unpinned": ("benchmarks/score_throughput.py", "evaluation/score.py",
-                                  "models/serving.py", "models/topk.py", "models/base.py",
-                                  "models/autorec/model.py", *SCORING_KERNEL),
+    "score_throughput": SCORE_THROUGHPUT,
+    "score_throughput_unpinned": SCORE_THROUGHPUT,
     "scoring_exact": ("benchmarks/scoring_exact.py", "models/base.py", "models/topk.py",
                       *SCORING_KERNEL),
     "scoring_exact_openblas": ("benchmarks/scoring_exact.py", "models/base.py", "models/topk.py",
