@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import product
+from models import product, stream_topk
 from models.batch import row_ids, sparse_rows, user_slice
 from models.registry import build
 
@@ -158,6 +158,12 @@ def test_recommend_lists_match_float64_up_to_near_ties(pinned):
         lists[kernel] = model.recommend(rows, offsets, 50)[1]
         assert near_tie_only(lists[kernel], reference, exact, tol) <= users // 10
     near_tie_only(lists["torch"], lists["numpy"], exact, tol)
+    if stream_topk.fused_here():  # scoring's own fused kernel (AVX-512): the same guarantee
+        with pytest.MonkeyPatch.context() as m:
+            m.delenv(product.KERNEL_ENV, raising=False)
+            m.setenv(stream_topk.ENV, "fused")
+            fused = model.recommend(rows, offsets, 50)[1]
+        assert near_tie_only(fused, reference, exact, tol) <= users // 10
 
 
 @pytest.mark.parametrize("kernel", product.KERNELS)

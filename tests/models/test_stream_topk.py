@@ -25,10 +25,21 @@ needs_cc = pytest.mark.skipif(S.library()[0] is None, reason="no C compiler here
                               "test_without_a_compiler_scoring_keeps_torch covers that case")
 
 
-@pytest.fixture(params=product.KERNELS)
+needs_fused = pytest.mark.skipif(not S.fused_here(), reason="the fused kernel is written for "
+                                 "AVX-512, which this CPU (or compiler) lacks; the tiles are tested")
+
+
+@pytest.fixture(params=["fused", *product.KERNELS])
 def kernel(request, monkeypatch):
-    """Each scoring kernel in turn (torch's MKL, numpy's OpenBLAS), pinned."""
-    monkeypatch.setenv(product.KERNEL_ENV, request.param)
+    """Each scoring path in turn: the fused kernel (where the CPU has AVX-512), and the tiles on
+    each BLAS kernel (torch's MKL, numpy's OpenBLAS), pinned."""
+    if request.param == "fused":
+        if not S.fused_here():
+            pytest.skip("no AVX-512 here: the fused kernel is not built")
+        monkeypatch.delenv(product.KERNEL_ENV, raising=False)
+        monkeypatch.setenv(S.ENV, "fused")
+    else:
+        monkeypatch.setenv(product.KERNEL_ENV, request.param)
     return request.param
 
 
@@ -139,6 +150,7 @@ def test_recommend_streams_a_large_catalogue_to_the_same_lists(kernel, monkeypat
     torch.manual_seed(0)
     model = build("autorec", {"lam_units": "plain", "n_items": items, "width": 32}).eval()
     rows, offsets = exclusions(users, items, 25, seed=3)
+    exact_codes_and_head(model, seed=3)
     monkeypatch.setattr("models.base.FACTOR_BLOCK_SCORES", items * 40)  # blocks of 40 users
     calls = []
     real = S.top_k
@@ -158,6 +170,24 @@ def test_recommend_streams_a_large_catalogue_to_the_same_lists(kernel, monkeypat
         plain = model.recommend(*some, k, **kw)
         monkeypatch.delenv(S.ENV)
         assert torch.equal(fused[1], plain[1]) and torch.equal(fused[0], plain[0])
+
+
+def exact_codes_and_head(model, seed=0):
+    """Make ``model``'s scores exact in float32 (as ``operands``'): its codes the sums of its
+    users' rows of small integers (at most 25 items a user), its predict head multiples of
+    2**-bits, so every kernel's lists and values are the same bit for bit."""
+    width, n = model.width, model.n_items
+    bits = int(np.log2(2**24 / (width * 8 * 25 + 1)))
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randint(-8, 9, (n, width), generator=g).float()
+    model.code = lambda items, offsets: torch.nn.functional.embedding_bag(
+        items, table, offsets, mode="sum")
+    head = model.heads[model.recommend_head]
+    with torch.no_grad():
+        head.weight.copy_(torch.randint(-2**bits, 2**bits + 1, head.weight.shape, generator=g)
+                          * 2.0 ** -bits)
+        head.bias.copy_(torch.randint(-2**bits, 2**bits + 1, head.bias.shape, generator=g)
+                        * 2.0 ** -bits)
 
 
 def test_where_it_does_not_apply():
@@ -224,3 +254,93 @@ def test_the_cache_is_private_and_never_the_home(monkeypatch, tmp_path):
     assert stat.S_IMODE(other.stat().st_mode) == 0o700
     monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "pinned"))
     assert native.cache_folder() == tmp_path / "pinned" and (tmp_path / "pinned").is_dir()
+
+
+@needs_fused
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_kernel_chunks_tails_and_threads_give_the_exact_lists(monkeypatch, threads):
+    """Many passes over the items (a small chunk), a catalogue that is no multiple of the
+    micro-tile's items (its last tile overlaps the one before), blocks of users with padding,
+    and rows split over threads: torch.topk's values and items of the exact scores, bit for bit."""
+    monkeypatch.setenv(S.ENV, "fused")
+    lib = S.library()[0]
+    rows, n, d, k = 2 * lib.fused_users() + 7, 5003, 24, 50
+    monkeypatch.setattr(S, "CHUNK_BYTES", 4 * d * 10 * lib.fused_items())  # 10 micro-tiles a pass
+    assert n % lib.fused_items() and rows % lib.fused_users()
+    a, b, bias = operands(rows=rows, n=n, d=d, seed=4)
+    exclude = exclusions(rows, n, 40, seed=4)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = S.top_k(a, b, bias, exclude, k)
+        alone = S.top_k(a[5:6], b, bias, user_slice(*exclude, 5, 6), k)  # a block of one user
+    finally:
+        torch.set_num_threads(before)
+    want = unfused(a, b, bias, exclude, k)
+    assert torch.equal(got[0], want.values) and torch.equal(got[1], want.indices)
+    assert torch.equal(alone[1], want.indices[5:6])
+
+
+@needs_fused
+def test_fused_kernel_reads_a_column_major_operand_through_one_kept_copy(monkeypatch):
+    """NCE-PLRec's regression is (rank, n) row-major, so ``b.T`` is not item rows: the fused
+    kernel reads a copy, made once for the unchanged tensor and made again after an in-place
+    change (its version moves)."""
+    monkeypatch.setenv(S.ENV, "fused")
+    monkeypatch.setattr(S, "_rows", {})
+    a, b, bias = operands(rows=40)
+    b = b.contiguous()  # (d, n) row-major: its transpose has a column stride of n
+    exclude = exclusions(40, 5000, 10)
+    first = S.top_k(a, b, None, exclude, 10)
+    copy = S._rows["rows"]
+    assert S.top_k(a, b, None, exclude, 10)[1].equal(first[1]) and S._rows["rows"] is copy
+    b[:, 17] = 1.0  # in place: item 17 scores each user's sum of a, high in many lists
+    again = S.top_k(a, b, None, exclude, 10)
+    assert S._rows["rows"] is not copy and not torch.equal(again[1], first[1])
+    assert torch.equal(again[1], unfused(a, b, None, exclude, 10).indices)
+
+
+def test_the_path_is_pinned_or_measured_once_and_a_blas_pin_keeps_the_tiles(monkeypatch):
+    a, b, bias = operands(rows=40)
+    exclude = exclusions(40, 5000, 10)
+    monkeypatch.setattr(S, "_paths", {})
+    monkeypatch.setattr(S, "fused_here", lambda: True)
+    monkeypatch.setenv(S.ENV, "tiles")
+    assert S.path_for(a, b, bias, exclude, 10) == "tiles"
+    monkeypatch.setenv(S.ENV, "auto")
+    monkeypatch.setenv(product.KERNEL_ENV, "numpy")  # a run that repeats bit for bit: no timing
+    assert S.path_for(a, b, bias, exclude, 10) == "tiles" and S.chosen_paths() == {}
+    monkeypatch.delenv(product.KERNEL_ENV)
+    calls = []
+    monkeypatch.setattr(S, "choose_path", lambda *x: calls.append(x[1].shape) or "fused")
+    for _ in range(3):
+        assert S.path_for(a, b, bias, exclude, 10) == "fused"
+    assert calls == [(24, 5000)]
+    assert S.chosen_paths() == {(5000, 24, torch.get_num_threads()): "fused"}
+
+
+@pytest.mark.parametrize("tiles_cost, want", [(80.0, "tiles"), (95.0, "fused")])
+def test_choose_path_prefers_the_tiles_only_by_the_margin(monkeypatch, tiles_cost, want):
+    """A fake clock: each path's call advances it by a fixed cost; the tiles are chosen at 80%
+    of the fused kernel's time, not at 95% (within the margin the fused kernel is kept)."""
+    now, costs = [0.0], {"fused": 100.0, "tiles": tiles_cost}
+
+    def heaps(path, *args):
+        now[0] += costs[path]
+    monkeypatch.setattr(S.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(S, "heaps", heaps)
+    a, b, bias = operands(rows=4)
+    assert S.choose_path(a, b, bias, exclusions(4, 5000, 1), 10) == want
+
+
+def test_a_fused_pin_without_avx512_says_the_fix(monkeypatch):
+    class NoAvx512:
+        @staticmethod
+        def fused_lanes():
+            return 0
+    monkeypatch.setattr(S, "library", lambda: (NoAvx512(), "cc -O2"))
+    monkeypatch.setenv(S.ENV, "fused")
+    with pytest.raises(RuntimeError, match="no AVX-512.*use NCE_SCORE_TOPK=tiles or auto"):
+        S.available()
+    monkeypatch.setenv(S.ENV, "auto")
+    assert S.available() == (True, "cc -O2") and not S.fused_here()
