@@ -33,7 +33,8 @@ Exactness: the heap holds the k + 1 largest of the scores the kernel computed, e
 are finite and strictly decreasing, the top k are unique, items and order, and equal
 ``torch.topk``'s on those scores. A row where that fails (a tie among its k + 1 best, fewer than
 k + 1 scores above -inf, a NaN, which the compare lets through and ``torch.topk`` ranks first)
-is scored again whole by the BLAS and ranked by ``torch.topk``, as before: ties are broken as
+is scored again whole by the BLAS (the tiles' kernel, or torch's after the fused kernel) and
+ranked by ``torch.topk``, as before: ties are broken as
 they always were. Those rows are recomputed together in a block of at least ``MIN_GEMM_ROWS``
 rows, because a GEMM of fewer rows takes another path with other rounding (MKL below 16 rows on
 the Xeon 6/207, OpenBLAS at 1).
@@ -406,9 +407,8 @@ def top_k(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
               & (nan == 0))
     values, indices = values[:, :k].contiguous(), indices[:, :k].contiguous()
     redo = (~unique).nonzero(as_tuple=True)[0]
-    if len(redo):
-        values[redo], indices[redo] = rank_whole(run or P.kernel_of(a, b, bias), a, b, bias,
-                                                 exclude, redo, k)
+    if len(redo):  # the fused path's on torch's kernel (``P.on_torch`` says why)
+        values[redo], indices[redo] = rank_whole(run or P.on_torch, a, b, bias, exclude, redo, k)
     return values, indices
 
 
