@@ -15,7 +15,9 @@ run that way: Spark local[2] tasks of one core, 2 Ray Train workers x 1 thread),
                 product at several blocks of users, ``SCORE_USERS``, and layouts,
                 ``SCORE_LAYOUTS``) in each exact kernel the environment has (``EXACT_LIBS``:
                 torch's, which is MKL on x86 and takes a slow generic path on AMD CPUs, and
-                numpy's OpenBLAS, which dispatches on the CPU's features), the best of them taken
+                numpy's OpenBLAS, which dispatches on the CPU's features; for scoring's product
+                also the project's fused AVX-512 kernel, ``models.stream_topk``, timed with its
+                top 50 included, where the CPU has AVX-512), the best of them taken
                 as its rate: a floor is what the machine can do for that work, not what the
                 code's own kernel does, so a better kernel shows as headroom (every candidate is
                 recorded, and which was best). torch's bf16 product (oneDNN; AMX where the CPU
@@ -513,6 +515,23 @@ def _recommend(users: int, items: int, per_user: int, width: int = 200, k: int =
     return fn
 
 
+def _fused(m: int, k: int, n: int, top: int = 50):
+    """Scoring's product by the fused kernel (``models.stream_topk``'s ``fused`` path): (m, k)
+    users times (n, k) item rows plus a bias, each row's heap of its ``top`` + 1 best kept as the
+    scores are made (the top-k's work is in the time, so the rate errs low). Counted as the
+    product's FLOPs."""
+    import torch
+
+    from models import stream_topk
+    a, w, bias = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
+    none = (torch.zeros(0, dtype=torch.long), torch.zeros(m, dtype=torch.long))
+
+    def fn() -> float:
+        stream_topk.heaps("fused", a, w.T, bias, none, top)
+        return 2.0 * m * k * n
+    return fn
+
+
 def _peak(path: str, kind: str):
     """The physical peak's FMA loop (benchmarks/peak.py), compiled at ``path``."""
     from benchmarks import peak
@@ -520,7 +539,7 @@ def _peak(path: str, kind: str):
 
 
 KERNELS = {"matmul": _matmul, "recommend": _recommend, "triad": _triad, "gather": _gather, "sort": _sort,
-           "parquet": _parquet, "peak": _peak}
+           "parquet": _parquet, "peak": _peak, "fused": _fused}
 
 
 def sample_table(kind: str, rows: int, per_user: float, negatives: float):
@@ -557,13 +576,17 @@ def sample_table(kind: str, rows: int, per_user: float, negatives: float):
 
 
 def score_candidates(s: Shape) -> list[tuple[str, dict]]:
-    """Scoring's product at ``s``'s shape in every block of users, layout and library measured:
-    the same work (2 x users x width x items FLOPs), of which the fastest exact one is the
-    floor's rate (F.linear is torch's alone)."""
+    """Scoring's product at ``s``'s shape in every block of users, layout and library measured,
+    and by the fused kernel where it is built here: the same work (2 x users x width x items
+    FLOPs), of which the fastest exact one is the floor's rate (F.linear is torch's alone)."""
+    from models import stream_topk
+
     users = sorted({s.score_batch, *SCORE_USERS})
+    fused = [("fused", {"m": m, "k": s.width, "n": s.items}) for m in users
+             if stream_topk.fused_here()]
     return [("matmul", {"m": m, "k": s.width, "n": s.items, "layout": layout, "lib": lib})
             for m in users for layout in SCORE_LAYOUTS for lib in EXACT_LIBS
-            if not (layout == "linear" and lib == "numpy")]
+            if not (layout == "linear" and lib == "numpy")] + fused
 
 
 def product_candidates(m: int, k: int, n: int, layout: str = "nn") -> list[tuple[str, dict]]:

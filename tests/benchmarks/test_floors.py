@@ -86,3 +86,17 @@ def test_yahoo_scale_names_a_kept_stages_other_cpu():
     assert other != here
     assert cpu_note({"cpu": other}, here) == f" (CPU: {other})"
     assert cpu_note({}, here) == " (CPU: not recorded)"  # a stage from before stages recorded it
+
+
+def test_scoring_candidates_include_the_fused_kernel_where_it_is_built(monkeypatch):
+    """Scoring's floor takes the fastest exact product: the fused kernel is a candidate where
+    it is built (AVX-512), and its kernel does the product's work with each row's best kept."""
+    from models import stream_topk
+    built = stream_topk.fused_here()
+    s = F.SHAPES["yahoo"]
+    for here in (False, True):
+        monkeypatch.setattr(stream_topk, "fused_here", lambda here=here: here)
+        kinds = {kind for kind, _ in F.score_candidates(s)}
+        assert kinds == ({"matmul", "fused"} if here else {"matmul"})
+    if built:
+        assert F.KERNELS["fused"](64, 8, 5000)() == 2.0 * 64 * 8 * 5000

@@ -20,6 +20,7 @@ from models import native, product
 from models import stream_topk as S
 from models.batch import row_ids, sparse_rows, user_slice
 from models.registry import build
+from tests.scoring_helpers import exact_codes_and_head
 
 needs_cc = pytest.mark.skipif(S.library()[0] is None, reason="no C compiler here: "
                               "test_without_a_compiler_scoring_keeps_torch covers that case")
@@ -170,24 +171,6 @@ def test_recommend_streams_a_large_catalogue_to_the_same_lists(kernel, monkeypat
         plain = model.recommend(*some, k, **kw)
         monkeypatch.delenv(S.ENV)
         assert torch.equal(fused[1], plain[1]) and torch.equal(fused[0], plain[0])
-
-
-def exact_codes_and_head(model, seed=0):
-    """Make ``model``'s scores exact in float32 (as ``operands``'): its codes the sums of its
-    users' rows of small integers (at most 25 items a user), its predict head multiples of
-    2**-bits, so every kernel's lists and values are the same bit for bit."""
-    width, n = model.width, model.n_items
-    bits = int(np.log2(2**24 / (width * 8 * 25 + 1)))
-    g = torch.Generator().manual_seed(seed)
-    table = torch.randint(-8, 9, (n, width), generator=g).float()
-    model.code = lambda items, offsets: torch.nn.functional.embedding_bag(
-        items, table, offsets, mode="sum")
-    head = model.heads[model.recommend_head]
-    with torch.no_grad():
-        head.weight.copy_(torch.randint(-2**bits, 2**bits + 1, head.weight.shape, generator=g)
-                          * 2.0 ** -bits)
-        head.bias.copy_(torch.randint(-2**bits, 2**bits + 1, head.bias.shape, generator=g)
-                        * 2.0 ** -bits)
 
 
 def test_where_it_does_not_apply():
