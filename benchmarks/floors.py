@@ -515,11 +515,11 @@ def _recommend(users: int, items: int, per_user: int, width: int = 200, k: int =
     return fn
 
 
-def _fused(m: int, k: int, n: int, top: int = 50):
+def _fused(m: int, k: int, n: int, layout: str = "fused", lib: str = "c", top: int = 50):
     """Scoring's product by the fused kernel (``models.stream_topk``'s ``fused`` path): (m, k)
     users times (n, k) item rows plus a bias, each row's heap of its ``top`` + 1 best kept as the
     scores are made (the top-k's work is in the time, so the rate errs low). Counted as the
-    product's FLOPs."""
+    product's FLOPs. ``layout`` and ``lib``: its column in the report's candidate tables."""
     import torch
 
     from models import stream_topk
@@ -582,8 +582,8 @@ def score_candidates(s: Shape) -> list[tuple[str, dict]]:
     from models import stream_topk
 
     users = sorted({s.score_batch, *SCORE_USERS})
-    fused = [("fused", {"m": m, "k": s.width, "n": s.items}) for m in users
-             if stream_topk.fused_here()]
+    fused = [("fused", {"m": m, "k": s.width, "n": s.items, "layout": "fused", "lib": "c"})
+             for m in users if stream_topk.fused_here()]
     return [("matmul", {"m": m, "k": s.width, "n": s.items, "layout": layout, "lib": lib})
             for m in users for layout in SCORE_LAYOUTS for lib in EXACT_LIBS
             if not (layout == "linear" and lib == "numpy")] + fused
@@ -687,8 +687,9 @@ def peak_lines(peaks: dict, workers: int) -> list[str]:
 
 def candidate_table(rows: list[dict]) -> list[str]:
     """GFLOP/s by (users or rows) x (layout, library), blank where not measured."""
+    order = SCORE_LAYOUTS + ("tn", "fused")
     columns = sorted({(r.get("layout", "nn"), r.get("lib", "torch")) for r in rows},
-                     key=lambda c: (SCORE_LAYOUTS + ("tn",)).index(c[0]) * 10 + LIBS.index(c[1]))
+                     key=lambda c: (order.index(c[0]), LIBS.index(c[1]) if c[1] in LIBS else 9))
     out = ["| m | " + " | ".join(f"{layout} {lib}" for layout, lib in columns) + " |",
            "|---" * (1 + len(columns)) + "|"]
     for m in sorted({r["m"] for r in rows}):
@@ -767,8 +768,8 @@ def main(argv: list[str] | None = None) -> int:
               "same work, by layout and library (linear = F.linear(h, W, b), W (items, width) as "
               "nn.Linear stores it, the scoring code's kernel; nt = h W' without the bias; nn = "
               "h W' with W' stored contiguous; wt = W h', items x users; tn = A' B, the Gram "
-              "W'W; torch is MKL on x86, numpy its OpenBLAS); m is the users (or rows) of the "
-              "product."]
+              "W'W; torch is MKL on x86, numpy its OpenBLAS; fused c = models.stream_topk's "
+              "fused kernel, the top 50 included); m is the users (or rows) of the product."]
     for name, rows in candidates.items():
         lines += ["", f"{name}:", ""] + candidate_table(rows)
     for shape, s in SHAPES.items():

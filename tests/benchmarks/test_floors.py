@@ -98,5 +98,11 @@ def test_scoring_candidates_include_the_fused_kernel_where_it_is_built(monkeypat
         monkeypatch.setattr(stream_topk, "fused_here", lambda here=here: here)
         kinds = {kind for kind, _ in F.score_candidates(s)}
         assert kinds == ({"matmul", "fused"} if here else {"matmul"})
+        assert all(args["layout"] == "fused" for kind, args in F.score_candidates(s)
+                   if kind == "fused")
     if built:
         assert F.KERNELS["fused"](64, 8, 5000)() == 2.0 * 64 * 8 * 5000
+    # its own column in the report, beside (not over) torch's nn product at the same m
+    table = F.candidate_table([{"m": 93, "layout": "nn", "lib": "torch", "rate": 1e9},
+                               {"m": 93, "layout": "fused", "lib": "c", "rate": 3e9}])
+    assert table[0] == "| m | nn torch | fused c |" and table[2] == "| 93 | 1.0 | 3.0 |"
