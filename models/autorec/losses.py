@@ -58,6 +58,17 @@ def mse_loss(scores: torch.Tensor, idx: torch.Tensor, offsets: torch.Tensor,
     return (weight * (scores - target) ** 2).mean()
 
 
+def multinomial_loss(scores: torch.Tensor, idx: torch.Tensor, offsets: torch.Tensor
+                     ) -> torch.Tensor:
+    """Mult-DAE's multinomial log-likelihood (Liang et al., "Variational Autoencoders for
+    Collaborative Filtering", WWW 2018): per user, -sum over its items of log softmax(scores)_i,
+    summed over the batch and divided by B * n, the (user, item) entries the other heads' losses
+    are means over (the NS head's per-user sum is divided by n the same way). It has no fast
+    form (the softmax's normaliser needs every score), so a head trained on it is dense."""
+    logp = torch.log_softmax(scores, dim=1)
+    return -logp[row_ids(offsets, len(idx)), idx].sum() / scores.numel()
+
+
 def ns_loss(scores: torch.Tensor, pos_idx: torch.Tensor, pos_offsets: torch.Tensor,
             neg_idx: torch.Tensor, neg_counts: torch.Tensor, neg_offsets: torch.Tensor) -> torch.Tensor:
     """Negative-sampling loss with counts, the logistic form of the paper's eq. 3:

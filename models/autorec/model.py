@@ -56,6 +56,14 @@ loss for loss (tests/models/test_losses.py), each in the fast loss and its dense
                  (Steck, "Autoencoders that don't overfit towards the Identity", NeurIPS 2020)
                  at pop_l2 = 1. 0 (the default) is the paper's plain L2, bit for bit. The
                  ridge and SVD starts solve the plain-L2 problem: a start, not the optimum.
+    predict_loss the predict head's loss (issue 57): "mse" (the paper's) or "multinomial", Mult-DAE's
+                 multinomial log-likelihood of the user's items under a softmax over every item
+                 (Liang et al., "Variational Autoencoders for Collaborative Filtering", WWW 2018;
+                 ``losses.multinomial_loss``), per (user, item) entry like the other heads. It
+                 has no fast form, so the predict head then trains through the dense scores; it
+                 has no squared errors, so --pos-weight and --emphasis (which weigh them) are
+                 refused with it; the ridge and SVD starts solve the MSE problem (a start, not
+                 its optimum), so fine-tune phase 2 starts as-is by default.
     phase 1      fine-tune phase 1's length and learning rate, searchable (the training
                  policy's options, models/autorec/training.py).
 
@@ -98,7 +106,7 @@ import torch
 from torch import nn
 
 from models.autorec import ridge
-from models.autorec.losses import bag_with_l2, linear_mse, linear_ns, mse_loss, ns_loss
+from models.autorec.losses import bag_with_l2, linear_mse, linear_ns, mse_loss, multinomial_loss, ns_loss
 from models.autorec.presets import AUTOREC, NCE_AUTOREC
 from models.autorec.training import MODES, AutoRecTraining, NCETraining, OHNSTraining, Step, TwoHeadedTraining
 from models.base import NEGATIVES, RSTAR, Recommender
@@ -118,6 +126,7 @@ from models.product import linear
 
 LAM_UNITS = ("overlap", "plain")
 NCE_SCALES = ("none", "rms", "head-weight")
+PREDICT_LOSSES = ("mse", "multinomial")
 
 # The named grids. "small" (the default: a few trials per model) searches joint mode only:
 # on ml-100k a joint trial takes about 1.5 minutes on 2 cores, a fine-tune one several times that
@@ -155,6 +164,10 @@ EMPHASIS = HP(0.0, "emphasized denoising (EDLAE): each positive --dropout drops 
 POP_L2 = HP(0.0, "popularity-scaled L2: item i's rows of the encoder and heads weigh ((c_i + 1) / "
              "mean(c + 1))^pop_l2 in the L2 term (mean 1), c its training positives (iALS's "
              "frequency-scaled regularisation; 0 = the paper's plain L2)", lo=0, hi=4)
+PREDICT_LOSS = HP("mse", "the predict head's loss: mse = the paper's squared error over every "
+                  "item; multinomial = Mult-DAE's multinomial log-likelihood, -sum over the "
+                  "user's items of log softmax(scores), trained through the dense scores (no "
+                  "--pos-weight or --emphasis with it)", choices=PREDICT_LOSSES)
 TWO_HEADED = {  # what NS- and NCE-AutoRec share beyond AutoRec's (lam: its default and grids)
     "lam": LAM.but(default=10.0, search={"paper": PAPER_LAMBDAS, "small": TWO_HEAD_LAMBDAS}),
     "mode": HP("joint", "how the two heads train", choices=MODES, search={"paper": list(MODES)},
@@ -179,7 +192,8 @@ class AutoRec(Recommender):
     #: 10 on), 10 for the two-headed models, whose encoder fits two heads' losses
     #: (benchmarks/results/tune_defaults.md: on four datasets each within 90% of its own tuned NDCG)
     hyperparameters = {"width": WIDTH, "lam": LAM, "lam_units": LAM_UNITS_HP, "dropout": DROPOUT,
-                       "pos_weight": POS_WEIGHT, "emphasis": EMPHASIS, "pop_l2": POP_L2}
+                       "pos_weight": POS_WEIGHT, "emphasis": EMPHASIS, "pop_l2": POP_L2,
+                       "predict_loss": PREDICT_LOSS}
     trainer = AutoRecTraining
     presets = AUTOREC  # --preset (models/autorec/presets.py)
     #: train each head through the dense (B, n_items) scores (True) or its exact fast loss
@@ -197,8 +211,9 @@ class AutoRec(Recommender):
                  lam_units: str = "overlap", overlap: float | None = None,
                  pos_weight: float = 0.0, dropout: float = 0.0, nce_scale: str = "none",
                  rstar_mean_square: float | None = None, nce_pos_weight: float | None = None,
-                 pop_l2: float = 0.0, emphasis: float = 0.0):
+                 pop_l2: float = 0.0, emphasis: float = 0.0, predict_loss: str = "mse"):
         super().__init__()
+        self.predict_loss = checked_predict_loss(self, predict_loss, pos_weight or emphasis)
         if emphasis < 0 or (emphasis and not (dropout > 0 and "predict" in self.heads_trained)):
             raise ValueError(f"{self.name}: emphasis weighs the positives --dropout drops from the "
                              "MSE heads' input: it must be >= 0, and 0 without dropout > 0 or "
@@ -298,6 +313,8 @@ class AutoRec(Recommender):
             args["nce_pos_weight"] = self.nce_pos_weight
         if self.pop_l2:
             args["pop_l2"] = self.pop_l2
+        if self.predict_loss != "mse":
+            args["predict_loss"] = self.predict_loss
         if not self.mode:
             return args
         return {**args, "mode": self.mode, "embed_weight": self.embed_weight,
@@ -363,6 +380,8 @@ class AutoRec(Recommender):
 
     def dense_for(self, head: str, batch_size: int) -> bool:
         """Whether ``head`` trains through the dense scores for a batch of this size."""
+        if head == "predict" and self.predict_loss == "multinomial":
+            return True  # no fast form (losses.multinomial_loss)
         if self.dense_loss is not None:
             return self.dense_loss
         return head == "ns" or 3 * batch_size < 2 * self.width
@@ -394,7 +413,8 @@ class AutoRec(Recommender):
         for name in step.heads:
             levers = self.levers(name, keep)
             if self.dense_for(name, len(offsets)):
-                terms[name] = head_loss(name, self.heads[name](h), batch, **levers)
+                terms[name] = head_loss(name, self.heads[name](h), batch, **levers,
+                                        predict_loss=self.predict_loss)
             elif name != "ns" and rows is None:  # the MSE heads' loss also gives their plain L2
                 terms[name], squares[name] = linear_head_loss(name, self.heads[name], h, batch,
                                                               with_l2=True, **levers)
@@ -420,6 +440,21 @@ class AutoRec(Recommender):
         return terms
 
 
+def checked_predict_loss(model: AutoRec, predict_loss: str, weighted: float) -> str:
+    """``predict_loss`` where ``model`` can take it: one of PREDICT_LOSSES, mse without a predict
+    head, and not multinomial with a weight on squared errors (``weighted``: --pos-weight or
+    --emphasis, which the multinomial loss has none of)."""
+    if predict_loss not in PREDICT_LOSSES or (predict_loss != "mse"
+                                              and "predict" not in model.heads_trained):
+        raise ValueError(f"{model.name}: predict_loss {predict_loss!r}: choose one of "
+                         f"{', '.join(PREDICT_LOSSES)}, and mse without a predict head")
+    if predict_loss == "multinomial" and weighted:
+        raise ValueError(f"{model.name}: --pos-weight and --emphasis weigh squared errors, which "
+                         "the multinomial loss has none of: drop them (0), or use "
+                         "--predict-loss mse")
+    return predict_loss
+
+
 def dropout_weights(n: int, p: float, like: torch.Tensor) -> torch.Tensor:
     """(n,) per-entry input weights of dropout with probability ``p``: 0 for a dropped entry,
     1 / (1 - p) for a kept one (torch's dropout, so the expected input is the row), in
@@ -434,9 +469,13 @@ def rstar_target(batch: Batch, rstar_scale: float) -> torch.Tensor:
 
 
 def head_loss(name: str, scores: torch.Tensor, batch: Batch,
-              pos_weight: float | torch.Tensor = 0.0, rstar_scale: float = 1.0) -> torch.Tensor:
+              pos_weight: float | torch.Tensor = 0.0, rstar_scale: float = 1.0,
+              predict_loss: str = "mse") -> torch.Tensor:
     """A head's loss from its dense (B, n_items) scores (the reference); ``pos_weight`` and
-    ``rstar_scale``: the levers of the MSE heads (the module docstring)."""
+    ``rstar_scale``: the levers of the MSE heads; ``predict_loss``: the predict head's (the
+    module docstring)."""
+    if name == "predict" and predict_loss == "multinomial":
+        return multinomial_loss(scores, batch.train_items, batch.train_offsets)
     if name == "predict":
         return mse_loss(scores, batch.train_items, batch.train_offsets, pos_weight=pos_weight)
     if name == "nce":
@@ -475,7 +514,7 @@ class OHNSAutoRec(AutoRec):
     # no predict head: nothing for --pos-weight or --emphasis to weigh (its NS loss has no
     # confidence form here)
     hyperparameters = {**{k: v for k, v in AutoRec.hyperparameters.items()
-                          if k not in ("pos_weight", "emphasis")},
+                          if k not in ("pos_weight", "emphasis", "predict_loss")},
                        "lam": LAM.but(default=2.0)}
     run_axes = {"paper": {"num_negatives": PAPER_NEGATIVES}}
     trainer = OHNSTraining  # its own learning rate and batch size

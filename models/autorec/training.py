@@ -122,7 +122,8 @@ class AutoRecTraining(Training):
         if path != "auto":
             model.dense_loss = path == "dense"
         init = given("finetune_init") or self.default_finetune_init(
-            {"pos_weight": model.pos_weight, "emphasis": model.emphasis})
+            {"pos_weight": model.pos_weight, "emphasis": model.emphasis,
+             "predict_loss": model.predict_loss})
         self.start_from_ridge = init == "ridge"
         self.finetune_lr = given("finetune_lr")
         self.phase1_lr = given("finetune_phase1_lr")
@@ -158,8 +159,9 @@ class AutoRecTraining(Training):
 
     @classmethod
     def default_finetune_init(cls, hp: dict) -> str:
-        """ridge, or as-is with a weight on positives (``combination_problem``)."""
-        return "as-is" if weighting(hp) else "ridge"
+        """ridge, or as-is with a weight on positives (``combination_problem``) or the
+        multinomial predict loss (the ridge start solves the MSE problem)."""
+        return "as-is" if weighting(hp) or hp.get("predict_loss") == "multinomial" else "ridge"
 
     @classmethod
     def takes_option(cls, name: str, hp: dict) -> bool:

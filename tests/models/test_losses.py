@@ -691,3 +691,61 @@ def test_a_weighted_model_starts_fine_tune_phase_two_as_is():
     plan = emphasised.trainer(emphasised, SimpleNamespace(loss_path="auto", finetune_init=None,
                                                           finetune_lr=None))
     assert not plan.start_from_ridge
+
+
+def test_multinomial_loss_by_hand_and_its_gradient():
+    """-sum over each user's items of log softmax(scores), over B * n entries; gradcheck in
+    float64 (softmax(scores) * |items| - r per row, over B * n)."""
+    from models.autorec.losses import multinomial_loss
+
+    lse0 = math.log(math.exp(0.5) + 1 + math.exp(1.0))
+    lse1 = math.log(1 + math.exp(2.0) + 1)
+    by_hand = (-(0.5 - lse0) - (1.0 - lse0) - (2.0 - lse1)) / 6
+    assert multinomial_loss(SCORES, POS, POS_OFF).item() == pytest.approx(by_hand, rel=1e-6)
+    scores = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    idx, offsets = torch.tensor([0, 3, 6, 2]), torch.tensor([0, 3, 3])  # user 1 has no items
+    assert torch.autograd.gradcheck(lambda s: multinomial_loss(s, idx, offsets), (scores,))
+    multinomial_loss(scores, idx, offsets).backward()
+    r = densify(idx, offsets, None, 7, torch.float64)
+    want = (torch.softmax(scores, 1) * r.sum(1, keepdim=True) - r) / 21
+    assert torch.allclose(scores.grad, want, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["autorec", "nce-autorec"])
+def test_the_multinomial_predict_head_trains_dense_and_leaves_the_nce_head(name):
+    """predict_loss multinomial: the predict term is the multinomial loss of the dense scores
+    (even where the fast loss was asked for), the NCE term and the L2 are the MSE model's, bit
+    for bit; the model file records the choice; the default start of phase 2 is as-is."""
+    from models.autorec.losses import multinomial_loss
+    from models.autorec.training import AutoRecTraining
+
+    batch = lever_batch()
+    args = {"n_items": 11, "width": 3, "lam": 0.5, "lam_units": "plain"}
+    terms = {}
+    for loss in ("mse", "multinomial"):
+        torch.manual_seed(0)
+        model = build(name, {**args, "predict_loss": loss}).double()
+        model.dense_loss = False
+        assert model.dense_for("predict", 4096) == (loss == "multinomial")
+        terms[loss] = {k: v.item() for k, v in model(batch).items()}
+    h = model.code(batch.train_items, batch.train_offsets)
+    want = multinomial_loss(model.heads["predict"](h), batch.train_items, batch.train_offsets)
+    assert terms["multinomial"]["predict"] == pytest.approx(want.item(), rel=1e-12)
+    assert terms["multinomial"]["predict"] != pytest.approx(terms["mse"]["predict"], rel=1e-3)
+    assert {k: v for k, v in terms["multinomial"].items() if k != "predict"} == \
+        {k: v for k, v in terms["mse"].items() if k != "predict"}
+    assert model.model_args()["predict_loss"] == "multinomial"
+    assert build(name, model.model_args()).predict_loss == "multinomial"
+    assert AutoRecTraining.default_finetune_init({"predict_loss": "multinomial"}) == "as-is"
+    assert AutoRecTraining.default_finetune_init({"predict_loss": "mse"}) == "ridge"
+
+
+def test_the_multinomial_predict_head_refuses_the_squared_error_levers():
+    args = {"n_items": 11, "width": 3, "lam": 0.5, "lam_units": "plain",
+            "predict_loss": "multinomial"}
+    for lever in ({"pos_weight": 3.0}, {"dropout": 0.5, "emphasis": 2.0}):
+        with pytest.raises(ValueError, match="multinomial loss has none of: drop them"):
+            build("nce-autorec", {**args, **lever})
+    with pytest.raises(ValueError, match="mse without a predict head"):
+        build("ohns-autorec", args)
+    assert "predict_loss" not in build("nce-autorec", {**args, "predict_loss": "mse"}).model_args()

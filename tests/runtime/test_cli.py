@@ -297,7 +297,8 @@ def test_a_refused_hyperparameter_names_the_flags_as_typed():
         check(TrainConfig(data="d", model="autorec", rank=5))
     assert str(e.value) == ("--rank 5: autorec does not take it (only puresvd, nce-plrec, wrmf do); "
                             "its hyperparameters: --width, --lam, --lam-units, "  # not --lam_units
-                            "--dropout, --pos-weight, --emphasis, --pop-l2. Drop the flag")
+                            "--dropout, --pos-weight, --emphasis, --pop-l2, --predict-loss. "
+                            "Drop the flag")
 
 
 def test_an_unreachable_tracking_server_names_a_real_make_target():
