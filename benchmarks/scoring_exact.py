@@ -78,23 +78,23 @@ def both_ways(model, items, offsets, path: str = "auto") -> dict:
             "max_value_difference": float((v0 - v1)[finite].abs().max()) if finite.any() else 0.0,
             "unfused_seconds": round(out["torch_seconds"], 2),
             "fused_seconds": round(out[f"{path}_seconds"], 2),
-            "float64": {"unfused": against_float64(model, items, offsets, i0),
-                        "streamed": against_float64(model, items, offsets, i1)}}
+            "float64": against_float64(model, items, offsets, {"unfused": i0, "streamed": i1})}
 
 
-def against_float64(model, items, offsets, lists, block: int = 1024) -> dict:
-    """Each user's list against the top K of the model's scores in float64 (the same factors,
-    multiplied in float64, the user's items left out): lists identical; lists that differ only
-    where the float64 scores of the items they swap are within float32's rounding of each other
-    (a dot product of d terms: (d + 2) eps32 (max |a||b| + max |bias|), twice the textbook
-    bound); and lists that differ beyond it, which an exact top K of correctly rounded float32
-    products cannot (0 is the claim)."""
+def against_float64(model, items, offsets, lists: dict, block: int = 1024) -> dict:
+    """Each named list of every user (``lists``: name -> (users, K) items) against the top K of
+    the model's scores in float64 (the same factors, multiplied in float64 once for all the
+    lists, the user's items left out): lists identical; lists that differ only where the float64
+    scores of the items they swap are within float32's rounding of each other (a dot product of
+    d terms: (d + 2) eps32 (max |a||b| + max |bias|), twice the textbook bound); and lists that
+    differ beyond it, which an exact top K of correctly rounded float32 products cannot (0 is
+    the claim). Returns name -> those three counts."""
     import torch
 
     from models.batch import row_ids, user_slice
 
     eps = torch.finfo(torch.float32).eps
-    same = near = beyond = 0
+    counts = {name: {"identical": 0, "near_ties_only": 0, "beyond_rounding": 0} for name in lists}
     with torch.no_grad():
         for lo in range(0, len(offsets), block):
             hi = min(lo + block, len(offsets))
@@ -104,20 +104,21 @@ def against_float64(model, items, offsets, lists, block: int = 1024) -> dict:
             exact = a @ b + (0.0 if bias is None else bias.double())
             if len(rows):
                 exact[row_ids(offs, len(rows)), rows.long()] = -torch.inf
-            want = torch.topk(exact, lists.shape[1], dim=1).indices
-            got = lists[lo:hi]
             top_bias = 0.0 if bias is None else float(bias.abs().max())
-            scale = (a.abs() @ b.abs()).amax(dim=1) + top_bias
-            tol = (a.shape[1] + 2) * eps * scale
-            s_got, s_want = exact.gather(1, got), exact.gather(1, want)
-            both_out = s_got.isneginf() & s_want.isneginf()
-            gap = torch.where(both_out, 0.0, (s_got - s_want).abs())
-            differs = (got != want).any(dim=1)
-            too_far = (gap > tol[:, None]).any(dim=1)
-            same += int((~differs).sum())
-            near += int((differs & ~too_far).sum())
-            beyond += int((differs & too_far).sum())
-    return {"identical": same, "near_ties_only": near, "beyond_rounding": beyond}
+            tol = (a.shape[1] + 2) * eps * ((a.abs() @ b.abs()).amax(dim=1) + top_bias)
+            for name, got in lists.items():
+                got = got[lo:hi]
+                want = torch.topk(exact, got.shape[1], dim=1).indices
+                s_got, s_want = exact.gather(1, got), exact.gather(1, want)
+                both_out = s_got.isneginf() & s_want.isneginf()
+                gap = torch.where(both_out, 0.0, (s_got - s_want).abs())
+                differs = (got != want).any(dim=1)
+                too_far = (gap > tol[:, None]).any(dim=1)
+                c = counts[name]
+                c["identical"] += int((~differs).sum())
+                c["near_ties_only"] += int((differs & ~too_far).sum())
+                c["beyond_rounding"] += int((differs & too_far).sum())
+    return counts
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -140,17 +140,24 @@ def pick(key: tuple, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None
 
 def choose(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> str:
     """"numpy" where its least time over ``TRIES`` products is under 1 / MARGIN of torch's
-    (measured alternately, after one untimed product each), else "torch"."""
-    best = {"torch": float("inf"), "numpy": float("inf")}
-    run = {"torch": _torch, "numpy": _numpy}
-    for name in KERNELS:
-        run[name](a, b, bias)  # first-touch pages, library dispatch, BLAS thread set-up
-    for _ in range(TRIES):
-        for name in KERNELS:
-            t0 = time.perf_counter()
-            run[name](a, b, bias)
-            best[name] = min(best[name], time.perf_counter() - t0)
+    (``least_times``), else "torch"."""
+    best = least_times({"torch": lambda: _torch(a, b, bias), "numpy": lambda: _numpy(a, b, bias)})
     return "numpy" if best["numpy"] * MARGIN < best["torch"] else "torch"
+
+
+def least_times(runs: dict) -> dict[str, float]:
+    """Each of ``runs`` (name -> a call) timed: its least seconds over ``TRIES`` calls, the runs
+    alternated, after one untimed call each (first-touch pages, library dispatch, thread
+    set-up). Also ``models.stream_topk``'s choice of path."""
+    for run in runs.values():
+        run()
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(TRIES):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
 
 
 def chosen() -> dict[tuple, str]:

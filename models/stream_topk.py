@@ -34,10 +34,9 @@ are finite and strictly decreasing, the top k are unique, items and order, and e
 ``torch.topk``'s on those scores. A row where that fails (a tie among its k + 1 best, fewer than
 k + 1 scores above -inf, a NaN, which the compare lets through and ``torch.topk`` ranks first)
 is scored again whole by the BLAS (the tiles' kernel, or torch's after the fused kernel) and
-ranked by ``torch.topk``, as before: ties are broken as
-they always were. Those rows are recomputed together in a block of at least ``MIN_GEMM_ROWS``
-rows, because a GEMM of fewer rows takes another path with other rounding (MKL below 16 rows on
-the Xeon 6/207, OpenBLAS at 1).
+ranked by ``torch.topk``, as before: ties are broken as they always were. Those rows are
+recomputed together in a block of at least ``MIN_GEMM_ROWS`` rows, because a GEMM of fewer rows
+takes another path with other rounding (MKL below 16 rows on the Xeon 6/207, OpenBLAS at 1).
 
 Are the scores the unfused product's? Bit for bit where the operands multiply exactly (the
 tests: small integers times multiples of a power of two, so every order of summation gives the
@@ -56,7 +55,6 @@ import ctypes
 import functools
 import os
 import threading
-import time
 
 import torch
 
@@ -248,7 +246,8 @@ static void fused_rows(const float *a, int64_t rows, int64_t d, int64_t lda,
 /* fused_rows over slices of whole blocks of rows, one per thread. The threads are OpenMP's:
    built with -fopenmp this library uses the libgomp torch has loaded (same soname), whose
    threads would otherwise spin after torch's last parallel op beside threads of our own and
-   take their cores (measured: 255 GFLOP/s on 2 cores against 340 after a pause). Returns 0, or
+   take their cores (measured: 2 Python threads right after a torch op 255 GFLOP/s on 2 cores,
+   these 360). Returns 0, or
    -1 where a pack buffer could not be allocated. */
 int64_t fused_topk(const float *a, int64_t rows, int64_t d, int64_t lda,
                    const float *w, int64_t n, int64_t ldw, const float *bias,
@@ -355,18 +354,12 @@ def path_for(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
 
 def choose_path(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
                 exclude: tuple[torch.Tensor, torch.Tensor], k: int) -> str:
-    """"tiles" where its least time over ``P.TRIES`` calls is under 1 / ``P.MARGIN`` of the
-    fused kernel's (measured alternately after one untimed call each, which also makes the
-    tiles' own BLAS choice), else "fused": near-equal paths keep the fused one, so the choice
-    does not flip between processes on noise."""
-    best = {"fused": float("inf"), "tiles": float("inf")}
-    for path in best:
-        heaps(path, a, b, bias, exclude, k)
-    for _ in range(P.TRIES):
-        for path in best:
-            t0 = time.perf_counter()
-            heaps(path, a, b, bias, exclude, k)
-            best[path] = min(best[path], time.perf_counter() - t0)
+    """"tiles" where its least time (``P.least_times``; the untimed first call also makes the
+    tiles' own BLAS choice) is under 1 / ``P.MARGIN`` of the fused kernel's, else "fused":
+    near-equal paths keep the fused one, so the choice does not flip between processes on
+    noise."""
+    best = P.least_times({path: functools.partial(heaps, path, a, b, bias, exclude, k)
+                          for path in ("fused", "tiles")})
     return "tiles" if best["tiles"] * P.MARGIN < best["fused"] else "fused"
 
 

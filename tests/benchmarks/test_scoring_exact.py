@@ -51,18 +51,21 @@ def test_float64_check_counts_a_swap_beyond_rounding():
         head.bias[7] = head.bias[3]
     items, offsets = sparse_rows([[1, 2], [4, 5]])
     lists = model.recommend(items, offsets, 290)[1]
-    assert E.against_float64(model, items, offsets, lists) == {
+    assert E.against_float64(model, items, offsets, {"true": lists})["true"] == {
         "identical": 2, "near_ties_only": 0, "beyond_rounding": 0}
     scores = model.score(items, offsets)
     first, last = lists[0, 0], lists[0, -1]
     assert scores[0, first] > scores[0, last] + 1.0
     swapped = lists.clone()
     swapped[0, [0, -1]] = swapped[0, [-1, 0]]
-    assert E.against_float64(model, items, offsets, swapped) == {
+    assert E.against_float64(model, items, offsets, {"swapped": swapped})["swapped"] == {
         "identical": 1, "near_ties_only": 0, "beyond_rounding": 1}
+    both = E.against_float64(model, items, offsets, {"true": lists, "swapped": swapped})
+    assert both == {"true": {"identical": 2, "near_ties_only": 0, "beyond_rounding": 0},
+                    "swapped": {"identical": 1, "near_ties_only": 0, "beyond_rounding": 1}}
     row = lists[1].tolist()
     i, j = row.index(3), row.index(7)
     tie = lists.clone()
     tie[1, [i, j]] = tie[1, [j, i]]
-    assert E.against_float64(model, items, offsets, tie) == {
+    assert E.against_float64(model, items, offsets, {"tie": tie})["tie"] == {
         "identical": 1, "near_ties_only": 1, "beyond_rounding": 0}
