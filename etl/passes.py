@@ -1,5 +1,5 @@
 """The ETL's per-user work in numpy, one shuffle partition at a time (``etl.pipeline`` runs these
-inside Spark's ``mapInArrow``, on the rows a hash partitioning by user brought together).
+inside Spark's ``mapInArrow``, on the rows the shuffle by user, ``etl.shuffle``, brought together).
 
 Three passes over a partition, each a plain function of Arrow data:
 

@@ -27,10 +27,10 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from etl import passes
+from etl import passes, shuffle
 from etl.config import ETLConfig, PositiveRule
 from etl.sources import mark_bad, parse
-from etl.synthetic import synthetic_rows
+from etl.synthetic import synthetic_maps, synthetic_rows
 from prepared import protocol
 from prepared import schema as S
 from prepared.errors import InputDataError
@@ -163,7 +163,8 @@ def _partition_table(batches: Iterator[pa.RecordBatch]) -> pa.Table | None:
 @dataclass(frozen=True)
 class Work:
     """Where the per-user passes keep a partition's data between Spark jobs (under the staging
-    directory, removed before publishing): ``lists/part-NNNNN.arrow``, each user's positives
+    directory, removed before publishing): ``shuffle/map-NNNNN.arrow``, the rating rows by
+    partition (``etl.shuffle``), ``lists/part-NNNNN.arrow``, each user's positives
     (``etl.passes.lists_schema``), ``users/part-NNNNN.arrow``, its users' indices, and
     ``split/part-NNNNN.arrow``, the split pass's result for the write pass (``kept_split``). Arrow
     files, read by the next pass's task for that partition with no trip through the JVM: the
@@ -202,8 +203,10 @@ class Work:
 def user_lists(rows: DataFrame, cfg: ETLConfig, work: Work, progress: Progress,
                counts: dict) -> tuple[DataFrame, dict]:
     """Dedup (the most recent row of a pair decides; ties: the later line), binarise, and gather
-    each user's positives: one shuffle by user, then ``etl.passes.dedup`` per partition, which
-    writes the partition's lists (``Work``).
+    each user's positives: one shuffle by user (``etl.shuffle``, through the work directory),
+    then ``etl.passes.dedup`` per partition, which writes the partition's lists (``Work``).
+    Synthetic rows go to the shuffle's files from the tasks that generate them, except under
+    a random split, whose seeded order the JVM computes (``_split_order``).
 
     Returns, persisted, the counts (``etl.passes.counts_schema`` and ``part``, the partition):
     one row per user (users whose pairs are all negative have ``n_pos`` 0) and two per partition
@@ -219,19 +222,27 @@ def user_lists(rows: DataFrame, cfg: ETLConfig, work: Work, progress: Progress,
     lists = passes.lists_schema(user_type, item_type, cfg.split_mode == "given", hashed)
     per_user = passes.counts_schema(user_type, item_type)
 
+    spark = rows.sparkSession
+    if cfg.spec.layout.generated and not hashed:
+        maps = synthetic_maps(spark, work.root, work.partitions, cfg.users, cfg.items,
+                              cfg.positives, cfg.seed, topics=cfg.topics, affinity=cfg.affinity,
+                              zipf=cfg.zipf)
+    else:
+        maps = shuffle.by_user(rows, work.root, work.partitions)
+
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
+        for b in batches:
+            for part in b.column("part").to_pylist():
+                table = shuffle.read_partition(work.root, maps, part)
+                if table is None:
+                    continue
+                mine, tally = passes.dedup(table, rule, lists, per_user)
+                if mine.num_rows:  # a partition whose users have no positive: no lists, no users
+                    work.write("lists", part, mine)
+                yield tally.append_column("part", pa.array(np.full(tally.num_rows, part, np.int32)))
 
-        table = _partition_table(batches)
-        if table is not None:
-            part = TaskContext.get().partitionId()
-            mine, tally = passes.dedup(table, rule, lists, per_user)
-            if mine.num_rows:  # a partition whose users have no positive has no lists, no users
-                work.write("lists", part, mine)
-            yield tally.append_column("part", pa.array(np.full(tally.num_rows, part, np.int32)))
-
-    out = (rows.repartition(work.partitions, "user_id")
-           .mapInArrow(fn, _ddl(per_user) + ", part int").persist(StorageLevel.MEMORY_AND_DISK))
+    out = (work.tasks(spark).mapInArrow(fn, _ddl(per_user) + ", part int")
+           .persist(StorageLevel.MEMORY_AND_DISK))
     is_user = F.col("n_pos") >= 0
     agg = out.where(is_user).agg(
         F.count(F.lit(1)).alias("users_raw"), F.sum("n_pos").alias("positives"),

@@ -80,6 +80,22 @@ class Catalog:
         return np.where(local, within, out)
 
 
+def first_occurrences(keys: np.ndarray) -> np.ndarray:
+    """``np.unique(keys, return_index=True)[1]`` for non-negative int64 keys: each distinct key's
+    first position, in key order. One plain sort of (key, position) packed in an int64 instead of
+    a stable argsort: 3x faster at a block's 282k draws (AVX-512 sort), a third of the
+    generator's time."""
+    n = len(keys)
+    shift = max(1, n.bit_length())
+    if n == 0 or int(keys.max()) >= 1 << (63 - shift):
+        return np.unique(keys, return_index=True)[1]
+    packed = np.sort((keys << shift) | np.arange(n, dtype=np.int64))
+    key = packed >> shift
+    head = np.ones(n, bool)
+    head[1:] = key[1:] != key[:-1]
+    return packed[head] & ((1 << shift) - 1)
+
+
 def generate_block(block: int, n_users: int, n_items: int, mean_positives: float, seed: int,
                    catalog: Catalog) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(users, items, timestamps) int64 arrays for the user ids of block ``block``."""
@@ -101,7 +117,7 @@ def generate_block(block: int, n_users: int, n_items: int, mean_positives: float
         new_owner = np.repeat(short, draws)
         owner = np.concatenate([owner, new_owner])
         items = np.concatenate([items, catalog.draw(rng, topic[new_owner])])
-        _, first = np.unique(owner * np.int64(n_items) + items, return_index=True)
+        first = first_occurrences(owner * np.int64(n_items) + items)
         have = np.bincount(owner[first], minlength=len(users))
         short = np.flatnonzero(have < want)
         if len(short) == 0:
@@ -140,17 +156,50 @@ def generator(n_users: int, n_items: int, n_positives: int, seed: int, **shape):
     return gen
 
 
-def synthetic_rows(spark, n_users: int, n_items: int, n_positives: int, seed: int, **shape):
-    """A DataFrame ``user_id, item_id`` (long), ``rating`` (null), ``timestamp``, made on the executors.
-    ``shape``: Catalog's topics, affinity and zipf (defaults: the easy set).
-
-    One input row per block of ``BLOCK`` users, so a block is generated exactly once whatever
-    the partitioning, and the data depend only on the seed.
-    """
+def _blocks(spark, n_users: int):
+    """One row per block of ``BLOCK`` users, so a block is generated exactly once whatever the
+    partitioning, and the data depend only on the seed."""
     n_blocks = -(-n_users // BLOCK)
     parts = min(n_blocks, max(2 * spark.sparkContext.defaultParallelism, n_blocks // 8))
-    blocks = spark.range(0, n_blocks, numPartitions=parts)
-    rows = blocks.mapInArrow(generator(n_users, n_items, n_positives, seed, **shape), SCHEMA)
+    return spark.range(0, n_blocks, numPartitions=parts)
+
+
+def synthetic_rows(spark, n_users: int, n_items: int, n_positives: int, seed: int, **shape):
+    """A DataFrame ``user_id, item_id`` (long), ``rating`` (null), ``timestamp``, made on the executors.
+    ``shape``: Catalog's topics, affinity and zipf (defaults: the easy set)."""
+    rows = _blocks(spark, n_users).mapInArrow(
+        generator(n_users, n_items, n_positives, seed, **shape), SCHEMA)
     # ids stay longs: the pipeline carries canonical integer ids as longs anyway
     return rows.select(F.col("user").alias("user_id"), F.col("item").alias("item_id"),
                        F.lit(None).cast("double").alias("rating"), "timestamp")
+
+
+def synthetic_maps(spark, root: str, partitions: int, n_users: int, n_items: int,
+                   n_positives: int, seed: int, **shape) -> list[int]:
+    """``synthetic_rows`` with ``etl.pipeline.read_validated``'s columns (``gpos`` 0, ``given``
+    null), written as the shuffle's map files (``etl.shuffle``) by the tasks that generate them:
+    rows born in Python go to the files without a trip through the JVM and back. Returns the
+    map ids."""
+    from etl import shuffle
+
+    gen = generator(n_users, n_items, n_positives, seed, **shape)
+
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        made = [b for b in gen(batches) if b.num_rows]
+        if not made:
+            return
+        t = pa.Table.from_batches(made)
+        n = t.num_rows
+        table = pa.table({"user_id": t.column("user"), "item_id": t.column("item"),
+                          "rating": pa.nulls(n, pa.float64()), "timestamp": t.column("timestamp"),
+                          "gpos": pa.array(np.zeros(n, np.int64)), "given": pa.nulls(n, pa.int8())})
+        ctx = TaskContext.get()
+        part = shuffle.partition_of(table.column("user_id").to_numpy(), partitions)
+        shuffle.write_map(root, partitions, ctx.partitionId(), ctx.attemptNumber(), table, part)
+        yield pa.RecordBatch.from_pydict({"map": [ctx.partitionId()], "rows": [n]},
+                                         schema=pa.schema([("map", pa.int32()), ("rows", pa.int64())]))
+
+    done = _blocks(spark, n_users).mapInArrow(fn, shuffle.MAP_SCHEMA).collect()
+    return sorted(r["map"] for r in done)

@@ -23,6 +23,17 @@ def test_blocks_are_deterministic_and_sized():
         assert np.all(np.diff(ts[users == u]) >= 0)
 
 
+def test_first_occurrences_is_uniques_first_index():
+    rng = np.random.default_rng(4)
+    cases = [np.zeros(0, np.int64), np.array([7]), np.array([5, 5, 5]), rng.integers(0, 50, 1000),
+             rng.integers(0, 2**40, 3000), np.repeat(rng.integers(0, 9, 40), 7)[::-1].copy(),
+             np.array([2**62, 3, 2**62, 3])]  # keys too large to pack: np.unique itself
+    for keys in cases:
+        keys = keys.astype(np.int64)
+        want = np.unique(keys, return_index=True)[1]
+        assert synthetic.first_occurrences(keys).tolist() == want.tolist()
+
+
 def test_popularity_is_power_law_and_topics_are_learnable():
     cat = synthetic.Catalog(2000, seed=4)
     users, items, _ = synthetic.generate_block(0, 4000, 2000, 30.0, 4, cat)
