@@ -28,7 +28,8 @@ from prepared.uri import filesystem
 
 #: the column that carries a row's partition from the JVM to the map task (dropped there)
 PART = "_part"
-MAP_SCHEMA = "map int, rows long"
+#: a map task's one output row: the id of the file it wrote
+MAP_SCHEMA = "map int"
 
 
 def _rotl(x: np.ndarray, r: int) -> np.ndarray:
@@ -97,22 +98,31 @@ def read_partition(root: str, maps: list[int], part: int) -> pa.Table | None:
     return pa.Table.from_batches(batches).combine_chunks() if batches else None
 
 
+def task_map(root: str, partitions: int, table: pa.Table, part: np.ndarray) -> pa.RecordBatch:
+    """``write_map`` from inside a Spark task, as map (the task's partition id) and attempt; the
+    row (``MAP_SCHEMA``) that reports the file to ``map_ids``."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    write_map(root, partitions, ctx.partitionId(), ctx.attemptNumber(), table, part)
+    return pa.RecordBatch.from_pydict({"map": pa.array([ctx.partitionId()], pa.int32())})
+
+
+def map_ids(maps: DataFrame) -> list[int]:
+    """Run a map job (a ``mapInArrow`` whose tasks return ``task_map``'s rows); the ids of the
+    files it wrote, which the reduce side reads."""
+    return sorted(r["map"] for r in maps.collect())
+
+
 def _map_fn(root: str, partitions: int):
     """``mapInArrow`` function of ``by_user``: a task's rows (with ``PART``) to its map file."""
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
         batches = [b for b in batches if b.num_rows]
-        if not batches:
-            return
-        table = pa.Table.from_batches(batches)
-        part = table.column(PART).to_numpy()
-        ctx = TaskContext.get()
-        write_map(root, partitions, ctx.partitionId(), ctx.attemptNumber(),
-                  table.drop_columns([PART]), part)
-        yield pa.RecordBatch.from_pydict({"map": [ctx.partitionId()], "rows": [table.num_rows]},
-                                         schema=pa.schema([("map", pa.int32()), ("rows", pa.int64())]))
+        if batches:
+            table = pa.Table.from_batches(batches)
+            yield task_map(root, partitions, table.drop_columns([PART]),
+                           table.column(PART).to_numpy())
 
     return fn
 
@@ -121,5 +131,4 @@ def by_user(rows: DataFrame, root: str, partitions: int) -> list[int]:
     """Write ``rows``' map files (one per Spark partition of ``rows`` with any row); returns the
     map ids the reduce side reads."""
     tagged = rows.withColumn(PART, F.pmod(F.hash("user_id"), F.lit(partitions)).cast("int"))
-    done = tagged.mapInArrow(_map_fn(root, partitions), MAP_SCHEMA).collect()
-    return sorted(r["map"] for r in done)
+    return map_ids(tagged.mapInArrow(_map_fn(root, partitions), MAP_SCHEMA))

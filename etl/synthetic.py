@@ -185,8 +185,6 @@ def synthetic_maps(spark, root: str, partitions: int, n_users: int, n_items: int
     gen = generator(n_users, n_items, n_positives, seed, **shape)
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
         made = [b for b in gen(batches) if b.num_rows]
         if not made:
             return
@@ -195,11 +193,7 @@ def synthetic_maps(spark, root: str, partitions: int, n_users: int, n_items: int
         table = pa.table({"user_id": t.column("user"), "item_id": t.column("item"),
                           "rating": pa.nulls(n, pa.float64()), "timestamp": t.column("timestamp"),
                           "gpos": pa.array(np.zeros(n, np.int64)), "given": pa.nulls(n, pa.int8())})
-        ctx = TaskContext.get()
         part = shuffle.partition_of(table.column("user_id").to_numpy(), partitions)
-        shuffle.write_map(root, partitions, ctx.partitionId(), ctx.attemptNumber(), table, part)
-        yield pa.RecordBatch.from_pydict({"map": [ctx.partitionId()], "rows": [n]},
-                                         schema=pa.schema([("map", pa.int32()), ("rows", pa.int64())]))
+        yield shuffle.task_map(root, partitions, table, part)
 
-    done = _blocks(spark, n_users).mapInArrow(fn, shuffle.MAP_SCHEMA).collect()
-    return sorted(r["map"] for r in done)
+    return shuffle.map_ids(_blocks(spark, n_users).mapInArrow(fn, shuffle.MAP_SCHEMA))
