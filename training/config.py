@@ -170,8 +170,9 @@ class RunConfig:
                                      "a rerun logs it")
     data_cache: str = option("auto", group=CLUSTER, choices=DATA_CACHE,
                              help="memory: read the user rows once into Ray's object store; "
-                                  "stream: re-read them every epoch; auto: memory when they fit "
-                                  "in a quarter of the object store")
+                                  "stream: re-read them every epoch; auto: memory for the "
+                                  "training rows and the validation rows each, when the columns "
+                                  "read fit in a quarter of the object store")
 
     #: the order of the groups in --help
     option_groups = (DATA, HYPER, TRAINING, CLUSTER)

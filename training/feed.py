@@ -66,21 +66,39 @@ def plan(model_cls, prep, cfg) -> FeedPlan:
         num_negatives=cfg.num_negatives or prep.negatives(), seed=cfg.seed)
 
 
-def fits_in_object_store(rows_uri: str, cache: str) -> bool:
-    """Whether to materialize the user rows: asked for, or ``auto`` and their Parquet bytes
-    (x4 for decompression) fit in a quarter of the cluster's object store."""
+def fits_in_object_store(rows_uri: str, cache: str, columns: list[str],
+                         fraction: float = 1.0) -> bool:
+    """Whether to read ``columns`` of the user rows (``fraction`` of the users: a validation
+    sample) once into the object store: asked for, or ``auto`` and their Parquet bytes,
+    uncompressed (``column_bytes``), fit in a quarter of the cluster's object store. By the
+    columns read, not the files: at the Yahoo shape NCE-AutoRec reads 15% of them (the
+    negatives are the rest), and streaming those 15% every epoch cost 14 s an epoch more than
+    reading them once (benchmarks/results/yahoo_scale.md)."""
     if cache != "auto":
         return cache == "memory"
     import ray
-    from pyarrow import fs as pafs
+
+    store = ray.cluster_resources().get("object_store_memory", 0)
+    return fraction * column_bytes(rows_uri, [*columns, S.COLD]) < store / 4
+
+
+def column_bytes(rows_uri: str, columns: list[str]) -> int:
+    """The uncompressed Parquet bytes of ``columns`` in the user-row shards, from the files'
+    footers (no data read): about their Arrow size for the ETL's plain-encoded lists."""
+    import pyarrow.dataset as pads
+    import pyarrow.parquet as pq
 
     from prepared.uri import filesystem
 
     fs, path = filesystem(rows_uri)
-    size = sum(f.size for f in fs.get_file_info(pafs.FileSelector(path, recursive=True))
-               if f.type == pafs.FileType.File)
-    store = ray.cluster_resources().get("object_store_memory", 0)
-    return 4 * size < store / 4
+    wanted, total = set(columns), 0
+    for f in pads.dataset(path, filesystem=fs, format="parquet").files:
+        meta = pq.read_metadata(f, filesystem=fs)
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            total += sum(group.column(j).total_uncompressed_size for j in range(group.num_columns)
+                         if group.column(j).path_in_schema.split(".")[0] in wanted)
+    return total
 
 
 def _warm_rows(rows_uri: str, columns: list[str]):
@@ -123,11 +141,15 @@ def train_dataset(rows_uri: str, feed: FeedPlan, here: bool = False):
     return _warm_rows(rows_uri, feed.columns())
 
 
+#: what validation reads of each warm user's row
+VALID_COLUMNS = [S.USER_INDEX, S.TRAIN_ITEMS, S.VALID_ITEMS]
+
+
 def valid_dataset(rows_uri: str, fraction: float = 1.0, here: bool = False):
     """The validation users' rows; with ``fraction`` < 1 only the fixed subset
     ``in_valid_sample`` keeps (the same users every epoch and every run). ``here``: as
     ``train_dataset``'s."""
-    columns = [S.USER_INDEX, S.TRAIN_ITEMS, S.VALID_ITEMS]
+    columns = VALID_COLUMNS
     keep = lambda rows: rows.filter(in_valid_sample(rows.column(S.USER_INDEX).to_numpy(),
                                                     fraction))
     if here:

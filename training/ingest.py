@@ -7,10 +7,11 @@
             the ranks' sums are all-reduced (``training.loop.evaluate``). Before this, every rank
             read every validation row each epoch and kept ``user_index % world == rank``.
 
-Datasets the driver materialized (small data, ``training.feed.fits_in_object_store``) are split
-once, in place (``MaterializedDataset.split``): a streaming split starts a coordinator actor per
-dataset (a Python process, seconds on a small machine before the first epoch) and runs an
-executor every epoch to hand out blocks that are already in the object store.
+Datasets the driver materialized (those that fit, ``training.feed.fits_in_object_store``; each
+decided on its own) are split once, in place (``MaterializedDataset.split``): a streaming split
+starts a coordinator actor per dataset (a Python process, seconds on a small machine before the
+first epoch) and runs an executor every epoch to hand out blocks that are already in the object
+store.
 """
 
 from __future__ import annotations
@@ -26,12 +27,16 @@ class ShardedValidation(DataConfig):
         super().__init__(datasets_to_split=["train"])
 
     def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
-        if all(isinstance(ds, MaterializedDataset) for ds in datasets.values()):
-            return split_in_memory(datasets, world_size)
+        held = {k: v for k, v in datasets.items() if isinstance(v, MaterializedDataset)}
+        out = split_in_memory(held, world_size)
+        streamed = {k: v for k, v in datasets.items() if k != "valid" and k not in held}
+        if streamed:
+            shares = super().configure(streamed, world_size, worker_handles, worker_node_ids,
+                                       **kwargs)
+            for rank, share in enumerate(shares):
+                out[rank].update(share)
         valid = datasets.get("valid")
-        rest = {k: v for k, v in datasets.items() if k != "valid"}
-        out = super().configure(rest, world_size, worker_handles, worker_node_ids, **kwargs)
-        if valid is not None:
+        if valid is not None and "valid" not in held:
             if valid.name is None:
                 valid.set_name("valid")
             # Ray Data reads small Parquet files into very few blocks (two for Yahoo's 98

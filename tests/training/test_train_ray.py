@@ -413,6 +413,43 @@ def test_materialized_datasets_are_split_in_place_with_the_streaming_shares(ray_
     assert sorted(r["u"] for r in alone["train"].iter_rows()) == list(range(7))
 
 
+def test_each_dataset_is_held_or_streamed_on_its_own(ray_head):
+    """A validation sample that fits is split in place while the training rows stream (the
+    Yahoo shape's case), and the other way round: each rank gets both, training in equal
+    shares, validation every row exactly once."""
+    import threading
+
+    import ray.data
+    from ray.data.dataset import MaterializedDataset
+
+    from training.ingest import ShardedValidation, split_in_memory
+
+    rows = lambda: ray.data.from_items([{"u": i} for i in range(40)], override_num_blocks=4)
+    held, streamed = lambda: rows().materialize(), lambda: rows().map_batches(lambda b: b)
+    in_place = type(split_in_memory({"valid": held()}, 2)[0]["valid"])
+    for train, valid in ((streamed(), held()), (held(), streamed())):
+        out = ShardedValidation().configure({"train": train, "valid": valid}, 2, None, None)
+        kept = "valid" if isinstance(valid, MaterializedDataset) else "train"
+        # the held one split in place: no coordinator actor, no executor every epoch
+        assert type(out[0][kept]) is in_place
+        assert type(out[0]["train" if kept == "valid" else "valid"]) is not in_place
+        got = {}
+
+        def read(rank: int, name: str, out=out, got=got) -> None:
+            got[rank, name] = [r["u"] for r in out[rank][name].iter_rows()]
+
+        # a streaming split's shares are read together, as the ranks read them
+        readers = [threading.Thread(target=read, args=(r, n)) for r in (0, 1)
+                   for n in ("train", "valid")]
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join(120)
+        assert len(got[0, "train"]) == len(got[1, "train"]) == 20
+        for name in ("train", "valid"):
+            assert sorted(got[0, name] + got[1, name]) == list(range(40)), name
+
+
 @pytest.mark.parametrize("fraction", [1.0, 0.3])
 def test_small_data_read_by_the_driver_is_ray_datas_read(small_prepared, ray_head, fraction):
     """The rows small data trains on, read by the driver (no Ray tasks), are Ray Data's: the same

@@ -20,7 +20,9 @@ from training.feed import (
     BatchMaker,
     FeedPlan,
     batch_from_arrow,
+    column_bytes,
     epoch_seed,
+    fits_in_object_store,
     in_valid_sample,
     union_sorted,
     valid_batch,
@@ -210,6 +212,32 @@ def test_a_validation_sample_is_fixed_nested_spread_and_the_size_asked_for():
     assert np.flatnonzero(in_valid_sample(np.arange(40), 0.25)).tolist() == [3, 10, 18, 20, 21, 33]
     top = protocol.splitmix64(np.arange(40, dtype=np.uint64)) >> np.uint64(11)
     assert np.array_equal(in_valid_sample(np.arange(40), 0.25), top < np.uint64(1 << 51))
+
+
+def test_the_object_store_rule_counts_the_bytes_of_the_columns_read(tmp_path):
+    """``column_bytes``: the columns asked for, lists included (their leaf is
+    ``name.list.element``), over every file; not the columns left out. Plain int32 data, no
+    compression: 4 bytes a value, plus the pages' headers and the lists' levels."""
+    import pyarrow.parquet as pq
+
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    for f in range(2):
+        lists = [list(range(10 * u, 10 * u + 10)) for u in range(1_000)]  # 10,000 values a file
+        pq.write_table(pa.table({
+            S.USER_INDEX: pa.array(range(1_000), pa.int32()),
+            S.TRAIN_ITEMS: pa.array(lists, pa.list_(pa.int32())),
+            S.NEG_ITEMS: pa.array([["x" * 100] * 10] * 1_000, pa.list_(pa.string()))}),
+            rows / f"part-{f}.parquet", compression="none", use_dictionary=False)
+    index = column_bytes(str(rows), [S.USER_INDEX])
+    items = column_bytes(str(rows), [S.TRAIN_ITEMS])
+    assert 2 * 4_000 <= index < 2 * 4_000 + 200
+    assert 2 * 40_000 <= items < 2 * 40_000 + 2 * 3_000  # + repetition and definition levels
+    assert column_bytes(str(rows), [S.USER_INDEX, S.TRAIN_ITEMS]) == index + items
+    assert column_bytes(str(rows), [S.NEG_ITEMS]) > 2 * 1_000_000  # the 1 MB a file left out
+    # an explicit --data-cache decides without asking Ray
+    assert fits_in_object_store(str(rows), "memory", [S.NEG_ITEMS])
+    assert not fits_in_object_store(str(rows), "stream", [S.USER_INDEX])
 
 
 def train_valid_rows(rng, b, n_items, most_train, most_valid):
