@@ -180,6 +180,8 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(getattr(pytest.mark, mark))
         # make test's first process (tests/tiers.py): the tests of the session's Spark session
         # and stack, and every Spark test (some start an in-process session of their own); the
-        # Ray tests that bring their own stack run in the second process
-        if uses or item.get_closest_marker("spark"):
+        # Ray tests that bring their own stack, and the Spark tests marked standalone (a
+        # spark-submit JVM of their own, nothing in-process), run in the second process
+        if uses or (item.get_closest_marker("spark")
+                    and not item.get_closest_marker("standalone")):
             item.add_marker(pytest.mark.session)

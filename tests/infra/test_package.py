@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.spark
+# its JVM is a spark-submit of its own: it runs beside the services tier (tests/tiers.py)
+pytestmark = [pytest.mark.spark, pytest.mark.standalone]
 
 
 @pytest.fixture(scope="module")
