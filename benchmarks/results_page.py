@@ -206,6 +206,13 @@ def verify_cost(d: dict) -> list[str]:
                    f"{num(d['memory_read_gbps'], 1)} GB/s"]])
 
 
+def fixed_costs(d: dict) -> list[str]:
+    med = d["median_s"]
+    return table(["what", "median s", "range s"],
+                 [[k, num(med[k], 2), f"{num(min(v), 2)}–{num(max(v), 2)}"]
+                  for k, v in d["seconds"].items()])
+
+
 def fresh_clone(d: dict) -> list[str]:
     def last_line(s: dict) -> str:
         text = s.get("summary", "").strip("= ")
@@ -485,7 +492,7 @@ def scale_out(d: dict) -> list[str]:
 
 HEADLINES: dict[str, Callable[[dict], list[str]]] = {
     "batch_defaults": batch_defaults, "collapse": collapse, "demo": demo,
-    "etl_scale": etl_scale, "evaluate_speed": evaluate_speed,
+    "etl_scale": etl_scale, "evaluate_speed": evaluate_speed, "fixed_costs": fixed_costs,
     "finetune_convergence": finetune_convergence, "floors": floors, "fold_in": fold_in,
     "fold_in_speed": fold_in_speed, "fresh_clone": fresh_clone, "fresh_clone_alone": fresh_clone,
     "loss_speed": loss_speed, "loss_speed_width": loss_speed_width, "nce_report": nce_report,
