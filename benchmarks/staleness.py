@@ -66,6 +66,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
     "evaluate_speed": ("benchmarks/evaluate_speed.py", *EVALUATION),
     "finetune_convergence": ("benchmarks/finetune_convergence.py", *AUTOREC, *TRAINING),
     "floors": ("benchmarks/floors.py", "benchmarks/peak.py"),
+    "fixed_costs": ("benchmarks/fixed_costs.py", "runtime/spark.py", "runtime/raycluster.py"),
     "fold_in": ("benchmarks/fold_in.py", "benchmarks/tune_defaults.py", "models/peruser.py",
                 "models/bpr.py", "models/cml.py", "models/cdae.py", "models/topk.py", *TRAINING),
     "fold_in_speed": ("benchmarks/fold_in_speed.py", "models/peruser.py"),
