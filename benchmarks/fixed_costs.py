@@ -32,6 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import report  # noqa: E402
 
+SPARK = "Spark stage: spark-submit, session, one Python task, stop"
+TRAINING = "training stage: local Ray, 2 DDP workers (gloo), one all-reduce and report"
+
 
 def spark_stage() -> None:
     """The empty Spark stage (run under spark-submit with ``--spark-stage``)."""
@@ -97,18 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     runs = {
         "python -c pass": ([sys.executable, "-c", "pass"], None),
         "java -version": (["java", "-version"], None),
-        "Spark stage: spark-submit, session, one Python task, stop": spark_submit(
-            str(here.relative_to(ROOT)), "--spark-stage", master="local[2]", driver_memory="6g"),
-        "training stage: local Ray, 2 DDP workers (gloo), one all-reduce and report": (
-            [sys.executable, str(here), "--training-stage"], None),
+        SPARK: spark_submit(str(here.relative_to(ROOT)), "--spark-stage", master="local[2]",
+                            driver_memory="6g"),
+        TRAINING: ([sys.executable, str(here), "--training-stage"], None),
     }
     times = {name: [timed(cmd, env) for _ in range(a.repeat)] for name, (cmd, env) in runs.items()}
     payload = {**report.stamp("fixed_costs.py", argv), "repeat": a.repeat,
                "seconds": {k: [round(t, 2) for t in v] for k, v in times.items()},
                "median_s": {k: round(statistics.median(v), 2) for k, v in times.items()}}
     med = payload["median_s"]
-    spark_s = med["Spark stage: spark-submit, session, one Python task, stop"]
-    train_s = med["training stage: local Ray, 2 DDP workers (gloo), one all-reduce and report"]
+    spark_s, train_s = med[SPARK], med[TRAINING]
     lines = [
         "# Fixed costs of the pipeline's stages on this machine, with no data", "",
         f"Command: `{payload['command']}`  ",

@@ -66,39 +66,44 @@ def plan(model_cls, prep, cfg) -> FeedPlan:
         num_negatives=cfg.num_negatives or prep.negatives(), seed=cfg.seed)
 
 
-def fits_in_object_store(rows_uri: str, cache: str, columns: list[str],
-                         fraction: float = 1.0) -> bool:
-    """Whether to read ``columns`` of the user rows (``fraction`` of the users: a validation
-    sample) once into the object store: asked for, or ``auto`` and their Parquet bytes,
-    uncompressed (``column_bytes``), fit in a quarter of the cluster's object store. By the
-    columns read, not the files: at the Yahoo shape NCE-AutoRec reads 15% of them (the
-    negatives are the rest), and streaming those 15% every epoch cost 14 s an epoch more than
-    reading them once (benchmarks/results/yahoo_scale.md)."""
+def fits_in_object_store(rows_uri: str, cache: str,
+                         reads: dict[str, tuple[list[str], float]]) -> dict[str, bool]:
+    """For each dataset of ``reads`` (name: the columns it reads, the fraction of the users it
+    keeps: a validation sample), whether to read it once into the object store: asked for, or
+    ``auto`` and its Parquet bytes, uncompressed (``column_bytes``), fit in a quarter of the
+    cluster's object store. By the columns read, not the files: at the Yahoo shape NCE-AutoRec
+    reads 15% of them (the negatives are the rest), and streaming those 15% every epoch cost
+    14 s an epoch more than reading them once (benchmarks/results/yahoo_scale.md). The files'
+    footers are read once for all the datasets."""
     if cache != "auto":
-        return cache == "memory"
+        return dict.fromkeys(reads, cache == "memory")
     import ray
 
-    store = ray.cluster_resources().get("object_store_memory", 0)
-    return fraction * column_bytes(rows_uri, [*columns, S.COLD]) < store / 4
+    sizes = column_bytes(rows_uri)
+    room = ray.cluster_resources().get("object_store_memory", 0) / 4
+    return {name: fraction * sum(sizes.get(c, 0) for c in {*columns, S.COLD}) < room
+            for name, (columns, fraction) in reads.items()}
 
 
-def column_bytes(rows_uri: str, columns: list[str]) -> int:
-    """The uncompressed Parquet bytes of ``columns`` in the user-row shards, from the files'
-    footers (no data read): about their Arrow size for the ETL's plain-encoded lists."""
+def column_bytes(rows_uri: str) -> dict[str, int]:
+    """The uncompressed Parquet bytes of each column of the user-row shards (a list column's
+    leaf ``name.list.element`` counted under ``name``), from the files' footers (no data read):
+    about their Arrow size for the ETL's plain-encoded lists."""
     import pyarrow.dataset as pads
     import pyarrow.parquet as pq
 
     from prepared.uri import filesystem
 
     fs, path = filesystem(rows_uri)
-    wanted, total = set(columns), 0
+    sizes: dict[str, int] = {}
     for f in pads.dataset(path, filesystem=fs, format="parquet").files:
         meta = pq.read_metadata(f, filesystem=fs)
         for g in range(meta.num_row_groups):
             group = meta.row_group(g)
-            total += sum(group.column(j).total_uncompressed_size for j in range(group.num_columns)
-                         if group.column(j).path_in_schema.split(".")[0] in wanted)
-    return total
+            for j in range(group.num_columns):
+                name = group.column(j).path_in_schema.split(".")[0]
+                sizes[name] = sizes.get(name, 0) + group.column(j).total_uncompressed_size
+    return sizes
 
 
 def _warm_rows(rows_uri: str, columns: list[str]):
@@ -149,13 +154,12 @@ def valid_dataset(rows_uri: str, fraction: float = 1.0, here: bool = False):
     """The validation users' rows; with ``fraction`` < 1 only the fixed subset
     ``in_valid_sample`` keeps (the same users every epoch and every run). ``here``: as
     ``train_dataset``'s."""
-    columns = VALID_COLUMNS
     keep = lambda rows: rows.filter(in_valid_sample(rows.column(S.USER_INDEX).to_numpy(),
                                                     fraction))
     if here:
-        tables = _warm_tables(rows_uri, columns)
+        tables = _warm_tables(rows_uri, VALID_COLUMNS)
         return _dataset([keep(t) for t in tables] if fraction < 1 else tables)
-    ds = _warm_rows(rows_uri, columns)
+    ds = _warm_rows(rows_uri, VALID_COLUMNS)
     return ds if fraction >= 1 else ds.map_batches(keep, batch_format="pyarrow")
 
 

@@ -197,12 +197,13 @@ def fit(cfg: TrainConfig, prep: Prepared, mlflow_cfg: dict | None, cpw: float,
     # epoch in task scheduling alone (more than an epoch on MovieLens-sized data), and at the
     # Yahoo shape 14 s an epoch. Decided per dataset, by the columns it reads: validation's (a
     # sample of the users) may fit where training's do not
-    fits = lambda columns, fraction=1.0: F.fits_in_object_store(
-        prep.rows_uri, cfg.data_cache, columns, fraction)
-    datasets = {"train": F.train_dataset(prep.rows_uri, plan, fits(plan.columns()))}
+    reads = {"train": (plan.columns(), 1.0)}
     if not cfg.final_retraining:
-        datasets["valid"] = F.valid_dataset(prep.rows_uri, cfg.valid_sample,
-                                            fits(F.VALID_COLUMNS, cfg.valid_sample))
+        reads["valid"] = (F.VALID_COLUMNS, cfg.valid_sample)
+    held = F.fits_in_object_store(prep.rows_uri, cfg.data_cache, reads)
+    datasets = {"train": F.train_dataset(prep.rows_uri, plan, held["train"])}
+    if "valid" in held:
+        datasets["valid"] = F.valid_dataset(prep.rows_uri, cfg.valid_sample, held["valid"])
     run_dir = join(cfg.output, cfg.run_name)
     epoch_hooks = hook_specs()
     resolve_hooks(epoch_hooks)  # a bad NCE_TEST_HOOK is one line here, not a worker's traceback
