@@ -316,34 +316,82 @@ def positions(df: DataFrame, order: list, name: str) -> DataFrame:
     return out
 
 
-def index_users(lists: DataFrame, cfg: ETLConfig, progress: Progress, counts: dict) -> DataFrame:
+#: users up to which ``index_users`` ranks them on the driver: one collect of ~40 bytes a user and
+#: two numpy sorts (1.88M users, the Yahoo scale: ~2 s) in place of the distributed sorts' ~40
+#: small Spark jobs and the users files' own shuffle (~18 s there). Beyond it the sorts keep any
+#: one process from holding every user.
+DRIVER_USERS = 10_000_000
+
+
+def index_users(lists: DataFrame, cfg: ETLConfig, progress: Progress, counts: dict,
+                driver_users: int | None = None) -> DataFrame | pa.Table:
     """``user_id, user_index, cold, n, part``: contiguous indices in id order; a seeded cold-user
-    draw; ``part``, the partition that holds the user's lists. Both are positions in a sort
-    (``positions``), so no step holds every user in one task."""
+    draw; ``part``, the partition that holds the user's lists. Up to ``driver_users``
+    (``DRIVER_USERS``) users, ranked on the driver and returned as an Arrow table with ``uhash``
+    (``_ranked_on_driver``); beyond, positions in a Spark sort (``positions``), so no step holds
+    every user in one task, returned as a persisted DataFrame. Both give the same values."""
     base = (lists.where(F.col("n_pos") > 0)
-            .select("user_id", F.col("n_pos").cast("long").alias("n"), "part")
-            .persist(StorageLevel.MEMORY_AND_DISK))
-    with small_shuffles(lists.sparkSession, base.count()):
+            .select("user_id", F.col("n_pos").cast("long").alias("n"), "part"))
+    m = base.count()
+    n_cold = int(round(cfg.cold_users * m))
+    if cfg.cold_users > 0 and m - n_cold < 1:
+        raise InputDataError(f"--cold-users {cfg.cold_users} leaves no training user out of {m}")
+    if m <= (DRIVER_USERS if driver_users is None else driver_users):
+        users, numeric = _ranked_on_driver(base, cfg.seed, n_cold)
+        single = int(np.count_nonzero(users.column("n").to_numpy() == 1))
+    else:
+        users, numeric, single = _ranked_by_spark(base, cfg.seed, m, n_cold)
+    counts.update(users=m, cold_users=n_cold, users_single_positive=single,
+                  users_numeric_ids=numeric)
+    progress.done("users", users=m, cold=n_cold, single_positive=single)
+    return users
+
+
+def _ranked_by_spark(base: DataFrame, seed: int, m: int, n_cold: int) -> tuple[DataFrame, bool, int]:
+    base = base.persist(StorageLevel.MEMORY_AND_DISK)
+    with small_shuffles(base.sparkSession, m):
         numeric = _all_integers(base, "user_id")
-        m = base.count()
-        n_cold = int(round(cfg.cold_users * m))
-        if cfg.cold_users > 0 and m - n_cold < 1:
-            raise InputDataError(f"--cold-users {cfg.cold_users} leaves no training user out of {m}")
         by_id = positions(base, _order_key("user_id", numeric), "user_index")
         base.unpersist()
         # seeded sample without replacement: the n_cold users with the smallest seeded hash
         # hash of the id as read (a string), so the draw does not depend on how ids are carried
-        drawn = positions(by_id, [F.xxhash64(F.lit(cfg.seed), as_str("user_id")), "user_index"],
+        drawn = positions(by_id, [F.xxhash64(F.lit(seed), as_str("user_id")), "user_index"],
                           "_draw")
         by_id.unpersist()
         users = (drawn.withColumn("cold", F.col("_draw") < n_cold).drop("_draw")
                  .persist(StorageLevel.MEMORY_AND_DISK))
         single = users.where(F.col("n") == 1).count()
         drawn.unpersist()
-    counts.update(users=m, cold_users=n_cold, users_single_positive=int(single),
-                  users_numeric_ids=numeric)
-    progress.done("users", users=m, cold=n_cold, single_positive=int(single))
-    return users
+    return users, numeric, int(single)
+
+
+def _ranked_on_driver(base: DataFrame, seed: int, n_cold: int) -> tuple[pa.Table, bool]:
+    """``_ranked_by_spark``'s ranks from one collect: the hashes come from Spark (the same
+    functions), the two orders from Arrow and numpy sorts of the same keys. Strings compare as
+    bytes in both, as Spark's ``UTF8String`` does."""
+    table = base.select(
+        "user_id", "n", "part", F.xxhash64(F.lit(seed), as_str("user_id")).alias("draw"),
+        # the rows' order in a shard (users_by_partition)
+        F.xxhash64("user_id").alias("uhash")).toArrow()
+    ids = table.column("user_id").combine_chunks()
+    numeric = pa.types.is_integer(ids.type) or len(ids) == 0 or bool(
+        pc.all(pc.match_substring_regex(ids, r"^-?[0-9]{1,18}$")).as_py())
+    keys = [("id", "ascending")]
+    by = {"id": ids}
+    if numeric and not pa.types.is_integer(ids.type):  # as numbers; '7' and '007' by their text
+        by = {"number": pc.cast(ids, pa.int64()), "id": ids}
+        keys = [("number", "ascending"), ("id", "ascending")]
+    order = pc.sort_indices(pa.table(by), sort_keys=keys).to_numpy()
+    user_index = np.empty(len(ids), np.int32)
+    user_index[order] = np.arange(len(ids), dtype=np.int32)
+    # seeded sample without replacement: the n_cold users with the smallest seeded hash
+    drawn = np.lexsort((user_index, table.column("draw").to_numpy()))
+    cold = np.zeros(len(ids), bool)
+    cold[drawn[:n_cold]] = True
+    users = pa.table({"user_id": ids, "user_index": user_index, "cold": cold,
+                      "n": table.column("n"), "part": table.column("part"),
+                      "uhash": table.column("uhash")})
+    return users, numeric
 
 
 def index_items(lists: DataFrame, progress: Progress, counts: dict) -> DataFrame:
@@ -402,9 +450,18 @@ def _split_order(mode: str, seed: int) -> list:
     return [F.xxhash64(F.lit(seed), as_str("user_id"), as_str("item_id")), "item_index"]
 
 
-def users_by_partition(users: DataFrame, work: Work) -> None:
+def users_by_partition(users: DataFrame | pa.Table, work: Work) -> None:
     """Write each partition's users (``user_id, user_index, cold, uhash``) beside its lists
-    (``Work``): the join of the lists with the users, without moving the lists."""
+    (``Work``): the join of the lists with the users, without moving the lists. ``users``:
+    ``index_users``' result, a table the driver writes or a DataFrame the tasks do."""
+    columns = ["user_id", "user_index", "cold", "uhash"]
+    if isinstance(users, pa.Table):
+        part = users.column("part").to_numpy()
+        order = np.argsort(part, kind="stable")
+        cuts = np.flatnonzero(np.diff(part[order])) + 1
+        for rows in np.split(order, cuts) if len(order) else []:
+            work.write("users", int(part[rows[0]]), users.select(columns).take(pa.array(rows)))
+        return
 
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         table = _partition_table(batches)
@@ -415,7 +472,7 @@ def users_by_partition(users: DataFrame, work: Work) -> None:
         yield pa.RecordBatch.from_pydict({"parts": pa.array([len(parts)], pa.int32())})
 
     # uhash: the rows' order in a shard, as the split window's sort left it before etl.passes
-    (users.select("user_id", "user_index", "cold", F.xxhash64("user_id").alias("uhash"), "part")
+    (users.select(*columns[:3], F.xxhash64("user_id").alias("uhash"), "part")
      .repartition(work.partitions, "part").mapInArrow(fn, "parts int").collect())
 
 

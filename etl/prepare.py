@@ -87,6 +87,8 @@ def run(cfg: ETLConfig, spark=None) -> dict:
     """Run the whole ETL for ``cfg`` and publish ``cfg.output``; returns the manifest. One
     function although long: the steps run in order under one lock and in one staging directory,
     each step's outputs the next one's inputs (``etl.pipeline``, ``etl.write`` hold the steps)."""
+    from pyspark.sql import DataFrame
+
     from etl import pipeline as P
     from etl import write as W
     from etl.sources import check_local_headers, labelled_inputs
@@ -131,7 +133,7 @@ def run(cfg: ETLConfig, spark=None) -> dict:
             cached = [per_user]
             users = P.index_users(per_user, cfg, progress, counts)
             items = P.index_items(per_user, progress, counts)
-            cached += [users, items]
+            cached += [users, items]  # users: a DataFrame, or a table on the driver
             rule = P.split_rule(totals, cfg, counts)
             P.users_by_partition(users, work)
             item_table = P.split_positives(spark, work, items, rule, progress, counts)
@@ -180,7 +182,8 @@ def run(cfg: ETLConfig, spark=None) -> dict:
                 f"{S.ROWS_DIR}/{s['shard']}": s["crc32"] for s in shards})
     finally:
         for df in cached:
-            df.unpersist()
+            if isinstance(df, DataFrame):
+                df.unpersist()
     log.info("wrote %s in %.1fs: %s users (%s cold), %s items, positives %s",
              publisher.target, time.perf_counter() - t0, f"{counts['users']:,}",
              f"{counts['cold_users']:,}", f"{counts['items']:,}", counts["positives"])

@@ -183,17 +183,33 @@ def write_items(item_table: pd.DataFrame, out_dir: str) -> None:
                    f"{root}/part-00000.parquet", filesystem=fs, compression="snappy")
 
 
-def write_users(users: DataFrame, out_dir: str, partitions: int, n_users: int) -> int:
+def write_users(users: DataFrame | pa.Table, out_dir: str, partitions: int, n_users: int) -> int:
     """Write the users table (``prepared.schema``): ``users_files`` Parquet files, a range of
-    user indices each, sorted within, and file k's range before file k+1's (Spark names them
-    part-00000, part-00001, ... in partition order), so a reader of the directory in file-name
-    order (pyarrow, pandas) still gets the rows sorted by user index, as from the single file
-    this table was before; the write runs in that many tasks, not one. Returns the file count."""
+    user indices each, sorted within, and file k's range before file k+1's (named part-00000,
+    part-00001, ... in that order), so a reader of the directory in file-name order (pyarrow,
+    pandas) still gets the rows sorted by user index, as from the single file this table was
+    before. ``users``: ``etl.pipeline.index_users``' result, a table the driver writes, or a
+    DataFrame written in that many tasks, not one. Returns the file count."""
     files = users_files(n_users, partitions)
+    if isinstance(users, pa.Table):
+        import pyarrow.parquet as pq
+
+        table = users.select([S.USER_INDEX, S.USER_ID, S.COLD]).cast(USERS_SCHEMA)
+        table = table.take(pc.sort_indices(table.column(S.USER_INDEX)))
+        fs, root = filesystem(out_dir)
+        fs.create_dir(root, recursive=True)
+        per_file = math.ceil(n_users / files)
+        for k in range(files):
+            pq.write_table(table.slice(k * per_file, per_file), f"{root}/part-{k:05d}.parquet",
+                           filesystem=fs, compression="snappy")
+        return files
     (users.select(S.USER_INDEX, as_str(S.USER_ID), S.COLD)
      .repartitionByRange(files, S.USER_INDEX).sortWithinPartitions(S.USER_INDEX)
      .write.parquet(out_dir))
     return files
+
+
+USERS_SCHEMA = pa.schema([(S.USER_INDEX, pa.int32()), (S.USER_ID, pa.string()), (S.COLD, pa.bool_())])
 
 
 #: users per file of the users table: 1.88M users (Yahoo) write 8 files of about 4 MiB
