@@ -125,9 +125,16 @@ def encode_batch(batch, catalogue, recs_col: str = "item_ids"):
     lists = batch.column(recs_col)
     n_rows = batch.num_rows
     values, lengths, owner = _flat(lists)
-    values = values.cast(pa.string())
-    index = pc.index_in(values, value_set=catalogue).fill_null(-1) \
-        .to_numpy(zero_copy_only=False).astype(np.int64)
+    if pa.types.is_dictionary(values.type):  # read so (sharded_user_table): look up each id once
+        index = pc.index_in(values.dictionary, value_set=catalogue).fill_null(-1) \
+            .to_numpy(zero_copy_only=False).astype(np.int64)
+        index = np.where(values.is_valid().to_numpy(zero_copy_only=False),
+                         index[values.indices.fill_null(0).to_numpy(zero_copy_only=False)], -1)
+    else:
+        index = pc.index_in(values.cast(pa.string()), value_set=catalogue).fill_null(-1) \
+            .to_numpy(zero_copy_only=False).astype(np.int64)
+    if (index < 0).any():  # ids named in errors, as strings (rare: decoded only then)
+        values = values.cast(pa.string())
     offsets = np.zeros(n_rows + 1, np.int32)
     np.cumsum(lengths, out=offsets[1:])
     items = pa.ListArray.from_arrays(pa.array(offsets), pa.array(index, pa.int32()),
@@ -150,7 +157,7 @@ def encode_batch(batch, catalogue, recs_col: str = "item_ids"):
         keys = owner * (int(code.max()) + 2) + code
         ordered = np.sort(keys)  # whether any key repeats: 5x faster than _first_repeats' argsort
         if (ordered[1:] == ordered[:-1]).any():  # rare: most files repeat no item
-            repeat = _first_repeats(keys, owner, values, n_rows)
+            repeat = _first_repeats(keys, owner, values.cast(pa.string()), n_rows)
     return pa.RecordBatch.from_pydict({"user_id": batch.column("user_id"), "_items": items,
                                        "_stray": pa.array(stray, pa.string()),
                                        "_repeat": pa.array(repeat, pa.string())})

@@ -371,8 +371,10 @@ def sharded_user_table(spark, prep, paths: list[str], ks: list[int], target: str
                     columns=[S.USER_ID, S.COLD, S.VALID_ITEMS, S.TEST_ITEMS]), users, ids)
                 lists = []
                 for f_fs, f_root in sources:
+                    # the ids as a dictionary (Parquet's own): each distinct id looked up once
                     t = pq.read_table(join(f_root, shard), filesystem=f_fs,
-                                      columns=["user_id", "item_ids"])
+                                      columns=["user_id", "item_ids"],
+                                      read_dictionary=["item_ids.list.element"])
                     batch = pa.RecordBatch.from_arrays(  # the protocol's top list, as read_recs
                         [t.column("user_id").combine_chunks().cast(pa.string()),
                          pc.list_slice(t.column("item_ids").combine_chunks(), 0, TOP_K)],

@@ -120,29 +120,52 @@ def test_batch_metrics_equal_the_spark_sql_reference_to_the_last_bit(spark, k):
                                       err_msg=m)
 
 
-def test_encoding_finds_each_lists_first_repeat_and_smallest_stray():
-    batch = pa.RecordBatch.from_pydict({
+def as_read(batch: pa.RecordBatch, dictionary: bool) -> pa.RecordBatch:
+    """``batch`` as is, or through a Parquet file read back with its ids as a dictionary (as
+    ``sharded_user_table`` reads the recommendation files)."""
+    if not dictionary:
+        return batch
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_batches([batch]), sink)
+    table = pq.read_table(pa.BufferReader(sink.getvalue()),
+                          read_dictionary=["item_ids.list.element"])
+    assert pa.types.is_dictionary(table.schema.field("item_ids").type.value_type)
+    return table.combine_chunks().to_batches()[0]
+
+
+@pytest.mark.parametrize("dictionary", [False, True], ids=["strings", "dictionary"])
+def test_encoding_finds_each_lists_first_repeat_and_smallest_stray(dictionary):
+    batch = as_read(pa.RecordBatch.from_pydict({
         "user_id": pa.array(["a", "b", "c", "d"]),
         "item_ids": pa.array([["x", "y", "x", "z", "y"], ["q", "x", "p"], None, ["y", "z"]],
-                             pa.list_(pa.string()))})
+                             pa.list_(pa.string()))}), dictionary)
     out = encode_batch(batch, pa.array(["x", "y", "z"]))
     assert out.column("_items").to_pylist() == [[0, 1, 0, 2, 1], [-1, 0, -1], None, [1, 2]]
     assert out.column("_repeat").to_pylist() == ["x", None, None, None]  # x comes back first
     assert out.column("_stray").to_pylist() == [None, "p", None, None]  # the smallest of q, p
     # ids outside the catalogue repeat by their own value: distinct ones are no repeat
-    strays = pa.RecordBatch.from_pydict({
+    strays = as_read(pa.RecordBatch.from_pydict({
         "user_id": pa.array(["e", "f", "g"]),
         "item_ids": pa.array([["q", "p", "y", "q"], ["q", "p", "x"], [None, "z", None]],
-                             pa.list_(pa.string()))})
+                             pa.list_(pa.string()))}), dictionary)
     out = encode_batch(strays, pa.array(["x", "y", "z"]))
     assert out.column("_repeat").to_pylist() == ["q", None, None]
     assert out.column("_stray").to_pylist() == ["p", "p", NULL_ID]
+    # a repeat in a file with no stray id (the ids are then decoded only to name it)
+    clean = as_read(pa.RecordBatch.from_pydict({
+        "user_id": pa.array(["h"]), "item_ids": pa.array([["z", "x", "z"]], pa.list_(pa.string()))}),
+        dictionary)
+    out = encode_batch(clean, pa.array(["x", "y", "z"]))
+    assert out.column("_repeat").to_pylist() == ["z"] and out.column("_items").to_pylist() == [[2, 0, 2]]
 
 
-def test_a_null_id_inside_a_list_is_refused_as_outside_the_catalogue():
-    batch = pa.RecordBatch.from_pydict({
+@pytest.mark.parametrize("dictionary", [False, True], ids=["strings", "dictionary"])
+def test_a_null_id_inside_a_list_is_refused_as_outside_the_catalogue(dictionary):
+    batch = as_read(pa.RecordBatch.from_pydict({
         "user_id": pa.array(["a", "b"]),
-        "item_ids": pa.array([["x", None, "y"], ["y"]], pa.list_(pa.string()))})
+        "item_ids": pa.array([["x", None, "y"], ["y"]], pa.list_(pa.string()))}), dictionary)
     out = encode_batch(batch, pa.array(["x", "y", "z"]))
     assert out.column("_items").to_pylist() == [[0, -1, 1], [1]]  # never a hit
     assert out.column("_stray").to_pylist() == [NULL_ID, None]
