@@ -316,11 +316,13 @@ def positions(df: DataFrame, order: list, name: str) -> DataFrame:
     return out
 
 
-#: users up to which ``index_users`` ranks them on the driver: one collect of ~40 bytes a user and
-#: two numpy sorts (1.88M users, the Yahoo scale: ~2 s) in place of the distributed sorts' ~40
-#: small Spark jobs and the users files' own shuffle (~18 s there). Beyond it the sorts keep any
-#: one process from holding every user.
-DRIVER_USERS = 10_000_000
+#: users up to which ``index_users`` ranks them on the driver: one collect of ~40 bytes a user
+#: (plus the id's text) and two numpy sorts (1.88M users, the Yahoo scale: ~2 s) in place of the
+#: distributed sorts' ~40 small Spark jobs and the users files' own shuffle (~18 s there). 5M
+#: users of 36-character ids (UUIDs) collect ~0.4 GB, within Spark's default 1 GB
+#: ``spark.driver.maxResultSize`` and the default 4 GB driver. Beyond it the sorts keep any one
+#: process from holding every user.
+DRIVER_USERS = 5_000_000
 
 
 def index_users(lists: DataFrame, cfg: ETLConfig, progress: Progress, counts: dict,
